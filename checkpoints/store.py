@@ -1,0 +1,397 @@
+"""CheckpointStore: lists, verifies, loads, quarantines and prunes committed checkpoints.
+
+Layout under `root` (typically `<run_dir>/checkpoints`):
+  ckpt-<step:012d>/                 committed; MANIFEST.json is written last
+  .staging-<uuid4hex>/              being written, or left by a crash: swept at start
+  .replaced-<step:012d>-<uuid>/     old copy while the same step is re-committed
+  .corrupt-<name>-<unix time>/      quarantined: failed verification, kept for forensics
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import structlog
+
+from checkpoints import _retry
+from checkpoints.atomic import as_byte_view, fsync_dir, make_dir
+from checkpoints.errors import CheckpointError, NoValidCheckpoint
+from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
+from checkpoints.names import MANIFEST_NAME, validate_name
+from checkpoints.writer import REPLACED_PREFIX, STAGING_PREFIX, CheckpointWriter
+
+_CKPT_RE = re.compile(r"ckpt-(\d{12})")
+_REPLACED_RE = re.compile(re.escape(REPLACED_PREFIX) + r"(\d{12})-[0-9a-f]{32}")
+CORRUPT_PREFIX = ".corrupt-"
+_MAX_STEP = 10**12 - 1
+_READ_CHUNK = 1 << 20
+# A manifest lists file names and hashes; anything bigger than this is garbage, not a manifest.
+_MAX_MANIFEST_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    path: Path
+    step: int
+
+
+class LoadedCheckpoint:
+    """A checkpoint whose files all matched their manifest size and sha256 when loaded."""
+
+    def __init__(
+        self,
+        path: Path,
+        step: int,
+        manifest: dict[str, Any],
+        quarantined: list[tuple[str, str]] | None = None,
+    ) -> None:
+        self.path = path
+        self.step = step
+        self.manifest = manifest
+        # (dir name, reason) of newer checkpoints moved aside before this one verified.
+        self.quarantined: list[tuple[str, str]] = list(quarantined or [])
+        self._entries = parse_file_entries(manifest["files"])
+
+    def __repr__(self) -> str:
+        return f"LoadedCheckpoint(path={str(self.path)!r}, step={self.step})"
+
+    def files(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entry(self, name: str) -> FileEntry:
+        """The manifest entry of `name`; ValueError if malformed, KeyError if not listed."""
+        validate_name(name)
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"{name!r} is not listed in the manifest of {self.path}") from None
+
+    def open(self, name: str) -> BinaryIO:
+        self.entry(name)
+        fd = _retry.open_read(self.path / name)
+        try:
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def read_bytes(self, name: str) -> bytes:
+        expected = self.entry(name).size
+        with self.open(name) as f:
+            data = f.read()
+        if len(data) != expected:
+            raise CheckpointError(
+                f"{name} in {self.path} changed since it was verified: "
+                f"{len(data)} bytes, manifest says {expected}"
+            )
+        return data
+
+    def read_json(self, name: str) -> Any:
+        return json.loads(self.read_bytes(name))
+
+    def read_into(self, name: str, buf: memoryview | bytearray) -> None:
+        """Read `name` straight into the caller's buffer (e.g. a numpy array's memory), so
+        loading a large replay chunk needs no intermediate copy. Sizes must match exactly."""
+        view = as_byte_view(buf)
+        expected = self.entry(name).size
+        if view.readonly:
+            raise ValueError(f"buffer for {name!r} is read-only")
+        if len(view) != expected:
+            raise ValueError(f"buffer for {name!r} is {len(view)} bytes, file is {expected}")
+        fd = _retry.open_read(self.path / name)
+        # Unbuffered: readinto goes from the kernel straight into `view`.
+        with io.FileIO(fd, "rb", closefd=True) as f:
+            filled = 0
+            while filled < expected:
+                n = f.readinto(view[filled:])
+                if not n:
+                    raise CheckpointError(f"{name} in {self.path} is shorter than its manifest")
+                filled += n
+
+
+class CheckpointStore:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep: int = 3,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.keep = keep
+        self.log: structlog.typing.FilteringBoundLogger = (
+            log if log is not None else structlog.get_logger("rlsup.checkpoints")
+        )
+
+    def path_for(self, step: int) -> Path:
+        return self.root / f"ckpt-{step:012d}"
+
+    # ---- listing ----------------------------------------------------------------------
+
+    def committed(self) -> list[CheckpointRef]:
+        """Committed checkpoints by directory name only (nothing verified), oldest first."""
+        refs = []
+        for entry in self._scan():
+            match = _CKPT_RE.fullmatch(entry.name)
+            if match and entry.is_dir(follow_symlinks=False):
+                refs.append(CheckpointRef(path=Path(entry.path), step=int(match.group(1))))
+        return sorted(refs, key=lambda ref: ref.step)
+
+    def latest(self) -> CheckpointRef | None:
+        refs = self.committed()
+        return refs[-1] if refs else None
+
+    def _scan(self) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(self.root) as it:
+                return list(it)
+        except FileNotFoundError:
+            return []
+
+    # ---- start-up housekeeping --------------------------------------------------------
+
+    def sweep(self) -> list[Path]:
+        """Remove leftover `.staging-*` dirs (crashed or failed writes). Call at worker start.
+
+        Also resolves an interrupted same-step replace. Never touches `ckpt-*` or
+        `.corrupt-*`. Returns the paths removed.
+        """
+        removed = self._recover_replaced()
+        for entry in self._scan():
+            if entry.name.startswith(STAGING_PREFIX):
+                self._remove_tree(Path(entry.path))
+                removed.append(Path(entry.path))
+        if removed:
+            self.log.info("checkpoint_sweep", removed=[p.name for p in removed])
+        return removed
+
+    def _recover_replaced(self) -> list[Path]:
+        """A crash mid-replace can leave step N only as `.replaced-N-*`: put it back."""
+        removed = []
+        for entry in self._scan():
+            match = _REPLACED_RE.fullmatch(entry.name)
+            if not match:
+                continue
+            target = self.path_for(int(match.group(1)))
+            if os.path.lexists(target):
+                self._remove_tree(Path(entry.path))
+                removed.append(Path(entry.path))
+            else:
+                _retry.rename(Path(entry.path), target)
+                fsync_dir(self.root)
+                self.log.warning("checkpoint_replace_recovered", path=str(target))
+        return removed
+
+    # ---- verification and loading -----------------------------------------------------
+
+    def verify(self, ref: CheckpointRef) -> LoadedCheckpoint:
+        """Check manifest and every file's size and sha256; CheckpointError says what failed.
+
+        Files present but not in the manifest are ignored: only listed files are ever read.
+        """
+        manifest = self._read_manifest(ref)
+        for name, entry in sorted(parse_file_entries(manifest["files"]).items()):
+            _verify_file(ref.path, name, entry)
+        return LoadedCheckpoint(ref.path, ref.step, manifest)
+
+    def load_latest(self) -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies, quarantining newer bad ones on the way.
+
+        None only when there is nothing at all to resume from. Raises NoValidCheckpoint when
+        checkpoints exist (or were quarantined earlier) but none verifies: a corrupt store
+        must be a loud failure, never a silent restart from step 0.
+        """
+        self._recover_replaced()
+        refs = self.committed()
+        if not refs:
+            self._refuse_if_only_corrupt()
+            return None
+        quarantined: list[tuple[str, str]] = []
+        for ref in reversed(refs):
+            try:
+                loaded = self.verify(ref)
+            except CheckpointError as exc:
+                quarantined.append((ref.path.name, str(exc)))
+                self._quarantine(ref, str(exc))
+                continue
+            loaded.quarantined = quarantined
+            return loaded
+        tried = "; ".join(f"{name}: {reason}" for name, reason in quarantined)
+        raise NoValidCheckpoint(
+            f"no checkpoint in {self.root} verified (all quarantined as .corrupt-*): {tried}"
+        )
+
+    def _refuse_if_only_corrupt(self) -> None:
+        corrupt = sorted(e.name for e in self._scan() if e.name.startswith(CORRUPT_PREFIX))
+        if corrupt:
+            raise NoValidCheckpoint(
+                f"no committed checkpoint in {self.root}, but quarantined ones exist: "
+                f"{', '.join(corrupt)}; remove them to deliberately start from scratch"
+            )
+
+    def _read_manifest(self, ref: CheckpointRef) -> dict[str, Any]:
+        try:
+            raw = _read_small(ref.path / MANIFEST_NAME)
+        except FileNotFoundError as exc:
+            raise CheckpointError("missing MANIFEST.json") from exc
+        except OSError as exc:
+            raise CheckpointError(f"cannot read MANIFEST.json: {exc}") from exc
+        return parse_manifest(raw, ref.step)
+
+    def _quarantine(self, ref: CheckpointRef, reason: str) -> None:
+        dest = self._corrupt_name(ref.path.name)
+        try:
+            _retry.rename(ref.path, dest)
+            fsync_dir(self.root)
+        except OSError as exc:
+            # Still skipped this time; it will fail verification again next time.
+            self.log.error(
+                "checkpoint_quarantine_failed", path=str(ref.path), reason=reason, error=str(exc)
+            )
+            return
+        self.log.warning(
+            "checkpoint_corrupt", path=str(ref.path), reason=reason, moved_to=str(dest)
+        )
+
+    def _corrupt_name(self, name: str) -> Path:
+        base = self.root / f"{CORRUPT_PREFIX}{name}-{int(time.time())}"
+        dest, n = base, 0
+        while os.path.lexists(dest):
+            n += 1
+            dest = base.with_name(f"{base.name}-{n}")
+        return dest
+
+    # ---- writing and retention --------------------------------------------------------
+
+    def begin(self, step: int, meta: Mapping[str, Any]) -> CheckpointWriter:
+        if type(step) is not int or not 0 <= step <= _MAX_STEP:
+            raise ValueError(f"step must be an int in [0, {_MAX_STEP}], got {step!r}")
+        # Fail on unserialisable meta now, not after gigabytes have been written.
+        json.dumps(meta, allow_nan=False)
+        self._ensure_root()
+        return CheckpointWriter(self, step, dict(meta))
+
+    def _ensure_root(self) -> None:
+        if self.root.is_dir():
+            return
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            make_dir(self.root)
+            # The first checkpoint is only durable if the root's own entry is.
+            fsync_dir(self.root.parent)
+
+    def apply_retention(self) -> list[Path]:
+        """Delete all but the newest `keep` committed checkpoints; return what was deleted.
+
+        If none of the kept ones even looks whole (manifest + file sizes), the newest older
+        one that does is kept too, so retention never deletes the last usable checkpoint.
+        """
+        refs = self.committed()
+        if len(refs) <= self.keep:
+            return []
+        kept, doomed = refs[-self.keep :], refs[: -self.keep]
+        if not any(self._looks_whole(ref) for ref in reversed(kept)):
+            for ref in reversed(doomed):
+                if self._looks_whole(ref):
+                    doomed.remove(ref)
+                    break
+        deleted = []
+        for ref in doomed:
+            try:
+                self._remove_tree(ref.path)
+            except OSError as exc:
+                self.log.warning("checkpoint_retention_failed", path=str(ref.path), error=str(exc))
+                continue
+            deleted.append(ref.path)
+        return deleted
+
+    def retain_after_commit(self) -> None:
+        """Retention after a successful commit: a failure here must not fail the commit."""
+        try:
+            deleted = self.apply_retention()
+        except OSError as exc:
+            self.log.warning("checkpoint_retention_failed", path=str(self.root), error=str(exc))
+            return
+        if deleted:
+            self.log.info("checkpoint_retention", deleted=[p.name for p in deleted])
+
+    def _looks_whole(self, ref: CheckpointRef) -> bool:
+        """Cheap check (no hashing): manifest parses and every file has its size."""
+        try:
+            manifest = self._read_manifest(ref)
+            for name, entry in parse_file_entries(manifest["files"]).items():
+                st = os.lstat(ref.path / name)
+                if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+                    return False
+        except (OSError, CheckpointError):
+            return False
+        return True
+
+    def _remove_tree(self, path: Path) -> None:
+        """Rename out of the way first, so a crash mid-delete never leaves a half-deleted
+        `ckpt-*` that a later load would have to quarantine; the leftover is swept."""
+        if not path.name.startswith(STAGING_PREFIX):
+            doomed = self.root / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+            _retry.rename(path, doomed)
+            path = doomed
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _verify_file(directory: Path, name: str, entry: FileEntry) -> None:
+    try:
+        size, digest = _size_and_digest(directory / name, entry.size)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"missing file {name}") from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {name}: {exc}") from exc
+    if size != entry.size:
+        raise CheckpointError(
+            f"size mismatch for {name}: manifest says {entry.size} bytes, file has {size}"
+        )
+    if digest != entry.sha256:
+        raise CheckpointError(f"checksum mismatch for {name}: sha256 {digest} != manifest")
+
+
+@_retry.transient_io
+def _size_and_digest(path: Path, expected_size: int) -> tuple[int, str]:
+    """Size and sha256 of a regular file; skips hashing when the size is already wrong."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path.name} is not a regular file")
+        if st.st_size != expected_size:
+            return st.st_size, ""
+        digest = hashlib.sha256()
+        buf = bytearray(_READ_CHUNK)
+        view = memoryview(buf)
+        size = 0
+        while n := f.readinto(view):
+            digest.update(view[:n])
+            size += n
+    return size, digest.hexdigest()
+
+
+@_retry.transient_io
+def _read_small(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        return f.read(_MAX_MANIFEST_BYTES)

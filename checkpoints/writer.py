@@ -1,0 +1,324 @@
+"""CheckpointWriter: builds one checkpoint in a staging dir and commits it atomically.
+
+Commit protocol (crash-safe at every point, see tests/checkpoints/test_ckpt_crash.py):
+  1. each file: create in `.staging-<uuid>`, write, fsync, close
+  2. fsync every subdirectory, then write MANIFEST.json last and fsync it
+  3. fsync the staging dir, rename it to `ckpt-<step:012d>`, fsync the root
+A crash before 3's rename leaves only a staging dir, which never matches `ckpt-*` and is
+swept at the next start; after it, the new checkpoint is complete and verified by checksum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from checkpoints import _retry
+from checkpoints.atomic import as_byte_view, create_file, fsync_dir, make_dir, write_all
+from checkpoints.errors import CheckpointError, CheckpointWriteFailed
+from checkpoints.manifest import (
+    FileEntry,
+    build_manifest,
+    encode_manifest,
+    parse_file_entries,
+    parse_manifest,
+)
+from checkpoints.names import MANIFEST_NAME, validate_name
+
+if TYPE_CHECKING:
+    from checkpoints.store import CheckpointRef, CheckpointStore
+
+# Test seam for the crash-point sweep: a child process sets this to a function that
+# SIGKILLs itself at one named point of the protocol. None in production.
+_crash_hook: Callable[[str], None] | None = None
+
+STAGING_PREFIX = ".staging-"
+REPLACED_PREFIX = ".replaced-"
+
+
+def _crash_point(point: str) -> None:
+    hook = _crash_hook
+    if hook is not None:
+        hook(point)
+
+
+@dataclass
+class WriteStats:
+    bytes_written: int = 0
+    bytes_linked: int = 0
+    files_written: int = 0
+    files_linked: int = 0
+    seconds: float = 0.0
+
+
+class CheckpointWriter:
+    """Writes the files of one checkpoint; use CheckpointStore.begin() to get one.
+
+    As a context manager, an exception inside the `with` block (or leaving it without
+    commit()) aborts, so a half-built checkpoint is never left behind.
+    """
+
+    def __init__(self, store: CheckpointStore, step: int, meta: dict[str, Any]) -> None:
+        self._store = store
+        self._log = store.log
+        self.step = step
+        self._meta = meta
+        self.stats = WriteStats()
+        self._started = time.monotonic()
+        self._files: dict[str, FileEntry] = {}
+        self._subdirs: set[str] = set()
+        self._base_entries_cache: dict[int, dict[str, FileEntry]] = {}
+        self._state = "open"
+        self.staging = store.root / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+        with self._failure_guard("creating the staging dir"):
+            make_dir(self.staging)
+
+    # ---- context manager -------------------------------------------------------------
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None and self._state == "open":
+            self._log.warning("checkpoint_not_committed", step=self.step)
+        self.abort()
+
+    # ---- writing files ----------------------------------------------------------------
+
+    def write_bytes(self, name: str, data: bytes | bytearray | memoryview) -> FileEntry:
+        return self.write_stream(name, (data,))
+
+    def write_json(self, name: str, obj: Any) -> FileEntry:
+        # Strict JSON (no NaN): checkpoint contents must be readable by any tool.
+        raw = json.dumps(obj, sort_keys=True, indent=2, allow_nan=False).encode("utf-8")
+        return self.write_bytes(name, raw)
+
+    def write_stream(
+        self, name: str, chunks: Iterable[bytes | bytearray | memoryview]
+    ) -> FileEntry:
+        """Write chunks as they come, hashing as it goes: memory used is one chunk."""
+        path = self._prepare(name)
+        digest = hashlib.sha256()
+        size = 0
+        with self._failure_guard(f"writing {name}"):
+            fd = create_file(path)
+            try:
+                for chunk in chunks:
+                    view = as_byte_view(chunk)
+                    digest.update(view)
+                    size += write_all(fd, view)
+                # fsync now rather than at commit: the data is still hot, and a failure
+                # is attributed to the file that caused it.
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        entry = FileEntry(size=size, sha256=digest.hexdigest())
+        self._files[name] = entry
+        self.stats.bytes_written += size
+        self.stats.files_written += 1
+        _crash_point(f"after_write:{name}")
+        return entry
+
+    def link_or_write(
+        self,
+        name: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        unchanged_since_step: int | None,
+    ) -> FileEntry:
+        """Hard-link `name` from checkpoint `unchanged_since_step` if the caller says it is
+        unchanged and that checkpoint still holds a file of the same size; else write it.
+
+        The caller vouches for "unchanged", so the data is not rehashed: the base manifest's
+        entry is reused. That is what makes an incremental checkpoint cost what changed.
+        """
+        view = as_byte_view(data)
+        if unchanged_since_step is not None:
+            entry = self._try_link(name, len(view), unchanged_since_step)
+            if entry is not None:
+                return entry
+        return self.write_bytes(name, view)
+
+    def _try_link(self, name: str, size: int, base_step: int) -> FileEntry | None:
+        path = self._prepare(name)
+        base_entry = self._base_entries(base_step).get(name)
+        if base_entry is None or base_entry.size != size:
+            return None
+        src = self._store.path_for(base_step) / name
+        try:
+            # A cheap guard against propagating a truncated base file into new checkpoints.
+            st = os.lstat(src)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+                return None
+            _retry.link(src, path)
+        except OSError as exc:
+            # e.g. EXDEV/EPERM/EMLINK: linking is an optimisation, writing is always correct.
+            self._log.debug("checkpoint_link_fallback", name=name, reason=str(exc))
+            return None
+        self._files[name] = base_entry
+        self.stats.bytes_linked += size
+        self.stats.files_linked += 1
+        _crash_point(f"after_link:{name}")
+        return base_entry
+
+    def _base_entries(self, base_step: int) -> dict[str, FileEntry]:
+        cached = self._base_entries_cache.get(base_step)
+        if cached is not None:
+            return cached
+        entries: dict[str, FileEntry] = {}
+        manifest_path = self._store.path_for(base_step) / MANIFEST_NAME
+        with contextlib.suppress(OSError, CheckpointError):
+            manifest = parse_manifest(manifest_path.read_bytes(), base_step)
+            entries = parse_file_entries(manifest["files"])
+        self._base_entries_cache[base_step] = entries
+        return entries
+
+    def _prepare(self, name: str) -> Path:
+        """Validate `name` and make its subdirectory; return its path in staging."""
+        validate_name(name)
+        self._ensure_open()
+        if name in self._files:
+            raise ValueError(f"checkpoint file {name!r} was already written")
+        if name in self._subdirs:
+            raise ValueError(f"checkpoint file {name!r} clashes with a subdirectory")
+        if "/" in name:
+            subdir = name.split("/", 1)[0]
+            if subdir in self._files:
+                raise ValueError(f"checkpoint file {name!r} clashes with file {subdir!r}")
+            if subdir not in self._subdirs:
+                with self._failure_guard(f"creating subdirectory {subdir}"):
+                    make_dir(self.staging / subdir)
+                self._subdirs.add(subdir)
+        return self.staging / name
+
+    # ---- commit / abort ---------------------------------------------------------------
+
+    def commit(self) -> CheckpointRef:
+        from checkpoints.store import CheckpointRef
+
+        self._ensure_open()
+        final = self._store.path_for(self.step)
+        with self._failure_guard("committing"):
+            for subdir in sorted(self._subdirs):
+                fsync_dir(self.staging / subdir)
+            _crash_point("before_manifest")
+            self._write_manifest()
+            _crash_point("after_manifest")
+            fsync_dir(self.staging)
+            aside = self._move_existing_aside(final)
+            try:
+                _crash_point("before_rename")
+                _retry.rename(self.staging, final)
+            except BaseException:
+                self._restore_aside(aside, final)
+                raise
+        self._state = "committed"
+        _crash_point("after_rename")
+        self._sync_root_or_roll_back(final, aside)
+        _crash_point("after_fsync_root")
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+        self.stats.seconds = time.monotonic() - self._started
+        self._store.retain_after_commit()
+        self._log.info(
+            "checkpoint_committed",
+            step=self.step,
+            bytes_written=self.stats.bytes_written,
+            bytes_linked=self.stats.bytes_linked,
+            seconds=round(self.stats.seconds, 3),
+        )
+        return CheckpointRef(path=final, step=self.step)
+
+    def abort(self) -> None:
+        """Remove the staging dir. Idempotent; a no-op after commit."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        # Leftovers (e.g. rmtree hit EIO) are harmless: never loaded, swept at next start.
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _write_manifest(self) -> None:
+        manifest = build_manifest(self.step, self._meta, self._files)
+        fd = create_file(self.staging / MANIFEST_NAME)
+        try:
+            write_all(fd, encode_manifest(manifest))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _move_existing_aside(self, final: Path) -> Path | None:
+        """Same step committed twice: move the old one to a name the store can restore.
+
+        `.replaced-<step>-<uuid>` (not `.staging-*`) so that a crash before the new one is
+        renamed in never loses step N: sweep()/load_latest() rename it back.
+        """
+        if not os.path.lexists(final):
+            return None
+        aside = self._store.root / f"{REPLACED_PREFIX}{self.step:012d}-{uuid.uuid4().hex}"
+        _retry.rename(final, aside)
+        _crash_point("after_move_aside")
+        return aside
+
+    def _restore_aside(self, aside: Path | None, final: Path) -> None:
+        if aside is None:
+            return
+        try:
+            _retry.rename(aside, final)
+        except OSError as exc:
+            # sweep()/load_latest() will restore it later.
+            self._log.error("checkpoint_restore_failed", path=str(aside), reason=str(exc))
+
+    def _sync_root_or_roll_back(self, final: Path, aside: Path | None) -> None:
+        """fsync the root after the rename; if that fails the commit is not durable.
+
+        Never retry the fsync (FIELD-NOTES 3): take the new checkpoint back out and
+        restore the old one, so the caller can write a fresh one later from memory.
+        """
+        try:
+            fsync_dir(self._store.root)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                _retry.rename(final, self.staging)
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self._restore_aside(aside, final)
+            self._state = "aborted"
+            raise self._failed("fsync of the checkpoint root", exc) from exc
+
+    # ---- failure handling -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _failure_guard(self, what: str) -> Iterator[None]:
+        """Any OSError fails this checkpoint cleanly: staging removed, previous intact."""
+        try:
+            yield
+        except OSError as exc:
+            self.abort()
+            raise self._failed(what, exc) from exc
+        except BaseException:
+            self.abort()
+            raise
+
+    def _failed(self, what: str, exc: OSError) -> CheckpointWriteFailed:
+        reason = f"checkpoint step {self.step}: {what} failed: {exc}"
+        self._log.warning("checkpoint_write_failed", step=self.step, reason=reason)
+        return CheckpointWriteFailed(reason)
+
+    def _ensure_open(self) -> None:
+        if self._state != "open":
+            raise CheckpointError(f"checkpoint writer for step {self.step} is {self._state}")
