@@ -76,7 +76,9 @@ def test_files_are_0600_and_dirs_0700_even_with_permissive_umask(
             assert _mode(path) == 0o600, path
 
 
-def test_read_into_fills_caller_buffer_without_copy(make_ckpt: MakeCkpt, store: CheckpointStore) -> None:
+def test_read_into_fills_caller_buffer_without_copy(
+    make_ckpt: MakeCkpt, store: CheckpointStore
+) -> None:
     make_ckpt(1)
     loaded = store.load_latest()
     assert loaded is not None
