@@ -108,7 +108,7 @@ def test_open_only_serves_files_listed_in_manifest(
     assert loaded is not None and loaded.step == 1
     with loaded.open("learner.pt") as f:
         assert f.read() == ckpt_files(1)["learner.pt"]
-    with pytest.raises(KeyError, match="stray.bin"):
+    with pytest.raises(KeyError, match=r"stray\.bin"):
         loaded.open("stray.bin")
     with pytest.raises(ValueError, match="invalid checkpoint file name"):
         loaded.open("../ckpt-000000000001/learner.pt")
