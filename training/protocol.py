@@ -399,6 +399,8 @@ class Heartbeat:
     threads: int | None = None
     eval: dict[str, Any] | None = None
     quarantined: list[str] = dataclasses.field(default_factory=list)
+    checkpoint_failures: int = 0
+    last_checkpoint_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

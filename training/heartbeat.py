@@ -1,0 +1,125 @@
+"""The worker's heartbeat: `<run_dir>/heartbeat.json`, atomically replaced about once a second.
+
+Written from a thread so that long phases (loading, checkpointing, evaluating) still show life;
+the supervisor judges *progress* by `global_step` against `phase_deadline_s`, so a loop that is
+stuck while this thread still runs is caught all the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from checkpoints import write_json_atomic
+from training.protocol import HEARTBEAT_FILE, Heartbeat, Phase
+
+
+class StepRate:
+    """Agent steps per second over a sliding window of recent samples."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, step: int) -> None:
+        self._samples.append((now, step))
+        while len(self._samples) > 2 and now - self._samples[0][0] > self.window_s:
+            self._samples.popleft()
+
+    def rate(self) -> float:
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+class HeartbeatWriter:
+    """Owns the mutable heartbeat fields; a daemon thread publishes them every `interval_s`."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        initial: Heartbeat,
+        *,
+        interval_s: float = 1.0,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        self.path = run_dir / HEARTBEAT_FILE
+        self._hb = initial
+        self._lock = threading.Lock()
+        self._interval_s = interval_s
+        self._on_tick = on_tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self.rate = StepRate()
+
+    def start(self) -> None:
+        self.publish()
+        self._thread.start()
+
+    def update(self, **fields: object) -> None:
+        with self._lock:
+            self._hb = dataclasses.replace(self._hb, **fields)  # type: ignore[arg-type]
+
+    def set_phase(self, phase: Phase, deadline_s: float) -> None:
+        self.update(phase=str(phase), phase_deadline_s=float(deadline_s))
+        self.publish()
+
+    def progress(self, global_step: int, **fields: object) -> None:
+        now = time.monotonic()
+        self.rate.add(now, global_step)
+        self.update(global_step=global_step, sps=round(self.rate.rate(), 2), **fields)
+
+    @property
+    def current(self) -> Heartbeat:
+        with self._lock:
+            return self._hb
+
+    def publish(self) -> None:
+        with self._lock:
+            self._hb = dataclasses.replace(self._hb, seq=self._hb.seq + 1, time=time.time())
+            data = self._hb.to_json()
+        # A full disk must not kill training; the supervisor sees a stale heartbeat instead.
+        with contextlib.suppress(OSError):
+            write_json_atomic(self.path, data, durable=False)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.publish()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            if self._on_tick is not None:
+                self._on_tick()
+            self.publish()
+
+
+def initial_heartbeat(game: str, algo: str, total_steps: int, device: str) -> Heartbeat:
+    return Heartbeat(
+        seq=0,
+        pid=os.getpid(),
+        phase=str(Phase.STARTING),
+        phase_deadline_s=180.0,
+        global_step=0,
+        total_steps=total_steps,
+        episodes=0,
+        sps=0.0,
+        mean_return=None,
+        last_checkpoint_step=None,
+        resumed_from_step=None,
+        num_envs=0,
+        batch_size=0,
+        device=device,
+        gpu_mem_mb=None,
+        game=game,
+        algo=algo,
+        time=time.time(),
+    )

@@ -1,0 +1,358 @@
+"""One worker session: load the newest valid checkpoint, train, checkpoint, evaluate, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from checkpoints import CheckpointStore, LoadedCheckpoint, NoValidCheckpoint, write_json_atomic
+from training import rng
+from training.checkpointing import Checkpointer, CheckpointResult, restore_learner
+from training.heartbeat import HeartbeatWriter, initial_heartbeat
+from training.protocol import (
+    CHECKPOINT_DIR,
+    EVAL_FILE,
+    PROGRESS_COLUMNS,
+    PROGRESS_FILE,
+    ConfigError,
+    ExitCode,
+    Phase,
+    WorkerConfig,
+    read_json_file,
+)
+
+STARTING_DEADLINE_S = 300.0
+STOPPING_DEADLINE_S = 120.0
+MIN_TRAINING_DEADLINE_S = 60.0
+PROGRESS_EVERY_S = 2.0
+
+
+class NoValidCheckpointError(ConfigError):
+    """Checkpoints exist but none verifies: refusing to start from zero."""
+
+    kind = "no_valid_checkpoint"
+
+
+def append_progress(run_dir: Path, row: dict[str, Any]) -> None:
+    """One row of `progress.csv` (append-only; the header once)."""
+    path = run_dir / PROGRESS_FILE
+    new = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available (use auto or cpu)")
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def setup_torch(device: torch.device, threads: int) -> None:
+    torch.set_num_threads(threads)
+    if device.type == "cuda":
+        # TF32 matmuls: ~2x on Ampere+ with negligible accuracy loss for RL.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+
+def loading_deadline_s(nbytes: int) -> float:
+    return 120.0 + nbytes / 20e6  # verify + read at a pessimistic 20 MB/s
+
+
+class TrainingSession:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        run_dir: Path,
+        log: structlog.stdlib.BoundLogger,
+        on_tick: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.log = log
+        self.threads = cfg.threads or os.cpu_count() or 1
+        self.step = 0
+        self.learner: Any = None
+        self.hb = HeartbeatWriter(
+            run_dir,
+            initial_heartbeat(cfg.game, cfg.algo, cfg.total_steps, cfg.device),
+            on_tick=on_tick,
+        )
+        self.hb.update(threads=self.threads, phase_deadline_s=STARTING_DEADLINE_S)
+        self.hb.start()
+        self.checkpoint_failures = 0
+
+    # ---- the session ---------------------------------------------------------------------
+    def run(self, stop: Any) -> int:
+        device = pick_device(self.cfg.device)
+        setup_torch(device, self.threads)
+        self.hb.update(device=device.type)
+        store = CheckpointStore(
+            self.run_dir / CHECKPOINT_DIR, keep=self.cfg.keep_checkpoints, log=self.log
+        )
+        swept = store.sweep()
+        if swept:
+            self.log.info("staging_swept", paths=[str(p) for p in swept])
+        loaded = self._load_newest(store)
+        if (
+            loaded is not None
+            and loaded.step >= self.cfg.total_steps
+            and self._eval_is_current(loaded.step)
+        ):
+            self.log.info("already_done", step=loaded.step)
+            self.step = loaded.step
+            self.hb.update(global_step=loaded.step, last_checkpoint_step=loaded.step)
+            return ExitCode.DONE
+        counters = self._build_learner(device, loaded)
+        checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint)
+        return self._train(stop, checkpointer, counters, loaded)
+
+    def close(self) -> None:
+        if self.learner is not None:
+            self.learner.close()
+        self.hb.stop()
+
+    # ---- loading -------------------------------------------------------------------------
+    def _load_newest(self, store: CheckpointStore) -> LoadedCheckpoint | None:
+        latest = store.latest()
+        self.hb.set_phase(Phase.LOADING, loading_deadline_s(_dir_bytes(latest and latest.path)))
+        try:
+            loaded = store.load_latest()
+        except NoValidCheckpoint as exc:
+            raise NoValidCheckpointError(
+                f"checkpoints exist in {store.root} but none verifies; refusing to start from "
+                f"zero: {exc}"
+            ) from exc
+        if loaded is not None and loaded.quarantined:
+            names = [f"{name} ({reason})" for name, reason in loaded.quarantined]
+            self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
+            self.hb.update(quarantined=names)
+        return loaded
+
+    def _build_learner(
+        self, device: torch.device, loaded: LoadedCheckpoint | None
+    ) -> dict[str, Any]:
+        from training.learner import make_learner
+
+        prior: dict[str, Any] = loaded.read_json("state.json") if loaded is not None else {}
+        resume_count = int(prior.get("resume_count", -1)) + 1 if loaded is not None else 0
+        rng.seed_everything(self.cfg.seed + resume_count)
+        env_seed = rng.derive_env_seed(self.cfg.seed, resume_count)
+        self.learner = make_learner(self.cfg, device, env_seed)
+        self.learner.warmup_optimizer()
+        if loaded is not None:
+            try:
+                prior = restore_learner(loaded, self.learner, device)
+            except (RuntimeError, KeyError, ValueError) as exc:
+                raise ConfigError(
+                    f"checkpoint {loaded.path} does not fit this configuration "
+                    f"(changed network or algorithm?): {exc}"
+                ) from exc
+            self.log.info("resumed", step=loaded.step, resume_count=resume_count)
+        self.step = self.learner.global_step
+        self.hb.update(
+            global_step=self.step,
+            resumed_from_step=loaded.step if loaded is not None else None,
+            last_checkpoint_step=loaded.step if loaded is not None else None,
+            num_envs=self.cfg.num_envs,
+            batch_size=_batch_size(self.cfg),
+            resume_count=resume_count,
+            episodes=self.learner.tracker.episodes,
+            mean_return=self.learner.tracker.mean_return(),
+        )
+        return {
+            "resume_count": resume_count,
+            "wall_time_s": float(prior.get("wall_time_s", 0.0)),
+            "session_started": time.monotonic(),
+        }
+
+    # ---- training ------------------------------------------------------------------------
+    def _train(
+        self,
+        stop: Any,
+        checkpointer: Checkpointer,
+        counters: dict[str, Any],
+        loaded: LoadedCheckpoint | None,
+    ) -> int:
+        cfg, learner = self.cfg, self.learner
+        last_saved_step = loaded.step if loaded is not None else -1
+        last_ckpt_t = time.monotonic()
+        last_ckpt_step = learner.global_step
+        last_progress_t = 0.0
+        next_eval = _next_multiple(learner.global_step, cfg.eval_every_steps)
+        longest_iter_s = 0.0
+        self.hb.set_phase(Phase.TRAINING, STARTING_DEADLINE_S)
+        while learner.global_step < cfg.total_steps and not stop:
+            t0 = time.monotonic()
+            learner.iterate()
+            now = time.monotonic()
+            longest_iter_s = max(longest_iter_s, now - t0)
+            self.step = learner.global_step
+            self._publish_progress(max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
+            if now - last_progress_t >= PROGRESS_EVERY_S:
+                last_progress_t = now
+                append_progress(self.run_dir, self._progress_row(counters))
+            due_s = now - last_ckpt_t >= cfg.checkpoint_every_s
+            due_steps = (
+                cfg.checkpoint_every_steps is not None
+                and self.step - last_ckpt_step >= cfg.checkpoint_every_steps
+            )
+            if (due_s or due_steps) and checkpointer.save_async(learner, self._counters(counters)):
+                last_ckpt_t, last_ckpt_step = now, self.step
+            if next_eval is not None and self.step >= next_eval and self.step < cfg.total_steps:
+                self._evaluate()
+                next_eval = _next_multiple(self.step, cfg.eval_every_steps)
+                self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
+        append_progress(self.run_dir, self._progress_row(counters))
+        if stop:
+            return self._stop(stop.reason, checkpointer, counters, last_saved_step)
+        return self._finish(checkpointer, counters, last_saved_step)
+
+    def _stop(
+        self, reason: str, checkpointer: Checkpointer, counters: dict[str, Any], saved: int
+    ) -> int:
+        self.log.info("stop_requested", reason=reason, step=self.step)
+        self.hb.set_phase(Phase.STOPPING, STOPPING_DEADLINE_S + self._replay_bytes() / 20e6)
+        checkpointer.wait()
+        if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
+            checkpointer.save_sync(self.learner, self._counters(counters))
+        return ExitCode.STOPPED
+
+    def _finish(self, checkpointer: Checkpointer, counters: dict[str, Any], saved: int) -> int:
+        self.hb.set_phase(Phase.CHECKPOINTING, STOPPING_DEADLINE_S + self._replay_bytes() / 20e6)
+        checkpointer.wait()
+        if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
+            result = checkpointer.save_sync(self.learner, self._counters(counters))
+            if not result.ok:
+                raise OSError(f"final checkpoint at step {self.step} failed: {result.error}")
+        self._evaluate()
+        self.log.info("done", step=self.step, total_steps=self.cfg.total_steps)
+        return ExitCode.DONE
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def _eval_is_current(self, step: int) -> bool:
+        if self.cfg.eval_episodes == 0:
+            return True
+        data = read_json_file(self.run_dir / EVAL_FILE)
+        return data is not None and int(data.get("step", -1)) >= step
+
+    def _evaluate(self) -> None:
+        if self.cfg.eval_episodes == 0 or self.learner is None:
+            return
+        from training.evaluate import evaluate
+
+        deadline = 900.0 if self.cfg.is_atari else 120.0
+        self.hb.set_phase(Phase.EVALUATING, deadline)
+        t0 = time.monotonic()
+        result = evaluate(
+            self.learner,
+            self.cfg.game,
+            self.cfg.eval_episodes,
+            seed=rng.derive_env_seed(self.cfg.seed + 1_000_003, self.step),
+            threads=self.threads,
+        )
+        result = {**result, "step": self.step, "time": time.time()}
+        result["seconds"] = round(time.monotonic() - t0, 3)
+        write_json_atomic(self.run_dir / EVAL_FILE, result)
+        self.hb.update(eval=result)
+        self.log.info("evaluated", **result)
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def _publish_progress(self, deadline_s: float) -> None:
+        learner = self.learner
+        gpu_mb = None
+        if learner.device.type == "cuda":
+            gpu_mb = round(torch.cuda.max_memory_allocated(learner.device) / 2**20, 1)
+        self.hb.progress(
+            learner.global_step,
+            episodes=learner.tracker.episodes,
+            mean_return=learner.tracker.mean_return(),
+            gpu_mem_mb=gpu_mb,
+            phase_deadline_s=deadline_s,
+        )
+
+    def _counters(self, counters: dict[str, Any]) -> dict[str, Any]:
+        wall = counters["wall_time_s"] + time.monotonic() - counters["session_started"]
+        return {
+            "global_step": self.learner.global_step,
+            "updates": self.learner.updates,
+            "episodes": self.learner.tracker.episodes,
+            "resume_count": counters["resume_count"],
+            "wall_time_s": round(wall, 3),
+            "time": time.time(),
+            "num_envs": self.cfg.num_envs,
+            "batch_size": _batch_size(self.cfg),
+        }
+
+    def _progress_row(self, counters: dict[str, Any]) -> dict[str, Any]:
+        hb = self.hb.current
+        c = self._counters(counters)
+        return {
+            "time": round(time.time(), 3),
+            "wall_s": c["wall_time_s"],
+            "global_step": c["global_step"],
+            "episodes": c["episodes"],
+            "sps": hb.sps,
+            "mean_return": "" if hb.mean_return is None else round(hb.mean_return, 3),
+            "num_envs": c["num_envs"],
+            "batch_size": c["batch_size"],
+            "resume_count": c["resume_count"],
+        }
+
+    def _on_checkpoint(self, result: CheckpointResult) -> None:
+        fields = {
+            "step": result.step,
+            "pause_s": round(result.pause_s, 4),
+            "seconds": round(result.seconds, 3),
+            "bytes_written": result.bytes_written,
+            "bytes_linked": result.bytes_linked,
+        }
+        if result.ok:
+            self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())
+            self.log.info("checkpoint", **fields)
+        else:
+            self.checkpoint_failures += 1
+            self.hb.update(
+                checkpoint_failures=self.checkpoint_failures, last_checkpoint_error=result.error
+            )
+            self.log.warning("checkpoint_failed", error=result.error, **fields)
+
+    def _replay_bytes(self) -> int:
+        replay = getattr(self.learner, "replay", None)
+        return int(getattr(replay, "nbytes", 0)) if replay is not None else 0
+
+
+def _batch_size(cfg: WorkerConfig) -> int:
+    return cfg.minibatch_size() if cfg.algo == "ppo" else int(cfg.batch_size)
+
+
+def _next_multiple(step: int, every: int | None) -> int | None:
+    if every is None:
+        return None
+    return (step // every + 1) * every
+
+
+def _dir_bytes(path: Path | None) -> int:
+    if path is None:
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total

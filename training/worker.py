@@ -1,0 +1,170 @@
+"""One training worker: `python -m training.worker --game Pong-v5 --algo ppo --run-dir ...`.
+
+Rerunning the same command in the same run directory resumes from the newest valid checkpoint;
+a finished run exits 0 at once. Exit codes, heartbeat and files: see training/protocol.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from training.protocol import ERROR_FILE, LOCK_FILE, ConfigError, ExitCode, WorkerConfig
+
+LOCK_WAIT_S = 60.0  # a predecessor may still be writing its last checkpoint
+
+
+class StopRequested:
+    """Set by signal handlers and the parent watch; read by the training loop."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.reason is not None
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+class RunDirLocked(RuntimeError):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = WorkerConfig.from_argv(sys.argv[1:] if argv is None else argv)
+        run_dir = prepare_run_dir(Path(cfg.run_dir))
+    except ConfigError as exc:
+        print(f"rlsup worker: configuration error: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG
+    stop = StopRequested()
+    install_signal_handlers(stop)
+    try:
+        with run_dir_lock(run_dir):
+            return Worker(cfg, run_dir, stop).run()
+    except RunDirLocked as exc:
+        print(f"rlsup worker: {exc}", file=sys.stderr)
+        return 1
+
+
+def prepare_run_dir(run_dir: Path) -> Path:
+    """Create the run dir (0700) or explain why it cannot be used; writes nothing else."""
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--run-dir {str(run_dir)!r}: cannot create it: {exc.strerror}") from exc
+    if not run_dir.is_dir() or not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--run-dir {str(run_dir)!r}: not a writable directory")
+    return run_dir
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Never two writers on one run directory."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    raise RunDirLocked(
+                        f"run dir {run_dir} is locked by another worker (pid {holder})"
+                    ) from exc
+                time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def install_signal_handlers(stop: StopRequested) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop.set(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+class Worker:
+    """The worker's life: load, train, checkpoint, evaluate, stop — every exit path defined."""
+
+    def __init__(self, cfg: WorkerConfig, run_dir: Path, stop: StopRequested) -> None:
+        from training import logs
+
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.stop = stop
+        self.parent_pid = os.getppid()
+        self.log = logs.configure(game=cfg.game, algo=cfg.algo, pid=os.getpid())
+        self.step = 0
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        except ConfigError as exc:
+            kind = getattr(exc, "kind", "config")
+            return self._error_exit(ExitCode.CONFIG, kind, str(exc))
+        except MemoryError as exc:
+            return self._error_exit(ExitCode.OOM, "host_oom", f"host out of memory: {exc}")
+        except Exception as exc:
+            if _is_cuda_oom(exc):
+                return self._error_exit(ExitCode.OOM, "cuda_oom", f"CUDA out of memory: {exc}")
+            return self._error_exit(1, "crash", f"{type(exc).__name__}: {exc}")
+
+    def _error_exit(self, code: int, kind: str, message: str) -> int:
+        detail = {
+            "kind": kind,
+            "message": message,
+            "traceback": traceback.format_exc()[-4000:],
+            "step": self.step,
+            "exit_code": int(code),
+            "time": time.time(),
+            "pid": os.getpid(),
+        }
+        with contextlib.suppress(OSError):
+            from checkpoints import write_json_atomic
+
+            write_json_atomic(self.run_dir / ERROR_FILE, detail)
+        self.log.error("worker_error", kind=kind, message=message, exit_code=int(code))
+        return int(code)
+
+    def _run(self) -> int:
+        from training.session import TrainingSession
+
+        session = TrainingSession(self.cfg, self.run_dir, self.log, self._watch_parent)
+        try:
+            code = session.run(self.stop)
+        finally:
+            self.step = session.step
+            session.close()
+        return code
+
+    def _watch_parent(self) -> None:
+        if os.getppid() != self.parent_pid:
+            self.stop.set("parent_gone")
+
+
+def _is_cuda_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in str(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
