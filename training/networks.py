@@ -1,0 +1,120 @@
+"""Networks: the Nature CNN for Atari frames, MLPs for vector observations (as CleanRL)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: float = 0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class NatureCNN(nn.Module):
+    """(N, 4, 84, 84) uint8 frames -> (N, 512) features; scales by 1/255 itself."""
+
+    out_dim = 512
+
+    def __init__(self, in_channels: int = 4, orthogonal: bool = True) -> None:
+        super().__init__()
+        init = layer_init if orthogonal else (lambda layer: layer)
+        self.net = nn.Sequential(
+            init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            init(nn.Linear(64 * 7 * 7, self.out_dim)),
+            nn.ReLU(),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.float() / 255.0)
+
+
+def mlp(
+    in_dim: int,
+    sizes: Sequence[int],
+    activation: type[nn.Module] = nn.ReLU,
+    orthogonal: bool = False,
+) -> nn.Sequential:
+    """Hidden layers only: in_dim -> sizes[0] -> ... -> sizes[-1], each followed by activation."""
+    layers: list[nn.Module] = []
+    for size in sizes:
+        linear = nn.Linear(in_dim, size)
+        layers += [layer_init(linear) if orthogonal else linear, activation()]
+        in_dim = size
+    return nn.Sequential(*layers)
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for DQN, with an optional dueling head: Q = V + A - mean(A)."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        hidden: Sequence[int],
+        dueling: bool = False,
+    ) -> None:
+        super().__init__()
+        self.trunk: nn.Module
+        if len(obs_shape) == 3:
+            self.trunk = NatureCNN(obs_shape[0], orthogonal=False)
+            feat = NatureCNN.out_dim
+        else:
+            self.trunk = mlp(math.prod(obs_shape), hidden)
+            feat = hidden[-1] if hidden else math.prod(obs_shape)
+        self.dueling = dueling
+        self.advantage = nn.Linear(feat, n_actions)
+        self.value = nn.Linear(feat, 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.trunk(obs if obs.dim() == 4 else obs.float())
+        adv = self.advantage(h)
+        if self.value is None:
+            return adv
+        return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+
+
+class ActorCritic(nn.Module):
+    """PPO policy and value: a shared CNN trunk for Atari, separate tanh MLPs for vectors."""
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.shared = len(obs_shape) == 3
+        if self.shared:
+            self.trunk = NatureCNN(obs_shape[0])
+            self.actor = layer_init(nn.Linear(NatureCNN.out_dim, n_actions), std=0.01)
+            self.critic = layer_init(nn.Linear(NatureCNN.out_dim, 1), std=1.0)
+        else:
+            dim = math.prod(obs_shape)
+            last = hidden[-1] if hidden else dim
+            self.actor = nn.Sequential(
+                mlp(dim, hidden, nn.Tanh, orthogonal=True),
+                layer_init(nn.Linear(last, n_actions), std=0.01),
+            )
+            self.critic = nn.Sequential(
+                mlp(dim, hidden, nn.Tanh, orthogonal=True),
+                layer_init(nn.Linear(last, 1), std=1.0),
+            )
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits (N, A), value (N,))."""
+        if self.shared:
+            h = self.trunk(obs)
+            return self.actor(h), self.critic(h).squeeze(-1)
+        x = obs.float()
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.shared:
+            return self.critic(self.trunk(obs)).squeeze(-1)
+        return self.critic(obs.float()).squeeze(-1)

@@ -1,0 +1,305 @@
+"""PPO (clipped surrogate, clipped value loss, entropy bonus), as CleanRL's ppo_atari_envpool.
+
+One `iterate()` = one rollout of num_envs * n_steps agent steps, then `epochs` passes of
+minibatch updates over it.
+
+Envpool's next-step auto-reset: the step taken from an observation that followed a done is a
+*dead* step (envpool ignores its action and returns the reset observation with reward 0). With
+CleanRL's convention `dones[t]` = "obs[t] came right after a done", exactly the dead steps have
+`dones[t] == 1`; they carry no information about the policy, so the losses mask them out. The
+bootstrapping cut (`1 - dones[t + 1]` in GAE) is the same as CleanRL's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributions import Categorical
+
+from training.envs import EpisodeTracker, make_env
+from training.learner import (
+    LRSchedule,
+    Precision,
+    default_lr,
+    iterations_for,
+    restore_rng,
+    rng_state,
+    warmup_adam,
+)
+from training.networks import ActorCritic
+from training.protocol import WorkerConfig
+
+# ---- the maths -------------------------------------------------------------------------------
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    next_value: torch.Tensor,
+    next_done: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over a (T, N) rollout -> (advantages, returns).
+
+    `dones[t]` is 1 when obs[t] followed an episode end (CleanRL's convention); `next_value` and
+    `next_done` describe the observation after the last step.
+    """
+    steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(steps)):
+        if t == steps - 1:
+            not_done, next_v = 1.0 - next_done, next_value
+        else:
+            not_done, next_v = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_v * not_done - values[t]
+        last = delta + gamma * lam * not_done * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def normalize_advantages(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mean = masked_mean(adv, mask)
+    var = masked_mean((adv - mean) ** 2, mask)
+    return (adv - mean) / (var.sqrt() + 1e-8)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOLoss:
+    policy: torch.Tensor
+    value: torch.Tensor
+    entropy: torch.Tensor
+    approx_kl: torch.Tensor
+
+    def total(self, vf_coef: float, ent_coef: float) -> torch.Tensor:
+        return self.policy - ent_coef * self.entropy + vf_coef * self.value
+
+
+def ppo_loss(
+    new_logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    new_value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    clip_coef: float,
+    mask: torch.Tensor | None = None,
+) -> PPOLoss:
+    """Clipped surrogate, clipped value loss (0.5 * max of squared errors), mean entropy."""
+    if mask is None:
+        mask = torch.ones_like(advantages)
+    log_ratio = new_logprob - old_logprob
+    ratio = log_ratio.exp()
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    v_unclipped = (new_value - returns) ** 2
+    v_clipped = (old_value + (new_value - old_value).clamp(-clip_coef, clip_coef) - returns) ** 2
+    return PPOLoss(
+        policy=masked_mean(torch.max(pg1, pg2), mask),
+        value=0.5 * masked_mean(torch.max(v_unclipped, v_clipped), mask),
+        entropy=masked_mean(entropy, mask),
+        approx_kl=masked_mean((ratio - 1.0) - log_ratio, mask).detach(),
+    )
+
+
+# ---- the learner -----------------------------------------------------------------------------
+
+
+class PPOLearner:
+    def __init__(self, cfg: WorkerConfig, device: torch.device, env_seed: int) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.replay = None
+        self.env_seed = env_seed
+        self.envs = make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        self.obs_shape: tuple[int, ...] = tuple(self.envs.observation_space.shape)
+        self.obs_dtype = torch.uint8 if cfg.is_atari else torch.float32
+        n_actions = int(self.envs.action_space.n)
+
+        self.net = ActorCritic(self.obs_shape, n_actions, cfg.mlp_sizes()).to(device)
+        self.lr = default_lr(cfg, 2.5e-4, 2.5e-4)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.lr, eps=1e-5)
+        self.minibatch = cfg.minibatch_size()
+        self.n_minibatches = cfg.rollout_size() // self.minibatch
+        total_updates = (
+            iterations_for(cfg.total_steps, cfg.rollout_size()) * cfg.epochs * self.n_minibatches
+        )
+        self.schedule = LRSchedule(cfg, self.optimizer, total_updates)
+        self.precision = Precision(device)
+        self.clip_coef = cfg.clip_coef or (0.1 if cfg.is_atari else 0.2)
+        self.max_grad_norm = cfg.max_grad_norm or 0.5
+
+        self.rng = np.random.default_rng(cfg.seed)
+        self.global_step = 0
+        self.updates = 0
+        self.iterations = 0
+        self.tracker = EpisodeTracker(cfg.num_envs, cfg.is_atari)
+        self.last_loss: dict[str, float] = {}
+        self._next_obs: torch.Tensor | None = None
+        self._next_done = torch.zeros(cfg.num_envs, device=device)
+
+        shape = (cfg.n_steps, cfg.num_envs)
+        self.b_obs = torch.zeros(shape + self.obs_shape, dtype=self.obs_dtype, device=device)
+        self.b_actions = torch.zeros(shape, dtype=torch.long, device=device)
+        self.b_logprobs = torch.zeros(shape, device=device)
+        self.b_rewards = torch.zeros(shape, device=device)
+        self.b_dones = torch.zeros(shape, device=device)
+        self.b_values = torch.zeros(shape, device=device)
+
+    # ---- envs ------------------------------------------------------------------------------
+    def restart_envs(self, env_seed: int | None = None) -> None:
+        """Reset every env before the next step; with a seed, recreate them with it."""
+        if env_seed is not None:
+            self.envs.close()
+            self.env_seed = env_seed
+            self.envs = make_env(self.cfg.game, self.cfg.num_envs, env_seed, self.cfg.threads)
+        self._next_obs = None
+
+    def _reset_envs(self) -> torch.Tensor:
+        obs, _ = self.envs.reset()
+        self.tracker.reset_envs()
+        self._next_done.zero_()
+        return self._to_tensor(obs)
+
+    def _to_tensor(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(obs, device=self.device)
+
+    # ---- training --------------------------------------------------------------------------
+    def iterate(self) -> None:
+        cfg = self.cfg
+        next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
+        next_done = self._next_done
+
+        # Rollout
+        for step in range(cfg.n_steps):
+            self.b_obs[step] = next_obs
+            self.b_dones[step] = next_done
+            with torch.no_grad(), self.precision.autocast():
+                logits, value = self.net(next_obs)
+            dist = Categorical(logits=logits.float())
+            action = dist.sample()
+            self.b_actions[step] = action
+            self.b_logprobs[step] = dist.log_prob(action)
+            self.b_values[step] = value.float()
+            obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
+            self.tracker.update(reward, terminated, truncated, info)
+            self.b_rewards[step] = torch.as_tensor(reward, device=self.device)
+            next_obs = self._to_tensor(obs)
+            next_done = torch.as_tensor(terminated | truncated, device=self.device).float()
+            self.global_step += cfg.num_envs
+        self._next_obs, self._next_done = next_obs, next_done
+
+        # Advantages
+        with torch.no_grad(), self.precision.autocast():
+            next_value = self.net.value(next_obs).float()
+        advantages, returns = gae(
+            self.b_rewards,
+            self.b_values,
+            self.b_dones,
+            next_value,
+            next_done,
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
+        self._optimize(advantages, returns)
+        self.iterations += 1
+        self.schedule.after_steps(self.global_step, self.updates)
+
+    def _optimize(self, advantages: torch.Tensor, returns: torch.Tensor) -> None:
+        cfg = self.cfg
+        obs = self.b_obs.reshape((-1, *self.obs_shape))
+        actions = self.b_actions.reshape(-1)
+        logprobs = self.b_logprobs.reshape(-1)
+        values = self.b_values.reshape(-1)
+        adv = advantages.reshape(-1)
+        ret = returns.reshape(-1)
+        valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
+        size = cfg.rollout_size()
+        for _ in range(cfg.epochs):
+            order = torch.as_tensor(self.rng.permutation(size), device=self.device)
+            for start in range(0, size, self.minibatch):
+                mb = order[start : start + self.minibatch]
+                with self.precision.autocast():
+                    logits, new_value = self.net(obs[mb])
+                dist = Categorical(logits=logits.float())
+                loss = ppo_loss(
+                    dist.log_prob(actions[mb]),
+                    logprobs[mb],
+                    normalize_advantages(adv[mb], valid[mb]),
+                    new_value.float(),
+                    values[mb],
+                    ret[mb],
+                    dist.entropy(),
+                    self.clip_coef,
+                    valid[mb],
+                )
+                total = loss.total(cfg.vf_coef, cfg.ent_coef)
+                self.precision.step(
+                    total, self.optimizer, self.net.parameters(), self.max_grad_norm
+                )
+                self.updates += 1
+                self.schedule.after_update()
+        self.last_loss = {
+            "policy": float(loss.policy),
+            "value": float(loss.value),
+            "entropy": float(loss.entropy),
+            "approx_kl": float(loss.approx_kl),
+        }
+
+    # ---- acting, warmup, state -------------------------------------------------------------
+    def act_greedy(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad(), self.precision.autocast():
+            logits, _ = self.net(self._to_tensor(obs))
+        return logits.float().argmax(dim=1).cpu().numpy()
+
+    def warmup_optimizer(self) -> None:
+        dummy = torch.zeros((self.minibatch, *self.obs_shape), dtype=self.obs_dtype)
+        dummy = dummy.to(self.device)
+
+        def loss() -> torch.Tensor:
+            with self.precision.autocast():
+                logits, value = self.net(dummy)
+            return logits.float().mean() + value.float().mean()
+
+        warmup_adam(self.net, self.optimizer, loss)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "algo": "ppo",
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "scaler": self.precision.state_dict(),
+            "global_step": self.global_step,
+            "updates": self.updates,
+            "iterations": self.iterations,
+            "tracker": self.tracker.state_dict(),
+            "rng": rng_state(self.rng),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("algo") != "ppo":
+            raise ValueError(f"not a PPO learner state (algo={state.get('algo')!r})")
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state["scaler"])
+        self.global_step = int(state["global_step"])
+        self.updates = int(state["updates"])
+        self.iterations = int(state["iterations"])
+        self.tracker.load_state_dict(state["tracker"])
+        restore_rng(self.rng, state["rng"])
+        self._next_obs = None  # the envs are not part of the state: start fresh episodes
+
+    def close(self) -> None:
+        self.envs.close()
