@@ -31,7 +31,7 @@ from checkpoints.atomic import as_byte_view, fsync_dir, make_dir
 from checkpoints.errors import CheckpointError, NoValidCheckpoint
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
 from checkpoints.names import MANIFEST_NAME, validate_name
-from checkpoints.writer import REPLACED_PREFIX, STAGING_PREFIX, CheckpointWriter
+from checkpoints.writer import REPLACED_PREFIX, STAGING_PREFIX, CheckpointWriter, _crash_point
 
 _CKPT_RE = re.compile(r"ckpt-(\d{12})")
 _REPLACED_RE = re.compile(re.escape(REPLACED_PREFIX) + r"(\d{12})-[0-9a-f]{32}")
@@ -348,6 +348,7 @@ class CheckpointStore:
         if not path.name.startswith(STAGING_PREFIX):
             doomed = self.root / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
             _retry.rename(path, doomed)
+            _crash_point("after_remove_rename")
             path = doomed
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
