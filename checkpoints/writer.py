@@ -123,6 +123,7 @@ class CheckpointWriter:
                     view = as_byte_view(chunk)
                     digest.update(view)
                     size += write_all(fd, view)
+                    _crash_point(f"after_chunk:{name}")
                 # fsync now rather than at commit: the data is still hot, and a failure
                 # is attributed to the file that caused it.
                 os.fsync(fd)
