@@ -33,6 +33,9 @@ from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
 from checkpoints.names import MANIFEST_NAME, validate_name
 from checkpoints.writer import REPLACED_PREFIX, STAGING_PREFIX, CheckpointWriter, _crash_point
 
+# Either structlog flavour: the default filtering logger or the stdlib-backed one.
+Logger = structlog.typing.FilteringBoundLogger | structlog.stdlib.BoundLogger
+
 _CKPT_RE = re.compile(r"ckpt-(\d{12})")
 _REPLACED_RE = re.compile(re.escape(REPLACED_PREFIX) + r"(\d{12})-[0-9a-f]{32}")
 CORRUPT_PREFIX = ".corrupt-"
@@ -128,15 +131,13 @@ class CheckpointStore:
         root: Path,
         *,
         keep: int = 3,
-        log: structlog.typing.FilteringBoundLogger | None = None,
+        log: Logger | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
-        self.log: structlog.typing.FilteringBoundLogger = (
-            log if log is not None else structlog.get_logger("rlsup.checkpoints")
-        )
+        self.log: Logger = log if log is not None else structlog.get_logger("rlsup.checkpoints")
 
     def path_for(self, step: int) -> Path:
         return self.root / f"ckpt-{step:012d}"

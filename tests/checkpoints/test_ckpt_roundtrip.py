@@ -174,3 +174,26 @@ def test_commit_logs_checkpoint_committed_event(store: CheckpointStore) -> None:
     assert event["step"] == 5 and event["bytes_written"] == 3 and event["bytes_linked"] == 0
     assert event["seconds"] >= 0
     assert w.stats.files_written == 1 and w.stats.seconds > 0
+
+
+def test_write_json_rejects_nan_so_contents_stay_strict_json(store: CheckpointStore) -> None:
+    with store.begin(1, {}) as w:
+        with pytest.raises(ValueError):
+            w.write_json("state.json", {"loss": float("nan")})
+        w.abort()
+
+
+def test_read_into_rejects_read_only_buffer(make_ckpt: MakeCkpt, store: CheckpointStore) -> None:
+    make_ckpt(1)
+    loaded = store.load_latest()
+    assert loaded is not None
+    with pytest.raises(ValueError, match="read-only"):
+        loaded.read_into("replay/frames-000000.bin", memoryview(bytes(4096)))
+
+
+def test_stdlib_structlog_logger_is_accepted(root: Path) -> None:
+    store = CheckpointStore(root, log=structlog.stdlib.get_logger("test"))
+    with structlog.testing.capture_logs() as logs, store.begin(1, {}) as w:
+        w.write_bytes("a.bin", b"a")
+        w.commit()
+    assert [e["event"] for e in logs] == ["checkpoint_committed"]
