@@ -12,7 +12,7 @@ import io
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -20,8 +20,11 @@ import torch
 from checkpoints import CheckpointStore, CheckpointWriteFailed, LoadedCheckpoint
 from training import rng
 from training.protocol import WorkerConfig
-from training.replay import ReplayBuffer
 
+if TYPE_CHECKING:
+    from training.replay import ReplayBuffer
+
+REPLAY_META = "replay/meta.json"
 LEARNER_FILE = "learner.pt"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.json"
@@ -63,7 +66,9 @@ def restore_learner(loaded: LoadedCheckpoint, learner: Any, device: torch.device
     learner.load_state_dict(blob["learner"])
     rng.restore(blob["rng"])
     counters: dict[str, Any] = loaded.read_json(STATE_FILE)
-    if ReplayBuffer is not None and "replay/meta.json" in loaded.files():
+    if REPLAY_META in loaded.files():
+        from training.replay import ReplayBuffer
+
         learner.replay = ReplayBuffer.load(loaded)
     return counters
 

@@ -14,13 +14,15 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 from training.protocol import ERROR_FILE, LOCK_FILE, ConfigError, ExitCode, WorkerConfig
 
-LOCK_WAIT_S = 60.0  # a predecessor may still be writing its last checkpoint
+# A predecessor may still be writing its last checkpoint: wait this long for the run-dir lock.
+LOCK_WAIT_S = float(os.environ.get("RLSUP_WORKER_LOCK_WAIT_S", "60"))
 
 
 class StopRequested:
@@ -42,6 +44,8 @@ class RunDirLocked(RuntimeError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gymnasium warns about envpool's float64 Box bounds on every env made: noise, not news.
+    warnings.filterwarnings("ignore", category=UserWarning, module="gymnasium")
     try:
         cfg = WorkerConfig.from_argv(sys.argv[1:] if argv is None else argv)
         run_dir = prepare_run_dir(Path(cfg.run_dir))
