@@ -148,8 +148,8 @@ class Checkpointer:
             self.log.exception("checkpoint_bug", step=cap.step)
             result = self._failed(cap, pause_s, exc)
         finally:
-            if cap.replay is not None:
-                cap.replay.end_snapshot(cap.replay_snapshot)
+            if cap.replay_snapshot is not None:
+                cap.replay_snapshot.release()  # idempotent; stops copy-on-write
         self.last_result = result
         self.on_result(result)
         return result
