@@ -1,0 +1,1 @@
+"""One module per `rlsup` subcommand, each exposing `register(subparsers)`."""

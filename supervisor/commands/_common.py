@@ -1,0 +1,29 @@
+"""Helpers shared by subcommands: the --config option and loading it with exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from supervisor.config import Config, ConfigError, load_config, resolve_config_path
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=None,
+        help="configuration file (default: $RLSUP_CONFIG, else ./rlsup.toml)",
+    )
+
+
+def load_config_or_exit(args: argparse.Namespace) -> Config:
+    """The validated configuration, or a one-paragraph message and SystemExit(2)."""
+    path = resolve_config_path(getattr(args, "config", None))
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"rlsup: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None

@@ -1,0 +1,45 @@
+"""`rlsup run`: the supervisor, in the foreground (systemd runs it; it never daemonizes)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from supervisor.commands._common import EXIT_FAIL, add_config_argument, load_config_or_exit
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run the supervisor in the foreground",
+        description="Spawn one worker per game, watch them, restart them from "
+        "their checkpoints. SIGTERM/SIGINT: graceful stop; SIGHUP: reload.",
+    )
+    add_config_argument(p)
+    p.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="exit (0) once every game is done or fatal, instead of idling",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config_or_exit(args)
+    from supervisor import db
+    from supervisor.daemon import LockHeld, Supervisor, acquire_lock
+    from supervisor.logs import configure_logging
+
+    configure_logging()
+    db.make_private_dir(cfg.state_dir)
+    try:
+        lock_fd = acquire_lock(cfg.state_dir)
+    except LockHeld as exc:
+        print(f"rlsup run: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    try:
+        return Supervisor(cfg, exit_when_done=args.exit_when_done).run()
+    finally:
+        import os
+
+        os.close(lock_fd)

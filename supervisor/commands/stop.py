@@ -1,0 +1,90 @@
+"""`rlsup stop [--timeout S]`: SIGTERM the running supervisor and wait for it to go."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+from supervisor.commands._common import EXIT_FAIL, EXIT_OK, add_config_argument, load_config_or_exit
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "stop",
+        help="stop the running supervisor gracefully",
+        description="Send SIGTERM to the supervisor recorded in the state "
+        "database (pid and create time verified) and wait until it is gone.",
+    )
+    add_config_argument(p)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds to wait (default: stop_grace_s + 30)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config_or_exit(args)
+    import psutil
+
+    from supervisor import db
+
+    timeout = args.timeout if args.timeout is not None else cfg.stop_grace_s + 30
+    try:
+        conn = db.connect(cfg.state_dir, create=False)
+    except FileNotFoundError:
+        print(f"rlsup stop: no supervisor is running (no state database in {cfg.state_dir})")
+        return EXIT_OK
+    row = db.supervisor_row(conn)
+    conn.close()
+    proc = _live_supervisor(row, psutil)
+    if proc is None:
+        print(f"rlsup stop: no supervisor is running for {cfg.state_dir}")
+        return EXIT_OK
+    print(
+        f"rlsup stop: sending SIGTERM to the supervisor (pid {proc.pid}); "
+        f"waiting up to {timeout:g} s for its workers to checkpoint"
+    )
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    next_print = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            proc.wait(timeout=0.5)
+            print(f"rlsup stop: supervisor (pid {proc.pid}) stopped")
+            return EXIT_OK
+        except psutil.TimeoutExpired:
+            if time.monotonic() >= next_print:
+                left = deadline - time.monotonic()
+                print(f"rlsup stop: still stopping (pid {proc.pid}), {left:.0f} s left")
+                next_print += 5
+        except psutil.NoSuchProcess:
+            return EXIT_OK
+    print(
+        f"rlsup stop: timed out after {timeout:g} s; the supervisor (pid {proc.pid}) "
+        "is still running",
+        file=sys.stderr,
+    )
+    return EXIT_FAIL
+
+
+def _live_supervisor(row: dict | None, psutil: object):  # type: ignore[no-untyped-def]
+    import psutil as ps
+
+    if not row or not row.get("pid") or row.get("state") != "running":
+        return None
+    try:
+        proc = ps.Process(row["pid"])
+        if abs(proc.create_time() - (row.get("pid_create_time") or 0)) > 1.0:
+            return None
+        if proc.pid == os.getpid():
+            return None
+        return proc
+    except ps.Error:
+        return None

@@ -1,0 +1,427 @@
+"""The TOML configuration (ARCHITECTURE.md section 8), validated into frozen dataclasses.
+
+Every problem becomes one `ConfigError` whose message names the file, the line (when it can
+be found) and the key, the value found and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training import protocol
+from training.tasks import KNOWN_TASKS, suggest
+
+CONFIG_ENV = "RLSUP_CONFIG"
+DEFAULT_CONFIG = "rlsup.toml"
+GAME_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
+
+
+class ConfigError(Exception):
+    """A bad configuration file; str() is the whole message for the operator."""
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    num_envs: int
+    batch_size: int | str  # an int, or "auto" (PPO picks a divisor of the rollout)
+    n_steps: int
+    max_concurrent: int
+
+    def sizes(self) -> tuple[int, int | str, int]:
+        return (self.num_envs, self.batch_size, self.n_steps)
+
+
+@dataclass(frozen=True)
+class GameSpec:
+    name: str
+    env_id: str
+    algo: str
+    total_steps: int
+    seed: int
+    device: str
+    args: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def args_dict(self) -> dict[str, Any]:
+        return dict(self.args)
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 300.0
+    budget: int = 5
+    budget_window_s: float = 3600.0
+    stable_after_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    startup_grace_s: float = 180.0
+    hang_timeout_s: float = 120.0
+    kill_grace_s: float = 10.0  # added key: SIGTERM → SIGKILL grace for a hung worker
+
+
+@dataclass(frozen=True)
+class StabilityConfig:
+    window_s: float = 3600.0
+    calm_s: float = 3600.0
+    cooldown_s: float = 300.0
+    ceiling: str = ""
+    min_ram_available_pct: float = 10.0
+    max_gpu_temp_c: float = 85.0
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    min_free_mb: float = 2048.0
+    poll_s: float = 30.0
+    timeout_s: float = 7200.0
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path  # absolute path of the file it was read from
+    state_dir: Path  # absolute
+    initial_mode: str
+    checkpoint_every_s: float
+    stop_grace_s: float
+    cost_per_hour: float
+    modes: tuple[ModeSpec, ...]
+    games: tuple[GameSpec, ...]
+    restart: RestartConfig
+    watchdog: WatchdogConfig
+    stability: StabilityConfig
+    gpu: GpuConfig
+    tick_s: float = 1.0  # added key: longest sleep of the main loop
+
+    def mode(self, name: str) -> ModeSpec:
+        for m in self.modes:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.modes)
+
+    def game(self, name: str) -> GameSpec:
+        for g in self.games:
+            if g.name == name:
+                return g
+        raise KeyError(name)
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "rlsup.db"
+
+    def run_dir(self, game: str) -> Path:
+        return self.state_dir / "runs" / game
+
+
+def resolve_config_path(arg: str | os.PathLike[str] | None) -> Path:
+    """--config PATH, else $RLSUP_CONFIG, else ./rlsup.toml."""
+    if arg:
+        return Path(arg)
+    env = os.environ.get(CONFIG_ENV)
+    return Path(env) if env else Path(DEFAULT_CONFIG)
+
+
+# ---- schema -------------------------------------------------------------------------------
+
+_NUM = (int, float)
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+# key -> (python types, default (None = required), check, expectation text)
+Field = tuple[tuple[type, ...], Any, Callable[[Any], bool] | None, str]
+_TOP: dict[str, Field] = {
+    "state_dir": ((str,), "var/rlsup", None, "a path (string)"),
+    "initial_mode": ((str,), "", None, "the name of a [modes.*] table"),
+    "checkpoint_every_s": (_NUM, 300.0, _positive, "seconds > 0"),
+    "stop_grace_s": (_NUM, 60.0, _positive, "seconds > 0"),
+    "cost_per_hour": (_NUM, 0.0, _non_negative, "a number >= 0"),
+    "tick_s": (_NUM, 1.0, _positive, "seconds > 0"),
+}
+_TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu")
+_MODE: dict[str, Field] = {
+    "num_envs": ((int,), None, _positive, "a positive integer"),
+    "batch_size": (
+        (int, str),
+        None,
+        lambda v: v == "auto" or (isinstance(v, int) and v > 0),
+        'a positive integer or "auto"',
+    ),
+    "n_steps": ((int,), 128, _positive, "a positive integer"),
+    "max_concurrent": ((int,), None, _positive, "a positive integer"),
+}
+_GAME: dict[str, Field] = {
+    "name": (
+        (str,),
+        None,
+        lambda v: GAME_NAME_RE.fullmatch(v) is not None,
+        "a name matching [a-z0-9_-]{1,40}",
+    ),
+    "env_id": ((str,), None, None, "an envpool task id"),
+    "algo": ((str,), "ppo", lambda v: v in protocol.ALGOS, " | ".join(protocol.ALGOS)),
+    "total_steps": ((int,), None, _positive, "a positive integer"),
+    "seed": ((int,), 1, None, "an integer"),
+    "device": ((str,), "auto", lambda v: v in protocol.DEVICES, " | ".join(protocol.DEVICES)),
+    "args": ((dict,), {}, None, "a table of worker hyper-parameters"),
+}
+
+
+def _section_fields(cls: type) -> dict[str, Field]:
+    out: dict[str, Field] = {}
+    for f in dataclasses.fields(cls):
+        if isinstance(f.default, str):
+            out[f.name] = ((str,), f.default, None, "a mode name")
+        elif isinstance(f.default, int) and not isinstance(f.default, bool):
+            out[f.name] = ((int,), f.default, _non_negative, "an integer >= 0")
+        else:
+            out[f.name] = (_NUM, f.default, _positive, "a number > 0")
+    return out
+
+
+_SECTIONS: dict[str, type] = {
+    "restart": RestartConfig,
+    "watchdog": WatchdogConfig,
+    "stability": StabilityConfig,
+    "gpu": GpuConfig,
+}
+
+
+class _Ctx:
+    """Builds error messages that point at the file, line and key."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def fail(self, where: list[str | int], message: str) -> ConfigError:
+        line = _locate(self.lines, where)
+        at = f"line {line}: " if line else ""
+        return ConfigError(f"{self.path}: {at}{_dotted(where)}: {message}")
+
+
+def _dotted(where: list[str | int]) -> str:
+    out = ""
+    for part in where:
+        out += f"[{part}]" if isinstance(part, int) else (("." if out else "") + part)
+    return out
+
+
+def _locate(lines: list[str], where: list[str | int]) -> int | None:
+    """Best-effort line number of a key path such as ['games', 1, 'env_id']."""
+    table: list[str | int] = []
+    counts: dict[str, int] = {}
+    best: int | None = None
+    for no, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if m := re.fullmatch(r"\[\[\s*([^\]]+?)\s*\]\]", line):
+            name = m.group(1)
+            counts[name] = counts.get(name, -1) + 1
+            table = [*name.split("."), counts[name]]
+        elif m := re.fullmatch(r"\[\s*([^\]]+?)\s*\]", line):
+            table = list(m.group(1).split("."))
+        else:
+            m = re.match(r"([A-Za-z0-9_\-\"]+)\s*=", line)
+            if m and [*table, m.group(1).strip('"')] == where[: len(table) + 1]:
+                return no
+            continue
+        if table == where[: len(table)]:
+            best = no
+    return best
+
+
+def _check_keys(
+    ctx: _Ctx, where: list[str | int], data: Mapping[str, Any], known: Mapping[str, Any]
+) -> None:
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ctx.fail([*where, key], f"unknown key{hint} (known: {', '.join(known)})")
+
+
+def _values(
+    ctx: _Ctx, where: list[str | int], data: Any, fields: Mapping[str, Field]
+) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ctx.fail(where, f"expected a table, got {data!r}")
+    _check_keys(ctx, where, data, fields)
+    out: dict[str, Any] = {}
+    for key, (types, default, check, expect) in fields.items():
+        if key not in data:
+            if default is None:
+                raise ctx.fail([*where, key], f"missing; expected {expect}")
+            out[key] = default
+            continue
+        value = data[key]
+        ok = isinstance(value, types) and not isinstance(value, bool)
+        if ok and check is not None:
+            try:
+                ok = bool(check(value))
+            except TypeError:
+                ok = False
+        if not ok:
+            raise ctx.fail([*where, key], f"got {value!r}; expected {expect}")
+        out[key] = float(value) if types == _NUM else value
+    return out
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate one configuration file; raise ConfigError (nothing else) on any fault."""
+    path = Path(path).absolute()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot read the configuration file: {exc.strerror or exc}"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, path, text)
+
+
+def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
+    ctx = _Ctx(path, text)
+    _check_keys(ctx, [], data, {**_TOP, **dict.fromkeys(_TABLES)})
+    top = _values(ctx, [], {k: v for k, v in data.items() if k in _TOP}, _TOP)
+    modes = _parse_modes(ctx, data.get("modes"))
+    names = [m.name for m in modes]
+    initial = top["initial_mode"] or names[0]
+    if initial not in names:
+        raise ctx.fail(
+            ["initial_mode"], f"got {initial!r}; expected one of the modes: {', '.join(names)}"
+        )
+    sections = {
+        name: cls(**_values(ctx, [name], data.get(name, {}), _section_fields(cls)))
+        for name, cls in _SECTIONS.items()
+    }
+    stability = sections["stability"]
+    ceiling = stability.ceiling or names[-1]
+    if ceiling not in names:
+        raise ctx.fail(
+            ["stability", "ceiling"],
+            f"got {ceiling!r}; expected one of the modes: {', '.join(names)}",
+        )
+    stability = dataclasses.replace(stability, ceiling=ceiling)
+    state_dir = Path(os.path.expanduser(top["state_dir"]))
+    if not state_dir.is_absolute():
+        state_dir = path.parent / state_dir
+    games = _parse_games(ctx, data.get("games"), modes, top["checkpoint_every_s"])
+    return Config(
+        path=path,
+        state_dir=state_dir,
+        initial_mode=initial,
+        checkpoint_every_s=top["checkpoint_every_s"],
+        stop_grace_s=top["stop_grace_s"],
+        cost_per_hour=top["cost_per_hour"],
+        tick_s=top["tick_s"],
+        modes=modes,
+        games=games,
+        restart=sections["restart"],
+        watchdog=sections["watchdog"],
+        stability=stability,
+        gpu=sections["gpu"],
+    )
+
+
+def _parse_modes(ctx: _Ctx, data: Any) -> tuple[ModeSpec, ...]:
+    if not isinstance(data, dict) or not data:
+        raise ctx.fail(
+            ["modes"],
+            "missing; expected at least one [modes.<name>] table "
+            "(num_envs, batch_size, n_steps, max_concurrent)",
+        )
+    return tuple(
+        ModeSpec(name=name, **_values(ctx, ["modes", name], table, _MODE))
+        for name, table in data.items()
+    )
+
+
+def _parse_games(
+    ctx: _Ctx, data: Any, modes: tuple[ModeSpec, ...], checkpoint_every_s: float
+) -> tuple[GameSpec, ...]:
+    if not isinstance(data, list) or not data:
+        raise ctx.fail(["games"], "missing; expected at least one [[games]] table")
+    games: list[GameSpec] = []
+    for i, table in enumerate(data):
+        v = _values(ctx, ["games", i], table, _GAME)
+        if any(g.name == v["name"] for g in games):
+            raise ctx.fail(["games", i, "name"], f"duplicate game name {v['name']!r}")
+        if v["env_id"] not in KNOWN_TASKS:
+            close = suggest(v["env_id"])
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ctx.fail(
+                ["games", i, "env_id"],
+                f"got {v['env_id']!r}: not a supported "
+                f"envpool task id (Atari *-v5, CartPole-v1, Acrobot-v1, MountainCar-v0){hint}",
+            )
+        args = v["args"]
+        for key in args:
+            if key not in protocol.HYPERPARAMETER_FIELDS:
+                close = difflib.get_close_matches(key, sorted(protocol.HYPERPARAMETER_FIELDS), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ctx.fail(
+                    ["games", i, "args", key],
+                    f"unknown hyper-parameter{hint} "
+                    f"(allowed: {', '.join(sorted(protocol.HYPERPARAMETER_FIELDS))})",
+                )
+        game = GameSpec(
+            name=v["name"],
+            env_id=v["env_id"],
+            algo=v["algo"],
+            total_steps=v["total_steps"],
+            seed=v["seed"],
+            device=v["device"],
+            args=tuple(sorted(args.items())),
+        )
+        for mode in modes:
+            try:
+                worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, threads=None)
+            except (protocol.ConfigError, TypeError, ValueError) as exc:
+                raise ctx.fail(
+                    ["games", i], f"invalid worker settings in mode {mode.name!r}: {exc}"
+                ) from None
+        games.append(game)
+    return tuple(games)
+
+
+def worker_config(
+    game: GameSpec, mode: ModeSpec, run_dir: Path, checkpoint_every_s: float, threads: int | None
+) -> protocol.WorkerConfig:
+    """The worker's arguments for one game in one mode (validated by the protocol)."""
+    values: dict[str, Any] = {"n_steps": mode.n_steps, "checkpoint_every_s": checkpoint_every_s}
+    values.update(game.args_dict)
+    values.update(
+        game=game.env_id,
+        algo=game.algo,
+        run_dir=str(run_dir),
+        num_envs=mode.num_envs,
+        batch_size=mode.batch_size,
+        total_steps=game.total_steps,
+        seed=game.seed,
+        device=game.device,
+        threads=threads,
+    )
+    return protocol.validate(protocol.WorkerConfig(**values))

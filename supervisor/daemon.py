@@ -1,0 +1,734 @@
+"""The supervisor's main loop: spawn workers, watch them, restart from checkpoints.
+
+"Monitor returns, loop decides": signal handlers only set flags; one `tick()` (with an
+injected monotonic clock) reads exits, heartbeats and the desired mode, then decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import selectors
+import signal
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import structlog
+
+from supervisor import db, modes
+from supervisor.config import Config, ConfigError, GameSpec, ModeSpec, load_config, worker_config
+from supervisor.launcher import Launcher, WorkerProcess, find_leftover, stop_leftovers
+from supervisor.restart import (
+    ExitInfo,
+    ExitKind,
+    backoff_delay_s,
+    budget_exhausted,
+    classify_exit,
+    consecutive_after_exit,
+    failures_in_window,
+)
+from supervisor.sdnotify import Notifier
+from supervisor.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
+from training import protocol
+
+log = structlog.get_logger("rlsup.supervisor")
+S = WorkerState
+_NO_PROGRESS_PHASES = frozenset({"starting", "training"})
+
+
+class LockHeld(RuntimeError):
+    """Another supervisor holds the state directory."""
+
+
+def acquire_lock(state_dir: Path) -> int:
+    """Exclusive flock on <state_dir>/supervisor.lock; returns the fd (kept open)."""
+    path = state_dir / "supervisor.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise LockHeld(
+            f"another rlsup supervisor (pid {holder}) already runs on {state_dir} (it holds {path})"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+@dataclass
+class GameRuntime:
+    """What the loop knows about one game's worker."""
+
+    spec: GameSpec
+    state: WorkerState = S.STOPPED
+    reason: str = ""
+    state_since: float = 0.0  # wall clock, for the DB
+    proc: WorkerProcess | None = None
+    mode: ModeSpec | None = None  # the sizes the current worker was started with
+    restarts: int = 0
+    failures: list[float] = field(default_factory=list)  # monotonic times, budget window
+    consecutive: int = 0  # backoff exponent
+    backoff_until: float = 0.0
+    stop_reason: str | None = None
+    kill_at: float | None = None
+    # liveness, by our own monotonic clock
+    heartbeat: protocol.Heartbeat | None = None
+    seq_at: float = 0.0
+    step_at: float = 0.0
+    phase_at: float = 0.0
+    first_step: int | None = None
+    progressed: bool = False
+    seen_quarantined: set[str] = field(default_factory=set)
+    spawn_wall: float = 0.0
+
+
+@dataclass
+class Flags:
+    stop: bool = False
+    reload: bool = False
+
+
+class Supervisor:
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        launcher: Launcher | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        exit_when_done: bool = False,
+        notifier: Notifier | None = None,
+        cores: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.launcher = launcher or Launcher()
+        self.clock = clock
+        self.wall = wall
+        self.exit_when_done = exit_when_done
+        self.notifier = notifier or Notifier()
+        self.cores = cores or len(os.sched_getaffinity(0))
+        self.flags = Flags()
+        self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
+        self.removed: dict[str, GameRuntime] = {}
+        self.conn: sqlite3.Connection | None = None
+        self.boot_id = ""
+        self.stopping = False
+        self.stop_deadline = 0.0
+        self.finished = False
+        self.rng = random.Random()
+        self.selector = selectors.DefaultSelector()
+        self._wake_r = self._wake_w = -1
+        self._next_watchdog = 0.0
+        self._tick_errors = 0
+        self._last_status = ""
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.start()
+        try:
+            while not self.finished:
+                self.safe_tick()
+                if not self.finished:
+                    self.wait(self.cfg.tick_s)
+        finally:
+            self.close()
+        return 0
+
+    def start(self) -> None:
+        self._install_signals()
+        self.conn = db.connect(self.cfg.state_dir)
+        now_wall = self.wall()
+        self.boot_id = db.read_boot_id()
+        outcome = db.record_boot(self.conn, self.boot_id, now_wall, psutil.boot_time())
+        leftovers = self._stop_leftovers() if outcome.same_boot else []
+        modes.ensure_initial_mode(self.conn, self.cfg, now_wall)
+        me = psutil.Process()
+        with db.transaction(self.conn):
+            db.set_supervisor(
+                self.conn,
+                pid=os.getpid(),
+                pid_create_time=me.create_time(),
+                boot_id=self.boot_id,
+                started=now_wall,
+                last_tick=now_wall,
+                config_path=str(self.cfg.path),
+                state="running",
+            )
+            if outcome.kind == "host_reboot":
+                db.add_event(
+                    self.conn,
+                    "host_reboot",
+                    None,
+                    {
+                        "boot_id": self.boot_id,
+                        "previous_boot_id": outcome.previous_boot_id,
+                        "downtime_s": outcome.downtime_s,
+                        "unexpected": True,
+                    },
+                    now_wall,
+                )
+            db.add_event(
+                self.conn,
+                "supervisor_start",
+                None,
+                {
+                    "pid": os.getpid(),
+                    "boot_id": self.boot_id,
+                    "after": outcome.kind,
+                    "downtime_s": outcome.downtime_s,
+                    "leftover_workers_stopped": leftovers,
+                    "config": str(self.cfg.path),
+                },
+                now_wall,
+            )
+        log.info(
+            "supervisor_start",
+            after=outcome.kind,
+            boot_id=self.boot_id,
+            downtime_s=outcome.downtime_s,
+            leftovers=leftovers,
+            games=list(self.games),
+        )
+        self._restore_states()
+        now = self.clock()
+        for rt in self.games.values():
+            if rt.state is S.STOPPED:
+                self._set(rt, S.WAITING, "queued")
+        self.notifier.ready(self.summary())
+        self._next_watchdog = now
+
+    def _stop_leftovers(self) -> list[int]:
+        """Same boot, new supervisor: stop any worker of ours still alive BEFORE starting one."""
+        assert self.conn is not None
+        procs = [
+            p
+            for row in db.workers(self.conn)
+            if (p := find_leftover(row["pid"], row["pid_create_time"])) is not None
+        ]
+        if not procs:
+            return []
+        log.warning("leftover_workers", pids=[p.pid for p in procs])
+        return stop_leftovers(procs, self.cfg.stop_grace_s)
+
+    def _restore_states(self) -> None:
+        """A game recorded DONE whose checkpoints reached total_steps stays done."""
+        assert self.conn is not None
+        rows = {r["game"]: r for r in db.workers(self.conn)}
+        for name, rt in self.games.items():
+            row = rows.get(name)
+            rt.restarts = row["restarts"] if row else 0
+            if (
+                row
+                and row["state"] == S.DONE
+                and latest_checkpoint_step(self.cfg.run_dir(name)) >= rt.spec.total_steps
+            ):
+                rt.state = S.DONE
+                rt.reason = row["reason"] or "done"
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            signal.set_wakeup_fd(-1)
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.selector.close()
+        self.notifier.close()
+        if self.conn is not None:
+            self.conn.close()
+
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+        def on_stop(signum: int, frame: Any) -> None:
+            self.flags.stop = True
+
+        def on_hup(signum: int, frame: Any) -> None:
+            self.flags.reload = True
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a worker exits (its pidfd turns readable), a signal arrives, or timeout."""
+        for key, _ in self.selector.select(timeout):
+            if key.fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._wake_r, 512):
+                        pass
+
+    # ---- the tick -------------------------------------------------------------------------
+
+    def safe_tick(self) -> None:
+        try:
+            self.tick()
+            self._tick_errors = 0
+        except Exception:
+            self._tick_errors += 1
+            log.exception("tick_failed", consecutive=self._tick_errors)
+            if self._tick_errors >= 30:
+                raise
+
+    def tick(self) -> None:
+        now = self.clock()
+        if self.flags.stop and not self.stopping:
+            self.begin_shutdown(now, "signal")
+        if self.flags.reload:
+            self.flags.reload = False
+            self.reload(now)
+        self.reap(now)
+        if not self.stopping:
+            self.observe(now)
+            self.apply_modes(now)
+            self.schedule(now)
+        self.escalate(now)
+        self.persist()
+        self.notify(now)
+        if self.stopping and not any(rt.proc for rt in self._all()):
+            self.finish_shutdown()
+        elif (
+            self.exit_when_done
+            and not self.stopping
+            and all(rt.state in TERMINAL for rt in self.games.values())
+        ):
+            self.begin_shutdown(now, "all games done or fatal")
+
+    def _all(self) -> list[GameRuntime]:
+        return [*self.games.values(), *self.removed.values()]
+
+    # ---- state changes --------------------------------------------------------------------
+
+    def _set(self, rt: GameRuntime, target: WorkerState, reason: str, **detail: Any) -> Transition:
+        pid = rt.proc.pid if rt.proc else None
+        tr = transition(
+            rt.spec.name, rt.state, target, reason, pid=pid, restarts=rt.restarts, **detail
+        )
+        rt.state, rt.reason, rt.state_since = target, reason, self.wall()
+        if tr.kind != "worker_state":
+            self.event(
+                tr.kind,
+                rt.spec.name,
+                {
+                    "from": str(tr.source),
+                    "to": str(target),
+                    "reason": reason,
+                    "pid": pid,
+                    "restarts": rt.restarts,
+                    **detail,
+                },
+            )
+        self._write_worker(rt)
+        return tr
+
+    def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
+        assert self.conn is not None
+        db.add_event(self.conn, kind, game, detail, self.wall())
+
+    # ---- exits ----------------------------------------------------------------------------
+
+    def reap(self, now: float) -> None:
+        for rt in self._all():
+            if rt.proc is None:
+                continue
+            rc = rt.proc.poll()
+            if rc is not None:
+                self.on_exit(rt, classify_exit(rc), now)
+        for name in [n for n, rt in self.removed.items() if rt.proc is None]:
+            del self.removed[name]
+
+    def on_exit(self, rt: GameRuntime, info: ExitInfo, now: float) -> None:
+        assert rt.proc is not None
+        proc, uptime = rt.proc, now - rt.proc.started_mono
+        self._observe_heartbeat(rt, now)  # the last words: quarantined checkpoints, step
+        error = self._read_error(rt)
+        detail: dict[str, Any] = {
+            "returncode": info.returncode,
+            "exit": str(info.kind),
+            "uptime_s": round(uptime, 3),
+        }
+        if rt.heartbeat is not None:
+            detail["global_step"] = rt.heartbeat.global_step
+            detail["last_checkpoint_step"] = rt.heartbeat.last_checkpoint_step
+        if error:
+            detail["error"] = {k: error.get(k) for k in ("kind", "message", "step")}
+        self._set(rt, S.EXITED, info.description, **detail)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(proc.pidfd)
+        proc.close()
+        rt.proc, rt.kill_at = None, None
+        stop_reason, rt.stop_reason = rt.stop_reason, None
+        self._after_exit(rt, info, error, stop_reason, uptime, now)
+
+    def _after_exit(
+        self,
+        rt: GameRuntime,
+        info: ExitInfo,
+        error: dict[str, Any] | None,
+        stop_reason: str | None,
+        uptime: float,
+        now: float,
+    ) -> None:
+        name = rt.spec.name
+        if info.kind is ExitKind.DONE:
+            self._set(rt, S.DONE, "total_steps reached")
+        elif rt.spec.name in self.removed:
+            self._set(rt, S.STOPPED, "removed from the configuration")
+        elif info.kind is ExitKind.CONFIG:
+            msg = (error or {}).get("message") or "configuration error (exit 78)"
+            self._set(rt, S.FATAL, f"configuration error: {msg}")
+        elif self.stopping:
+            self._set(rt, S.STOPPED, "supervisor shutdown")
+        elif stop_reason in ("mode_change", "slots") or (
+            info.kind is ExitKind.STOPPED and stop_reason != "hang"
+        ):
+            # Asked to stop (or stopped by someone else after a checkpoint): not a failure.
+            self._set(rt, S.WAITING, stop_reason or "stopped after a checkpoint (exit 75)")
+        else:
+            cause = "hang" if stop_reason == "hang" else str(info.kind)
+            if stop_reason != "hang":
+                kind = "worker_oom" if info.kind is ExitKind.OOM else "worker_crash"
+                self.event(
+                    kind,
+                    name,
+                    {
+                        "returncode": info.returncode,
+                        "description": info.description,
+                        "error_kind": (error or {}).get("kind"),
+                        "message": (error or {}).get("message"),
+                        "traceback": (error or {}).get("traceback"),
+                    },
+                )
+            self._failure(rt, f"{cause}: {info.description}", uptime, now)
+
+    def _failure(self, rt: GameRuntime, why: str, uptime: float, now: float) -> None:
+        r = self.cfg.restart
+        rt.failures = failures_in_window([*rt.failures, now], now, r.budget_window_s)
+        rt.consecutive = consecutive_after_exit(rt.consecutive, uptime, r.stable_after_s)
+        if budget_exhausted(rt.failures, now, r.budget_window_s, r.budget):
+            self._set(
+                rt,
+                S.FATAL,
+                f"restart budget spent: {len(rt.failures)} failures in "
+                f"{r.budget_window_s:g} s (budget {r.budget}); last: {why}",
+            )
+            return
+        delay = backoff_delay_s(
+            rt.consecutive, r.backoff_base_s, r.backoff_max_s, self.rng.random()
+        )
+        rt.backoff_until = now + delay
+        self._set(
+            rt, S.BACKOFF, why, delay_s=round(delay, 3), failures=len(rt.failures), budget=r.budget
+        )
+
+    def _read_error(self, rt: GameRuntime) -> dict[str, Any] | None:
+        path = self.cfg.run_dir(rt.spec.name) / protocol.ERROR_FILE
+        try:
+            if path.stat().st_mtime < rt.spawn_wall - 1:
+                return None  # left over from an older run
+        except OSError:
+            return None
+        return protocol.read_json_file(path)
+
+    # ---- heartbeats and hangs -------------------------------------------------------------
+
+    def observe(self, now: float) -> None:
+        for rt in self.games.values():
+            if rt.proc is None or rt.state not in (S.STARTING, S.RUNNING):
+                continue
+            self._observe_heartbeat(rt, now)
+            if rt.state is S.STARTING and rt.heartbeat is not None:
+                self._set(
+                    rt,
+                    S.RUNNING,
+                    "first heartbeat",
+                    resumed_from_step=rt.heartbeat.resumed_from_step,
+                )
+            hang = self._hang_reason(rt, now)
+            if hang:
+                hb = rt.heartbeat
+                self.event(
+                    "worker_hang",
+                    rt.spec.name,
+                    {
+                        "reason": hang,
+                        "pid": rt.proc.pid,
+                        "phase": hb.phase if hb else None,
+                        "global_step": hb.global_step if hb else None,
+                    },
+                )
+                log.warning("worker_hang", game=rt.spec.name, reason=hang, pid=rt.proc.pid)
+                self.request_stop(rt, "hang", now + self.cfg.watchdog.kill_grace_s)
+
+    def _observe_heartbeat(self, rt: GameRuntime, now: float) -> None:
+        if rt.proc is None:
+            return
+        hb = protocol.read_heartbeat(self.cfg.run_dir(rt.spec.name))
+        if hb is None or hb.pid != rt.proc.pid:
+            return
+        old = rt.heartbeat
+        if old is None or hb.seq != old.seq:
+            rt.seq_at = now
+        if old is None or hb.global_step != old.global_step:
+            rt.step_at = now
+        if old is None or hb.phase != old.phase:
+            rt.phase_at = now
+        if rt.first_step is None:
+            rt.first_step = hb.global_step
+        elif hb.global_step > rt.first_step:
+            rt.progressed = True
+        for name in hb.quarantined:
+            if name not in rt.seen_quarantined:
+                rt.seen_quarantined.add(name)
+                self.event("checkpoint_corrupt", rt.spec.name, {"checkpoint": name})
+        rt.heartbeat = hb
+
+    def _hang_reason(self, rt: GameRuntime, now: float) -> str | None:
+        """Hung = no heartbeat change or no step progress past the phase's deadline."""
+        wd, hb = self.cfg.watchdog, rt.heartbeat
+        limit = wd.hang_timeout_s if rt.progressed else wd.startup_grace_s
+        if hb is not None and hb.phase not in _NO_PROGRESS_PHASES:
+            limit = max(limit, float(hb.phase_deadline_s or 0))
+        seq_idle = now - rt.seq_at
+        step_idle = now - max(rt.step_at, rt.phase_at)
+        if hb is None and seq_idle > limit:
+            return f"no heartbeat within {limit:g} s of start"
+        if seq_idle > limit:
+            return f"heartbeat seq unchanged for {seq_idle:.1f} s (limit {limit:g} s)"
+        if step_idle > limit:
+            return (
+                f"global_step stuck at {hb.global_step if hb else None} for {step_idle:.1f} s "
+                f"in phase {hb.phase if hb else None} (limit {limit:g} s)"
+            )
+        return None
+
+    # ---- stopping -------------------------------------------------------------------------
+
+    def request_stop(self, rt: GameRuntime, reason: str, kill_at: float) -> None:
+        if rt.proc is None:
+            return
+        if rt.state is not S.STOPPING:
+            self._set(rt, S.STOPPING, reason)
+            rt.stop_reason = reason
+        self.launcher.terminate(rt.proc)
+        rt.kill_at = kill_at if rt.kill_at is None else min(rt.kill_at, kill_at)
+
+    def escalate(self, now: float) -> None:
+        for rt in self._all():
+            if rt.proc is not None and rt.kill_at is not None and now >= rt.kill_at:
+                log.warning(
+                    "worker_kill",
+                    game=rt.spec.name,
+                    pid=rt.proc.pid,
+                    reason=f"no exit within the grace after SIGTERM ({rt.stop_reason})",
+                )
+                self.launcher.kill(rt.proc)
+                rt.kill_at = now + 3600  # once
+
+    def begin_shutdown(self, now: float, why: str) -> None:
+        self.stopping = True
+        self.stop_deadline = now + self.cfg.stop_grace_s
+        log.info("supervisor_stopping", reason=why, grace_s=self.cfg.stop_grace_s)
+        self.notifier.stopping("stopping: " + why)
+        for rt in self._all():
+            if rt.proc is not None:
+                self.request_stop(rt, "shutdown", self.stop_deadline)
+            elif rt.state in (S.WAITING, S.BACKOFF):
+                self._set(rt, S.STOPPED, "supervisor shutdown")
+
+    def finish_shutdown(self) -> None:
+        assert self.conn is not None
+        now = self.wall()
+        with db.transaction(self.conn):
+            db.mark_clean_stop(self.conn, self.boot_id, now)
+            db.set_supervisor(self.conn, state="stopped", last_tick=now)
+            db.add_event(
+                self.conn, "supervisor_stop", None, {"pid": os.getpid(), "clean": True}, now
+            )
+        log.info("supervisor_stop", clean=True)
+        self.finished = True
+
+    # ---- modes and scheduling -------------------------------------------------------------
+
+    def apply_modes(self, now: float) -> None:
+        """Restart workers whose effective mode changed; stop the ones over the cap."""
+        assert self.conn is not None
+        for rt in self.games.values():
+            if rt.state in (S.STARTING, S.RUNNING) and rt.mode is not None:
+                want = modes.effective_mode(self.conn, self.cfg, rt.spec.name)
+                if want.sizes() != rt.mode.sizes():
+                    log.info("mode_change", game=rt.spec.name, old=rt.mode.name, new=want.name)
+                    self.request_stop(rt, "mode_change", now + self.cfg.stop_grace_s)
+        cap = modes.host_mode(self.conn, self.cfg).max_concurrent
+        holding = [
+            rt
+            for rt in self.games.values()
+            if rt.state in ACTIVE and rt.stop_reason not in ("mode_change", "slots")
+        ]
+        for rt in reversed(holding[cap:]):
+            if rt.state is S.BACKOFF:
+                self._set(rt, S.WAITING, "over max_concurrent")
+            else:
+                self.request_stop(rt, "slots", now + self.cfg.stop_grace_s)
+
+    def schedule(self, now: float) -> None:
+        assert self.conn is not None
+        cap = modes.host_mode(self.conn, self.cfg).max_concurrent
+        active = sum(1 for rt in self.games.values() if rt.state in ACTIVE)
+        due = [
+            rt for rt in self.games.values() if rt.state is S.BACKOFF and now >= rt.backoff_until
+        ]
+        waiting = [rt for rt in self.games.values() if rt.state is S.WAITING]
+        starters = due + waiting[: max(0, cap - active)]
+        if not starters:
+            return
+        planned = sum(1 for rt in self.games.values() if rt.state in ALIVE) + len(starters)
+        threads = max(1, self.cores // max(1, planned))
+        for rt in starters:
+            self.spawn(rt, threads, now)
+
+    def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
+        assert self.conn is not None
+        name = rt.spec.name
+        mode = modes.effective_mode(self.conn, self.cfg, name)
+        run_dir = db.make_private_dir(self.cfg.run_dir(name))
+        logs_dir = db.make_private_dir(self.cfg.state_dir / "logs")
+        wcfg = worker_config(rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads)
+        for stale in (protocol.HEARTBEAT_FILE,):
+            with contextlib.suppress(FileNotFoundError):
+                (run_dir / stale).unlink()
+        restarting = rt.state is S.BACKOFF
+        try:
+            proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now)
+        except OSError as exc:
+            if rt.state is S.WAITING:
+                self._set(rt, S.FATAL, f"cannot spawn the worker: {exc}")
+            else:
+                self._failure(rt, f"spawn failed: {exc}", 0.0, now)
+            return
+        if restarting:
+            rt.restarts += 1
+        rt.proc, rt.mode, rt.heartbeat = proc, mode, None
+        rt.seq_at = rt.step_at = rt.phase_at = now
+        rt.first_step, rt.progressed, rt.stop_reason, rt.kill_at = None, False, None, None
+        rt.spawn_wall = self.wall()
+        self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
+        self._set(
+            rt,
+            S.STARTING,
+            "restart after backoff" if restarting else "slot free",
+            mode=mode.name,
+            num_envs=mode.num_envs,
+            batch_size=mode.batch_size,
+            n_steps=mode.n_steps,
+            threads=threads,
+        )
+
+    # ---- reload -----------------------------------------------------------------------------
+
+    def reload(self, now: float) -> None:
+        try:
+            new = load_config(self.cfg.path)
+        except ConfigError as exc:
+            log.error("config_error", error=str(exc), kept="previous configuration")
+            self.event("config_error", None, {"message": str(exc), "kept": "previous"})
+            return
+        if new.state_dir != self.cfg.state_dir:
+            log.warning("config_reload_state_dir_ignored", old=str(self.cfg.state_dir))
+            new = _replace_state_dir(new, self.cfg.state_dir)
+        old_names = set(self.games)
+        self.cfg = new
+        for g in new.games:
+            if g.name in self.games:
+                self.games[g.name].spec = g
+            else:
+                self.games[g.name] = GameRuntime(g, state_since=self.wall())
+                self._set(self.games[g.name], S.WAITING, "added by config reload")
+        for name in old_names - {g.name for g in new.games}:
+            rt = self.games.pop(name)
+            if rt.proc is not None:
+                self.removed[name] = rt
+                self.request_stop(rt, "removed", now + new.stop_grace_s)
+        self.games = {g.name: self.games[g.name] for g in new.games}
+        assert self.conn is not None
+        modes.ensure_initial_mode(self.conn, new, self.wall())
+        self.event("config_reload", None, {"path": str(new.path), "games": list(self.games)})
+        log.info("config_reload", games=list(self.games))
+
+    # ---- persistence and systemd ------------------------------------------------------------
+
+    def _write_worker(self, rt: GameRuntime) -> None:
+        assert self.conn is not None
+        hb = rt.heartbeat
+        db.upsert_worker(
+            self.conn,
+            rt.spec.name,
+            state=str(rt.state),
+            pid=rt.proc.pid if rt.proc else None,
+            pid_create_time=rt.proc.create_time if rt.proc else None,
+            mode=rt.mode.name if rt.mode else None,
+            num_envs=rt.mode.num_envs if rt.mode else None,
+            batch_size=(
+                rt.mode.batch_size
+                if rt.mode and isinstance(rt.mode.batch_size, int)
+                else (hb.batch_size if hb else None)
+            ),
+            restarts=rt.restarts,
+            state_since=rt.state_since,
+            reason=rt.reason,
+            heartbeat=json.dumps(hb.to_json()) if hb else None,
+            updated=self.wall(),
+        )
+
+    def persist(self) -> None:
+        assert self.conn is not None
+        now = self.wall()
+        with db.transaction(self.conn):
+            for rt in self._all():
+                self._write_worker(rt)
+            db.touch_boot(self.conn, self.boot_id, now)
+            db.set_supervisor(self.conn, last_tick=now)
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for rt in self.games.values():
+            counts[str(rt.state)] = counts.get(str(rt.state), 0) + 1
+        return "rlsup: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+    def notify(self, now: float) -> None:
+        if self.notifier.watchdog_s and now >= self._next_watchdog and self._tick_errors == 0:
+            self.notifier.watchdog()
+            self._next_watchdog = now + self.notifier.watchdog_s
+        text = self.summary()
+        if text != self._last_status:
+            self.notifier.status(text)
+            self._last_status = text
+
+
+def _replace_state_dir(cfg: Config, state_dir: Path) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(cfg, state_dir=state_dir)
+
+
+def latest_checkpoint_step(run_dir: Path) -> int:
+    """Step of the newest committed checkpoint directory name (-1 when there is none)."""
+    best = -1
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(run_dir / protocol.CHECKPOINT_DIR):
+            if entry.name.startswith("ckpt-") and entry.name[5:].isdigit():
+                best = max(best, int(entry.name[5:]))
+    return best

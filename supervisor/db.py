@@ -1,0 +1,377 @@
+"""The state database `<state_dir>/rlsup.db`: schema (a contract), migrations, query helpers.
+
+WAL mode, `busy_timeout`, schema version in `PRAGMA user_version`, private files (dir 0700,
+files 0600, -wal/-shm included). Only the supervisor writes, except `desired` (CLI `scale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DB_NAME = "rlsup.db"
+BUSY_TIMEOUT_MS = 10_000
+EVENT_KINDS = frozenset(
+    {
+        "supervisor_start",
+        "supervisor_stop",
+        "host_reboot",
+        "worker_start",
+        "worker_exit",
+        "worker_crash",
+        "worker_hang",
+        "worker_oom",
+        "restart",
+        "backoff",
+        "fatal",
+        "checkpoint_corrupt",
+        "checkpoint_failed",
+        "gpu_wait",
+        "scale_down",
+        "scale_up",
+        "mode_pinned",
+        "game_done",
+        "config_reload",
+        "config_error",
+    }
+)
+
+_V1 = """
+CREATE TABLE boots(boot_id TEXT PRIMARY KEY, boot_time REAL, first_seen REAL NOT NULL,
+                   last_seen REAL NOT NULL, clean_stop INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE events(id INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, game TEXT,
+                    detail TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX events_ts ON events(ts);
+CREATE INDEX events_kind_ts ON events(kind, ts);
+CREATE TABLE workers(game TEXT PRIMARY KEY, state TEXT NOT NULL, pid INTEGER,
+                     pid_create_time REAL, mode TEXT, num_envs INTEGER, batch_size INTEGER,
+                     restarts INTEGER NOT NULL DEFAULT 0, state_since REAL, reason TEXT,
+                     heartbeat TEXT, updated REAL);
+CREATE TABLE samples(ts REAL NOT NULL, data TEXT NOT NULL);
+CREATE INDEX samples_ts ON samples(ts);
+CREATE TABLE desired(scope TEXT PRIMARY KEY, mode TEXT NOT NULL, pinned INTEGER NOT NULL,
+                     updated REAL NOT NULL);
+CREATE TABLE modes(scope TEXT PRIMARY KEY, mode TEXT NOT NULL, since REAL NOT NULL, reason TEXT);
+CREATE TABLE supervisor(id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER,
+                        pid_create_time REAL, boot_id TEXT, started REAL, last_tick REAL,
+                        config_path TEXT, state TEXT);
+"""
+# Forward migrations: MIGRATIONS[i] takes user_version i to i+1. Append, never edit.
+MIGRATIONS: tuple[str, ...] = (_V1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def make_private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _make_private_file(path: Path) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
+def connect(state_dir: Path, *, create: bool = True) -> sqlite3.Connection:
+    """Open (and create or migrate) the database; FileNotFoundError if absent and not create."""
+    path = Path(state_dir) / DB_NAME
+    if not path.exists():
+        if not create:
+            raise FileNotFoundError(f"no state database at {path}")
+        make_private_dir(Path(state_dir))
+        _make_private_file(path)
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    migrate(conn)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.chmod(side, 0o600)
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"database schema {version} is newer than this rlsup ({SCHEMA_VERSION})")
+    while version < SCHEMA_VERSION:
+        with transaction(conn):
+            for stmt in MIGRATIONS[version].split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            version += 1
+            conn.execute(f"PRAGMA user_version = {version}")
+    return version
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# ---- events -------------------------------------------------------------------------------
+
+
+def add_event(
+    conn: sqlite3.Connection,
+    kind: str,
+    game: str | None = None,
+    detail: dict[str, Any] | None = None,
+    ts: float | None = None,
+) -> int:
+    cur = conn.execute(
+        "INSERT INTO events(ts, kind, game, detail) VALUES (?, ?, ?, ?)",
+        (time.time() if ts is None else ts, kind, game, json.dumps(detail or {}, default=str)),
+    )
+    return int(cur.lastrowid or 0)
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    ts: float
+    kind: str
+    game: str | None
+    detail: dict[str, Any]
+
+
+def events(
+    conn: sqlite3.Connection,
+    since: float | None = None,
+    game: str | None = None,
+    kind: str | list[str] | None = None,
+    limit: int | None = None,
+) -> list[Event]:
+    """Events oldest first, filtered by time (ts >= since), game and kind(s)."""
+    where, params = [], []  # type: ignore[var-annotated]
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since)
+    if game is not None:
+        where.append("game = ?")
+        params.append(game)
+    if kind is not None:
+        kinds = [kind] if isinstance(kind, str) else list(kind)
+        where.append(f"kind IN ({','.join('?' * len(kinds))})")
+        params += kinds
+    sql = "SELECT id, ts, kind, game, detail FROM events"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id"
+    if limit is not None:
+        newest = sql.replace("ORDER BY id", "ORDER BY id DESC")
+        sql = f"SELECT * FROM ({newest} LIMIT {int(limit)}) ORDER BY id"
+    return [
+        Event(r["id"], r["ts"], r["kind"], r["game"], json.loads(r["detail"] or "{}"))
+        for r in conn.execute(sql, params)
+    ]
+
+
+# ---- boots --------------------------------------------------------------------------------
+
+BOOT_ID_ENV = "RLSUP_BOOT_ID_PATH"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id() -> str:
+    return Path(os.environ.get(BOOT_ID_ENV, BOOT_ID_PATH)).read_text().strip()
+
+
+@dataclass(frozen=True)
+class BootOutcome:
+    """What this supervisor start means, judged from the ledger.
+
+    kind: 'first' (empty ledger), 'reboot' (new boot id after a clean stop), 'host_reboot'
+    (new boot id, previous boot not stopped cleanly: unexpected), 'supervisor_restart' (same
+    boot, after a clean stop), 'supervisor_crash' (same boot, no clean stop: leftovers may live).
+    """
+
+    kind: str
+    boot_id: str
+    previous_boot_id: str | None = None
+    downtime_s: float | None = None
+
+    @property
+    def same_boot(self) -> bool:
+        return self.kind in ("supervisor_restart", "supervisor_crash")
+
+
+def record_boot(
+    conn: sqlite3.Connection, boot_id: str, now: float, boot_time: float | None = None
+) -> BootOutcome:
+    """Record this start in the ledger and classify it (reboot / supervisor restart / crash)."""
+    with transaction(conn):
+        row = conn.execute("SELECT clean_stop FROM boots WHERE boot_id = ?", (boot_id,)).fetchone()
+        if row is not None:
+            conn.execute(
+                "UPDATE boots SET clean_stop = 0, last_seen = ? WHERE boot_id = ?", (now, boot_id)
+            )
+            return BootOutcome(
+                "supervisor_restart" if row["clean_stop"] else "supervisor_crash", boot_id
+            )
+        prev = conn.execute(
+            "SELECT boot_id, last_seen, clean_stop FROM boots ORDER BY last_seen DESC LIMIT 1"
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO boots(boot_id, boot_time, first_seen, last_seen, clean_stop) "
+            "VALUES (?, ?, ?, ?, 0)",
+            (boot_id, boot_time, now, now),
+        )
+        if prev is None:
+            return BootOutcome("first", boot_id)
+        kind = "reboot" if prev["clean_stop"] else "host_reboot"
+        return BootOutcome(kind, boot_id, prev["boot_id"], max(0.0, now - prev["last_seen"]))
+
+
+def touch_boot(conn: sqlite3.Connection, boot_id: str, now: float) -> None:
+    conn.execute("UPDATE boots SET last_seen = ? WHERE boot_id = ?", (now, boot_id))
+
+
+def mark_clean_stop(conn: sqlite3.Connection, boot_id: str, now: float) -> None:
+    conn.execute("UPDATE boots SET clean_stop = 1, last_seen = ? WHERE boot_id = ?", (now, boot_id))
+
+
+@dataclass(frozen=True)
+class BootSummary:
+    window_s: float
+    uptime_s: float  # supervisor-observed up time within the window
+    uptime_fraction: float
+    reboots: int  # boots first seen in the window that had a predecessor
+    unexpected_reboots: int  # host_reboot events in the window
+    supervisor_crashes: int
+
+
+def boots_summary(conn: sqlite3.Connection, now: float, window_s: float) -> BootSummary:
+    """Uptime and reboot counts over the last `window_s` seconds (e.g. 86400, 604800)."""
+    start = now - window_s
+    up = 0.0
+    rows = conn.execute("SELECT first_seen, last_seen FROM boots ORDER BY first_seen").fetchall()
+    for r in rows:
+        up += max(0.0, min(r["last_seen"], now) - max(r["first_seen"], start))
+    first_ever = rows[0]["first_seen"] if rows else now
+    reboots = conn.execute(
+        "SELECT COUNT(*) FROM boots WHERE first_seen >= ? AND first_seen > ?", (start, first_ever)
+    ).fetchone()[0]
+    unexpected = conn.execute(
+        "SELECT COUNT(*) FROM events WHERE kind = 'host_reboot' AND ts >= ?", (start,)
+    ).fetchone()[0]
+    crashes = sum(
+        1
+        for e in events(conn, since=start, kind="supervisor_start")
+        if e.detail.get("after") == "supervisor_crash"
+    )
+    observed = max(1e-9, min(window_s, now - first_ever))
+    return BootSummary(window_s, up, min(1.0, up / observed), reboots, unexpected, crashes)
+
+
+def mtbf_s(conn: sqlite3.Connection, now: float) -> float | None:
+    """Mean time between unexpected failures (host reboots and supervisor crashes): observed
+    up time over the whole ledger / their count; None when none happened yet."""
+    up = sum(
+        max(0.0, min(r["last_seen"], now) - r["first_seen"])
+        for r in conn.execute("SELECT first_seen, last_seen FROM boots")
+    )
+    failures = len(events(conn, kind="host_reboot")) + sum(
+        1
+        for e in events(conn, kind="supervisor_start")
+        if e.detail.get("after") == "supervisor_crash"
+    )
+    return up / failures if failures else None
+
+
+# ---- workers ------------------------------------------------------------------------------
+
+
+def upsert_worker(conn: sqlite3.Connection, game: str, **cols: Any) -> None:
+    cols["updated"] = cols.get("updated", time.time())
+    names = ["game", *cols]
+    sets = ", ".join(f"{k} = excluded.{k}" for k in cols)
+    conn.execute(
+        f"INSERT INTO workers({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+        f"ON CONFLICT(game) DO UPDATE SET {sets}",
+        [game, *cols.values()],
+    )
+
+
+def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """All worker rows; `heartbeat` decoded from JSON (None when absent)."""
+    out = []
+    for r in conn.execute("SELECT * FROM workers ORDER BY game"):
+        row = dict(r)
+        row["heartbeat"] = json.loads(row["heartbeat"]) if row["heartbeat"] else None
+        out.append(row)
+    return out
+
+
+def worker(conn: sqlite3.Connection, game: str) -> dict[str, Any] | None:
+    return next((w for w in workers(conn) if w["game"] == game), None)
+
+
+# ---- desired / modes ----------------------------------------------------------------------
+
+HOST_SCOPE = "*"
+
+
+def get_desired(conn: sqlite3.Connection, scope: str) -> tuple[str, bool] | None:
+    r = conn.execute("SELECT mode, pinned FROM desired WHERE scope = ?", (scope,)).fetchone()
+    return (r["mode"], bool(r["pinned"])) if r else None
+
+
+def set_desired(conn: sqlite3.Connection, scope: str, mode: str, pinned: bool, now: float) -> None:
+    conn.execute(
+        "INSERT INTO desired(scope, mode, pinned, updated) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(scope) DO UPDATE SET mode = excluded.mode, pinned = excluded.pinned, "
+        "updated = excluded.updated",
+        (scope, mode, int(pinned), now),
+    )
+
+
+def get_mode(conn: sqlite3.Connection, scope: str) -> tuple[str, float, str | None] | None:
+    r = conn.execute("SELECT mode, since, reason FROM modes WHERE scope = ?", (scope,)).fetchone()
+    return (r["mode"], r["since"], r["reason"]) if r else None
+
+
+def set_mode(
+    conn: sqlite3.Connection, scope: str, mode: str, now: float, reason: str | None
+) -> None:
+    conn.execute(
+        "INSERT INTO modes(scope, mode, since, reason) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(scope) DO UPDATE SET mode = excluded.mode, since = excluded.since, "
+        "reason = excluded.reason",
+        (scope, mode, now, reason),
+    )
+
+
+# ---- supervisor row -----------------------------------------------------------------------
+
+
+def set_supervisor(conn: sqlite3.Connection, **cols: Any) -> None:
+    names = ["id", *cols]
+    sets = ", ".join(f"{k} = excluded.{k}" for k in cols)
+    conn.execute(
+        f"INSERT INTO supervisor({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+        f"ON CONFLICT(id) DO UPDATE SET {sets}",
+        [1, *cols.values()],
+    )
+
+
+def supervisor_row(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    r = conn.execute("SELECT * FROM supervisor WHERE id = 1").fetchone()
+    return dict(r) if r else None

@@ -1,0 +1,119 @@
+"""Modes: the ladder from the config, the effective mode per scope, and the seams that change it.
+
+Effective mode of a game = pinned `desired` for the game, else pinned `desired` for '*', else
+the `modes` table's mode for the game, else for '*', else `initial_mode`. The automatic policy
+(written elsewhere) calls `set_auto_mode`; the CLI calls `pin_mode`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from supervisor import db
+from supervisor.config import Config, ModeSpec
+
+HOST = db.HOST_SCOPE
+AUTO = "auto"
+
+
+def _valid(cfg: Config, name: str | None) -> str | None:
+    return name if name in cfg.mode_names else None
+
+
+def host_mode(conn: sqlite3.Connection, cfg: Config) -> ModeSpec:
+    """The host-wide mode in force (its max_concurrent caps running workers)."""
+    desired = db.get_desired(conn, HOST)
+    if desired and desired[1] and _valid(cfg, desired[0]):
+        return cfg.mode(desired[0])
+    current = db.get_mode(conn, HOST)
+    if current and _valid(cfg, current[0]):
+        return cfg.mode(current[0])
+    return cfg.mode(cfg.initial_mode)
+
+
+def effective_mode(conn: sqlite3.Connection, cfg: Config, game: str) -> ModeSpec:
+    for scope in (game, HOST):
+        desired = db.get_desired(conn, scope)
+        if desired and desired[1] and _valid(cfg, desired[0]):
+            return cfg.mode(desired[0])
+    current = db.get_mode(conn, game)
+    if current and _valid(cfg, current[0]):
+        return cfg.mode(current[0])
+    return host_mode_unpinned(conn, cfg)
+
+
+def host_mode_unpinned(conn: sqlite3.Connection, cfg: Config) -> ModeSpec:
+    current = db.get_mode(conn, HOST)
+    if current and _valid(cfg, current[0]):
+        return cfg.mode(current[0])
+    return cfg.mode(cfg.initial_mode)
+
+
+def ensure_initial_mode(conn: sqlite3.Connection, cfg: Config, now: float | None = None) -> None:
+    """Persist initial_mode for the host on first start (or when the persisted one vanished)."""
+    current = db.get_mode(conn, HOST)
+    if current is None or not _valid(cfg, current[0]):
+        db.set_mode(
+            conn, HOST, cfg.initial_mode, time.time() if now is None else now, "initial_mode"
+        )
+
+
+def is_pinned(conn: sqlite3.Connection, scope: str) -> bool:
+    desired = db.get_desired(conn, scope)
+    return bool(desired and desired[1])
+
+
+def set_auto_mode(
+    conn: sqlite3.Connection,
+    cfg: Config,
+    scope: str,
+    mode: str,
+    reasons: list[str],
+    now: float | None = None,
+) -> bool:
+    """The stability policy's seam: change the automatic mode of a scope ('*' or a game).
+
+    Writes `modes` and emits scale_down / scale_up naming the reasons. Returns False (and
+    changes nothing) when the mode is already in force. A pinned scope keeps its pin: the
+    automatic mode applies again after `rlsup scale --mode auto`.
+    """
+    if mode not in cfg.mode_names:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(cfg.mode_names)}")
+    now = time.time() if now is None else now
+    current = db.get_mode(conn, scope)
+    old = current[0] if current else (host_mode_unpinned(conn, cfg).name)
+    if current is not None and old == mode:
+        return False
+    order = cfg.mode_names
+    kind = "scale_down" if old in order and order.index(mode) < order.index(old) else "scale_up"
+    with db.transaction(conn):
+        db.set_mode(conn, scope, mode, now, "; ".join(reasons))
+        db.add_event(
+            conn,
+            kind,
+            None if scope == HOST else scope,
+            {"scope": scope, "from": old, "to": mode, "reasons": reasons},
+            now,
+        )
+    return True
+
+
+def pin_mode(
+    conn: sqlite3.Connection, cfg: Config, scope: str, mode: str, now: float | None = None
+) -> None:
+    """CLI `scale`: pin a rung for a scope, or `auto` to hand it back to the policy."""
+    if mode != AUTO and mode not in cfg.mode_names:
+        raise ValueError(
+            f"unknown mode {mode!r}; expected one of {', '.join(cfg.mode_names)}, auto"
+        )
+    now = time.time() if now is None else now
+    with db.transaction(conn):
+        db.set_desired(conn, scope, mode, mode != AUTO, now)
+        db.add_event(
+            conn,
+            "mode_pinned",
+            None if scope == HOST else scope,
+            {"scope": scope, "mode": mode, "pinned": mode != AUTO},
+            now,
+        )

@@ -1,0 +1,74 @@
+"""Restart policy as pure functions: exit classification, backoff, windowed budget."""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from training.protocol import ExitCode
+
+
+class ExitKind(enum.StrEnum):
+    DONE = "done"
+    STOPPED = "stopped"  # stopped on request after a checkpoint (exit 75)
+    OOM = "oom"
+    CONFIG = "config_error"
+    CRASH = "crash"  # any other exit status
+    SIGNALED = "killed_by_signal"
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    kind: ExitKind
+    returncode: int
+    description: str
+
+    @property
+    def is_failure(self) -> bool:
+        return self.kind in (ExitKind.OOM, ExitKind.CRASH, ExitKind.SIGNALED)
+
+
+def classify_exit(returncode: int) -> ExitInfo:
+    """Popen's returncode (negative = killed by that signal) → what happened."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return ExitInfo(ExitKind.SIGNALED, returncode, f"killed by {name}")
+    known = {
+        ExitCode.DONE: ExitKind.DONE,
+        ExitCode.STOPPED: ExitKind.STOPPED,
+        ExitCode.OOM: ExitKind.OOM,
+        ExitCode.CONFIG: ExitKind.CONFIG,
+    }
+    kind = known.get(returncode, ExitKind.CRASH)  # type: ignore[call-overload]
+    return ExitInfo(kind, returncode, f"exit status {returncode} ({kind})")
+
+
+def backoff_delay_s(failures: int, base_s: float, max_s: float, jitter: float) -> float:
+    """Delay before restart number `failures` (1 = first): base·2^(n-1), capped, then
+    "equal jitter" (half fixed, half random) so that games crashing together spread out.
+    `jitter` is a uniform draw in [0, 1)."""
+    raw = min(max_s, base_s * 2.0 ** max(0, failures - 1))
+    return raw / 2 + raw / 2 * jitter
+
+
+def failures_in_window(failure_times: Sequence[float], now: float, window_s: float) -> list[float]:
+    """The failures still counting against the budget: the window refills as they age out."""
+    return [t for t in failure_times if now - t < window_s]
+
+
+def budget_exhausted(
+    failure_times: Sequence[float], now: float, window_s: float, budget: int
+) -> bool:
+    """True when more than `budget` failures fall in the last `window_s` seconds."""
+    return len(failures_in_window(failure_times, now, window_s)) > budget
+
+
+def consecutive_after_exit(previous: int, uptime_s: float, stable_after_s: float) -> int:
+    """Consecutive-failure count (the backoff exponent) after one more failure: a run that
+    stayed up `stable_after_s` resets it."""
+    return 1 if uptime_s >= stable_after_s else previous + 1
