@@ -63,7 +63,7 @@ class Case:
     scopes: Sequence[ScopeState]
     incidents: Sequence[Incident] = ()
     at: float = 10.0  # seconds after T0
-    vitals: Vitals | None | str = "healthy"
+    vitals: Vitals | str | None = "healthy"
     cfg: PolicyConfig = field(default_factory=lambda: CFG)
 
     def run(self) -> dict[str, Decision]:
