@@ -1,0 +1,482 @@
+"""Replay-buffer checkpoint benchmark: rlsup (background snapshot) vs inline vs pickle+gzip vs dd.
+
+    python benchmarks/replay_save.py --size-gib 2 [--method rlsup|rlsup-inline|pickle-gzip|dd|all]
+                                     [--dir DIR] [--gzip-level 1]
+
+Each method runs in its own subprocess, so "peak extra RSS" (psutil sampled every 5 ms, minus
+the RSS just before the phase) is that method's alone. The buffer holds Atari-like 84x84 uint8
+frames: a 64-frame block of blocky 8-grey images with 2 % noise (gzip level 1 compresses it
+about 5x, like real Atari frames), tiled over the ring. A simulated training loop (single
+thread: 8-env add_step + a 32-transition sample per iteration, paced at --loop-hz) runs while
+the save happens; "longest pause" is the worst lateness of an iteration's end against its
+schedule, so it includes GIL waits and copy-on-write copies. Files are evicted from the page
+cache (posix_fadvise DONTNEED) before each load, so loads read the disk. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import gzip
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from checkpoints import CheckpointStore
+from training.replay import ReplayBuffer
+
+FRAME = (84, 84)
+FRAME_BYTES = 84 * 84
+N_ENVS = 8
+BATCH = 32
+MIB = 1 << 20
+METHODS = ("rlsup", "rlsup-inline", "pickle-gzip", "dd")
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+class PeakRss:
+    """Samples this process's RSS in a thread; `extra` = peak minus the RSS at start."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self._proc = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self.start = self.peak = 0
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = self._proc.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+            time.sleep(self._interval)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start
+
+
+def frame_block(rng: np.random.Generator, n: int = 64) -> np.ndarray:
+    palette = np.array([0, 20, 40, 87, 110, 144, 180, 214], np.uint8)
+    small = palette[rng.integers(0, len(palette), (n, 21, 21))]
+    frames = np.repeat(np.repeat(small, 4, axis=1), 4, axis=2)
+    noise = rng.random(frames.shape) < 0.02
+    frames[noise] = rng.integers(0, 256, int(noise.sum()), dtype=np.uint8)
+    # (n, 4, 84, 84) stacks; the buffer keeps only the newest frame of each next_obs.
+    return np.stack([np.roll(frames, k, axis=0) for k in (3, 2, 1, 0)], axis=1)
+
+
+class Feeder:
+    """Feeds add_reset/add_step calls from a small random block (cheap, not all zeros)."""
+
+    def __init__(self, buf: ReplayBuffer, seed: int = 0) -> None:
+        self.buf = buf
+        self.rng = np.random.default_rng(seed)
+        self.block = frame_block(self.rng)
+        self.ids = np.arange(N_ENVS)
+        self.zeros = np.zeros(N_ENVS)
+        self.i = 0
+        buf.add_reset(self.ids, self.block[:N_ENVS])
+
+    def step(self) -> None:
+        j = (self.i * 7) % (len(self.block) - N_ENVS)
+        self.i += 1
+        self.buf.add_step(self.ids, self.zeros, self.zeros, self.zeros, self.block[j : j + N_ENVS])
+
+    def fill(self, frames: int) -> None:
+        for _ in range(-(-frames // N_ENVS)):
+            self.step()
+
+
+def make_buffer(size_bytes: int) -> tuple[ReplayBuffer, Feeder]:
+    buf = ReplayBuffer(size_bytes // FRAME_BYTES, FRAME, np.uint8, 4)
+    feeder = Feeder(buf)
+    feeder.fill(buf.capacity + N_ENVS)  # wrapped once: every chunk holds data
+    gc.collect()
+    return buf, feeder
+
+
+class Loop:
+    """A paced single-thread training loop: add_step for 8 envs + one sample per iteration."""
+
+    def __init__(self, feeder: Feeder, hz: float) -> None:
+        self.feeder = feeder
+        self.period = 1.0 / hz
+        self.rng = np.random.default_rng(1)
+
+    def run(
+        self, until: Callable[[], bool], first: Callable[[], None] | None = None
+    ) -> dict[str, float]:
+        """Iterate until `until()`; `first` runs inside the first iteration (e.g. a save)."""
+        pauses: list[float] = []
+        starts: list[float] = []
+        deadline = time.perf_counter()
+        t0 = deadline
+        while True:
+            if first is not None:
+                first()
+                first = None
+            self.feeder.step()
+            self.feeder.buf.sample(BATCH, self.rng)
+            end = time.perf_counter()
+            pauses.append(end - deadline)
+            starts.append(deadline - t0)
+            if until():
+                break
+            deadline = max(deadline + self.period, end)  # never "catch up" in a burst
+            delay = deadline - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        elapsed = time.perf_counter() - t0
+        return {
+            "iterations": len(pauses),
+            "seconds": elapsed,
+            "it_per_s": len(pauses) / elapsed if elapsed > 0 else 0.0,
+            "max_pause_s": max(pauses),
+            "p99_pause_s": float(np.percentile(pauses, 99)),
+            "max_pause_at_s": starts[int(np.argmax(pauses))],
+        }
+
+
+def evict(root: Path) -> None:
+    """Drop our own files from the page cache so the next read goes to disk."""
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    yield
+
+
+# ---- methods (each runs in a child process) ----------------------------------------------
+
+
+def bench_rlsup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    size = int(args.size_gib * (1 << 30))
+    t = time.perf_counter()
+    buf, feeder = make_buffer(size)
+    fill_s = time.perf_counter() - t
+    store = CheckpointStore(work / "ckpt", keep=3)
+    loop = Loop(feeder, args.loop_hz)
+    start = time.perf_counter()
+    baseline = loop.run(lambda: time.perf_counter() - start > 1.5)
+
+    result: dict[str, Any] = {}
+    done = threading.Event()
+    snap_box: list[Any] = []
+
+    def saver(buf: ReplayBuffer = buf) -> None:
+        snap = snap_box[0]
+        t0 = time.perf_counter()
+        with store.begin(1, {"game": "Pong-v5", "algo": "dqn"}) as w:
+            buf.save(w, snap)
+            w.commit()
+        buf.mark_committed(snap, 1)
+        result["save_s"] = time.perf_counter() - t0
+        result["stats"] = vars(w.stats).copy()
+        done.set()
+
+    def start_save(buf: ReplayBuffer = buf) -> None:
+        t0 = time.perf_counter()
+        snap_box.append(buf.begin_snapshot())
+        result["begin_snapshot_s"] = time.perf_counter() - t0
+        threading.Thread(target=saver, daemon=True).start()
+
+    with PeakRss() as mem:
+        during = loop.run(done.is_set, first=start_save)
+    snap = snap_box[0]
+
+    # Incremental: 1 % new data, then a second checkpoint (inline here: we want its cost).
+    feeder.fill(buf.capacity // 100)
+    t0 = time.perf_counter()
+    snap2 = buf.begin_snapshot()
+    with store.begin(2, {"game": "Pong-v5", "algo": "dqn"}) as w:
+        buf.save(w, snap2)
+        w.commit()
+    buf.mark_committed(snap2, 2)
+    inc_s = time.perf_counter() - t0
+    inc = vars(w.stats).copy()
+
+    nbytes = buf.nbytes
+    del buf, feeder, loop, snap, snap2, saver, start_save
+    gc.collect()
+    evict(work / "ckpt")
+    with PeakRss() as lmem:
+        t0 = time.perf_counter()
+        loaded = store.load_latest()
+        verify_s = time.perf_counter() - t0
+        assert loaded is not None
+        back = ReplayBuffer.load(loaded)
+        load_s = time.perf_counter() - t0
+    assert back.nbytes == nbytes
+    return {
+        "method": "rlsup",
+        "bytes": nbytes,
+        "fill_s": fill_s,
+        "save_s": result["save_s"],
+        "gb_per_s": nbytes / result["save_s"] / 1e9,
+        "begin_snapshot_s": result["begin_snapshot_s"],
+        "peak_extra_rss_mib": mem.extra / MIB,
+        "max_pause_s": during["max_pause_s"],
+        "p99_pause_s": during["p99_pause_s"],
+        "max_pause_at_s": during["max_pause_at_s"],
+        "baseline_max_pause_s": baseline["max_pause_s"],
+        "loop_it_per_s_baseline": baseline["it_per_s"],
+        "loop_it_per_s_during_save": during["it_per_s"],
+        "chunks_copied_by_loop": snap_box[0].chunks_copied_by_loop,
+        "max_private_chunks": snap_box[0].max_private_chunks,
+        "save_stats": result["stats"],
+        "incremental_s": inc_s,
+        "incremental_bytes_written": inc["bytes_written"],
+        "incremental_bytes_linked": inc["bytes_linked"],
+        "incremental_fraction_written": inc["bytes_written"] / result["stats"]["bytes_written"],
+        "load_s": load_s,
+        "load_verify_s": verify_s,
+        "load_extra_rss_mib": (lmem.extra - nbytes) / MIB,
+    }
+
+
+def bench_rlsup_inline(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    size = int(args.size_gib * (1 << 30))
+    buf, feeder = make_buffer(size)
+    store = CheckpointStore(work / "ckpt", keep=3)
+    loop = Loop(feeder, args.loop_hz)
+    box: dict[str, float] = {}
+
+    def save_inline() -> None:
+        t0 = time.perf_counter()
+        snap = buf.begin_snapshot()
+        with store.begin(1, {"game": "Pong-v5"}) as w:
+            buf.save(w, snap)
+            w.commit()
+        buf.mark_committed(snap, 1)
+        box["save_s"] = time.perf_counter() - t0
+
+    n = [0]
+
+    def until() -> bool:
+        n[0] += 1
+        return n[0] >= 50
+
+    with PeakRss() as mem:
+        during = loop.run(until, first=save_inline)
+    return {
+        "method": "rlsup-inline",
+        "bytes": buf.nbytes,
+        "save_s": box["save_s"],
+        "gb_per_s": buf.nbytes / box["save_s"] / 1e9,
+        "peak_extra_rss_mib": mem.extra / MIB,
+        "max_pause_s": during["max_pause_s"],
+    }
+
+
+def bench_pickle_gzip(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    gib = args.pickle_gib if args.pickle_gib is not None else args.size_gib
+    buf, _ = make_buffer(int(gib * (1 << 30)))
+    state = {"frames": buf.frames, "slots": buf.slot_records, "cursor": buf.cursor}
+    path = work / "replay.pkl.gz"
+    with PeakRss() as mem:
+        t0 = time.perf_counter()
+        # What RL code commonly does: pickle (default protocol, 4) into a gzip stream.
+        with open(path, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=args.gzip_level) as f:
+                pickle.dump(state, f)
+            raw.flush()
+            os.fsync(raw.fileno())
+        save_s = time.perf_counter() - t0
+    nbytes = buf.nbytes
+    file_bytes = path.stat().st_size
+    del state, buf
+    gc.collect()
+    evict(work)
+    with PeakRss() as lmem:
+        t0 = time.perf_counter()
+        with gzip.open(path, "rb") as f:
+            back = pickle.load(f)  # our own file, benchmark only
+        load_s = time.perf_counter() - t0
+    del back
+    scale = args.size_gib / gib
+    return {
+        "method": "pickle-gzip",
+        "gzip_level": args.gzip_level,
+        "measured_gib": gib,
+        "extrapolated": scale != 1.0,
+        "bytes": nbytes,
+        "file_bytes": file_bytes,
+        "save_s": save_s * scale,
+        "gb_per_s": nbytes / save_s / 1e9,
+        "peak_extra_rss_mib": mem.extra / MIB * scale,
+        "max_pause_s": save_s * scale,  # synchronous: the loop waits for all of it
+        "load_s": load_s * scale,
+        "load_extra_rss_mib": (lmem.extra - nbytes) / MIB * scale,
+    }
+
+
+def bench_dd(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    count = max(1, int(args.size_gib * (1 << 30)) // (16 * MIB))
+    path = work / "dd.bin"
+    t0 = time.perf_counter()
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "conv=fdatasync"],
+        check=True,
+        capture_output=True,
+    )
+    secs = time.perf_counter() - t0
+    nbytes = count * 16 * MIB
+    return {"method": "dd", "bytes": nbytes, "save_s": secs, "gb_per_s": nbytes / secs / 1e9}
+
+
+BENCHES = {
+    "rlsup": bench_rlsup,
+    "rlsup-inline": bench_rlsup_inline,
+    "pickle-gzip": bench_pickle_gzip,
+    "dd": bench_dd,
+}
+
+# ---- parent: run children, print the table ----------------------------------------------
+
+
+def run_child(method: str, args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--method",
+        method,
+        "--size-gib",
+        str(args.size_gib),
+        "--dir",
+        str(base),
+        "--gzip-level",
+        str(args.gzip_level),
+        "--loop-hz",
+        str(args.loop_hz),
+    ]
+    if args.pickle_gib is not None:
+        cmd += ["--pickle-gib", str(args.pickle_gib)]
+    print(f"# running {method} ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return dict(json.loads(line[len("RESULT ") :]))
+    raise RuntimeError(f"{method} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(res: dict[str, dict[str, Any]], size_gib: float) -> None:
+    print(f"\nreplay buffer checkpoint, {size_gib} GiB of 84x84 uint8 frames")
+    head = f"{'method':<14}{'save s':>9}{'GB/s':>8}{'peak +RSS MiB':>15}{'load s':>9}"
+    head += f"{'load +RSS MiB':>15}{'longest pause s':>17}"
+    print(head)
+    for name in METHODS:
+        r = res.get(name)
+        if r is None:
+            continue
+        row = f"{name:<14}{fmt(r.get('save_s'), '9.2f')}{fmt(r.get('gb_per_s'), '8.2f')}"
+        row += f"{fmt(r.get('peak_extra_rss_mib'), '15.0f')}{fmt(r.get('load_s'), '9.2f')}"
+        row += f"{fmt(r.get('load_extra_rss_mib'), '15.0f')}{fmt(r.get('max_pause_s'), '17.3f')}"
+        print(row)
+    r = res.get("rlsup")
+    if r is None:
+        return
+    print(
+        f"\nrlsup: begin_snapshot {r['begin_snapshot_s'] * 1e3:.2f} ms; loop max pause without "
+        f"a save {r['baseline_max_pause_s']:.3f} s; loop {r['loop_it_per_s_baseline']:.0f} it/s "
+        f"before vs {r['loop_it_per_s_during_save']:.0f} it/s during the save; chunks copied by "
+        f"the loop {r['chunks_copied_by_loop']} (max {r['max_private_chunks']} held at once)"
+    )
+    print(
+        f"rlsup incremental after 1% new data: {r['incremental_bytes_written'] / MIB:.0f} MiB "
+        f"written, {r['incremental_bytes_linked'] / MIB:.0f} MiB hard-linked, "
+        f"{r['incremental_fraction_written'] * 100:.2f}% of a full save, "
+        f"{r['incremental_s']:.2f} s; load = verify {r['load_verify_s']:.2f} s + read"
+    )
+    ratios = []
+    if "rlsup-inline" in res:
+        ri = res["rlsup-inline"]
+        ratios.append(f"pause vs inline: {ri['max_pause_s'] / r['max_pause_s']:.0f}x shorter")
+    if "pickle-gzip" in res:
+        pg = res["pickle-gzip"]
+        note = f" (measured at {pg['measured_gib']} GiB, scaled)" if pg["extrapolated"] else ""
+        ratios.append(
+            f"vs pickle+gzip level {pg['gzip_level']}{note}: "
+            f"save {pg['save_s'] / r['save_s']:.1f}x faster, "
+            f"load {pg['load_s'] / r['load_s']:.1f}x faster, peak +RSS "
+            f"{pg['peak_extra_rss_mib']:.0f} vs {r['peak_extra_rss_mib']:.0f} MiB"
+        )
+    if "dd" in res:
+        ratios.append(f"save throughput {r['gb_per_s'] / res['dd']['gb_per_s'] * 100:.0f}% of dd")
+    for line in ratios:
+        print("ratio: " + line)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-gib", type=float, default=2.0)
+    p.add_argument("--method", choices=[*METHODS, "all"], default="all")
+    p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: $TMPDIR)")
+    p.add_argument("--gzip-level", type=int, default=1)
+    p.add_argument("--pickle-gib", type=float, default=None, help="smaller size, scaled up")
+    p.add_argument("--loop-hz", type=float, default=300.0, help="8 envs/it: 2400 steps/s")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+
+    if args.child:
+        work = Path(tempfile.mkdtemp(prefix=f"{args.method}-", dir=args.dir))
+        try:
+            with quiet_logs():
+                res = BENCHES[args.method](args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+
+    base = args.dir if args.dir is not None else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    methods = list(METHODS) if args.method == "all" else [args.method]
+    res = {m: run_child(m, args, base) for m in methods}
+    print_table(res, args.size_gib)
+    print(json.dumps({"benchmark": "replay_save", "size_gib": args.size_gib, "results": res}))
+
+
+if __name__ == "__main__":
+    main()
