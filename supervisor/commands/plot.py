@@ -1,0 +1,172 @@
+"""`rlsup plot [--out FILE.png] [--game NAME]`: learning curves with the incidents marked.
+
+One row per game: mean return and agent steps/s against agent steps (left) and against wall
+time (right), from `<state_dir>/runs/<game>/progress.csv`; on the time axis, vertical lines
+mark host reboots, crashes / OOMs, hangs and mode changes from the event log.
+Default output: `<state_dir>/plot.png`. matplotlib (which imports numpy) is imported inside
+`run` only, so the rest of the CLI stays light. Exit 0 with the PNG written (a game without
+progress yet gets an empty panel saying so), 2 for an unknown game or a bad configuration,
+1 when the file cannot be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor import render
+
+MAX_POINTS = 4000  # per curve; a week of 2 s progress rows is thinned to this
+
+# event kind -> (colour, legend label)
+MARKERS: dict[str, tuple[str, str]] = {
+    "host_reboot": ("red", "reboot"),
+    "worker_crash": ("darkorange", "crash/OOM"),
+    "worker_oom": ("darkorange", "crash/OOM"),
+    "worker_hang": ("purple", "hang"),
+    "scale_down": ("royalblue", "mode change"),
+    "scale_up": ("royalblue", "mode change"),
+    "mode_pinned": ("royalblue", "mode change"),
+}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plot",
+        help="learning curves per game (PNG), with reboots/crashes/mode changes marked",
+        description="Plot mean return and steps/s per game against steps and wall time.",
+    )
+    render.add_config_flag(p)
+    p.add_argument("--out", metavar="FILE.png", help="output file (default <state_dir>/plot.png)")
+    p.add_argument("--game", metavar="NAME", action="append",
+                   help="only this game (repeatable; default: every configured game)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = render.load_config(args)
+    except render.UsageError as exc:
+        return render.fail_usage(str(exc))
+    names = [g.name for g in cfg.games]
+    wanted: list[str] = list(getattr(args, "game", None) or names)
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        return render.fail_usage(f"unknown game {unknown[0]!r}; known: {', '.join(names)}")
+    out = Path(args.out) if getattr(args, "out", None) else cfg.state_dir / "plot.png"
+
+    series = {name: _series(render.read_progress(cfg.run_dir(name))) for name in wanted}
+    try:
+        events = _events(render.db_path(cfg))
+    except sqlite3.Error as exc:
+        print(f"rlsup: cannot read the event log: {exc}; plotting without it", file=sys.stderr)
+        events = []
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        draw(series, events, out)
+    except OSError as exc:
+        print(f"rlsup: cannot write {out}: {exc}", file=sys.stderr)
+        return render.EXIT_FAILURE
+    empty = [n for n, s in series.items() if not s["step"]]
+    print(f"wrote {out}" + (f" (no progress yet: {', '.join(empty)})" if empty else ""))
+    return render.EXIT_OK
+
+
+def _series(rows: list[dict[str, str]]) -> dict[str, list[float | None]]:
+    """Columns of progress.csv as floats, thinned to at most MAX_POINTS rows."""
+    stride = max(1, len(rows) // MAX_POINTS)
+    keep = rows[::stride]
+    if rows and keep[-1] is not rows[-1]:
+        keep.append(rows[-1])
+    cols: dict[str, list[float | None]] = {"time": [], "step": [], "ret": [], "sps": []}
+    for r in keep:
+        t, step = render.to_float(r.get("time")), render.to_float(r.get("global_step"))
+        if t is None or step is None:
+            continue
+        cols["time"].append(t)
+        cols["step"].append(step)
+        cols["ret"].append(render.to_float(r.get("mean_return")))
+        cols["sps"].append(render.to_float(r.get("sps")))
+    return cols
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    with render.open_db_readonly(path) as conn:
+        if conn is None:
+            return []
+        return render.query_events(conn, kinds=tuple(MARKERS))
+
+
+def draw(series: dict[str, dict[str, list[float | None]]], events: list[dict[str, Any]],
+         out: Path) -> None:
+    import matplotlib  # lazily: matplotlib imports numpy, which the CLI must not load
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    n = max(1, len(series))
+    fig, axes = plt.subplots(n, 2, figsize=(14, 3.6 * n), squeeze=False)
+    for row, (name, s) in enumerate(series.items()):
+        ax_step, ax_time = axes[row]
+        if not s["step"]:
+            for ax in (ax_step, ax_time):
+                ax.text(0.5, 0.5, f"{name}: no progress yet", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_xticks([])
+                ax.set_yticks([])
+            continue
+        times = [mdates.date2num(_as_datetime(t)) for t in s["time"] if t is not None]
+        _curves(ax_step, s["step"], s, f"{name}: against agent steps", "agent steps")
+        _curves(ax_time, times, s, f"{name}: against wall time", "wall time")
+        ax_time.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d\n%H:%M"))
+        lo, hi = min(times), max(times)
+        for e in events:
+            if e["game"] not in (None, name):
+                continue
+            x = mdates.date2num(_as_datetime(e["ts"]))
+            if lo <= x <= hi:
+                ax_time.axvline(x, color=MARKERS[e["kind"]][0], lw=1.0, ls="--", alpha=0.8)
+    handles = [Line2D([], [], color="tab:blue", label="mean return"),
+               Line2D([], [], color="tab:green", label="steps/s")]
+    seen: set[str] = set()
+    for colour, label in MARKERS.values():
+        if label not in seen:
+            seen.add(label)
+            handles.append(Line2D([], [], color=colour, ls="--", label=label))
+    height_in = fig.get_figheight()
+    fig.suptitle(f"rlsup learning curves — {time.strftime('%Y-%m-%d %H:%M')}",
+                 y=1 - 0.12 / height_in, va="top")
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.42 / height_in))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / height_in))
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def _curves(ax: Any, xs: list[float], s: dict[str, list[float | None]], title: str,
+            xlabel: str) -> None:
+    ret = [(x, y) for x, y in zip(xs, s["ret"], strict=False) if y is not None]
+    sps = [(x, y) for x, y in zip(xs, s["sps"], strict=False) if y is not None]
+    if ret:
+        ax.plot([p[0] for p in ret], [p[1] for p in ret], color="tab:blue", lw=1.2)
+    ax.set_ylabel("mean return", color="tab:blue")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    twin = ax.twinx()
+    if sps:
+        twin.plot([p[0] for p in sps], [p[1] for p in sps], color="tab:green", lw=0.8,
+                  alpha=0.7)
+    twin.set_ylabel("steps/s", color="tab:green")
+
+
+def _as_datetime(ts: float) -> Any:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ts)

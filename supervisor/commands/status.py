@@ -1,0 +1,566 @@
+"""`rlsup status [--json] [--watch [SECONDS]]`: the host, the mode and every game at a glance.
+
+Reads the state database read-only (`file:...?mode=ro`) and each game's live
+`<state_dir>/runs/<game>/heartbeat.json` (fresher than the database row), so it works whether
+or not the supervisor runs. With no state database yet it prints how to start and exits 0 (a
+fresh install is not a failure); `--json` then still prints the document, with
+`"supervisor": {"state": "absent"}` and every configured game `"not_started"`.
+Exit codes: 0 ok, 2 bad configuration / usage, 1 the database could not be read.
+
+JSON schema (`--json`; schema 1). Fields may be added; none is ever renamed or removed.
+Times are Unix seconds (float), durations are seconds (`*_s`); unknown values are null.
+
+    {
+      "schema": 1,
+      "generated_at": float,
+      "config_path": str, "state_dir": str,
+      "supervisor": {
+        "state": "running" | "stale" | "stopped" | "absent",
+            # stale: its pid is alive but last_tick is older than STALE_TICK_S;
+            # stopped: its pid (with its create time) is gone
+        "pid": int|null, "alive": bool, "started": float|null, "last_tick": float|null,
+        "last_tick_age_s": float|null, "boot_id": str|null, "db_state": str|null
+      },
+      "host": {
+        "boot_id": str|null, "boot_time": float|null, "uptime_s": float|null,
+        "unexpected_reboots_24h": int, "unexpected_reboots_7d": int,
+        "unexpected_reboots_total": int,
+        "observed_s": float|null,  # since the first boot the database saw
+        "uptime_fraction_7d": float|null,  # supervisor-observed up time, last 7 days
+        "uptime_fraction_7d": float|null,  # supervisor-observed up time over the last 7 d
+        "mtbf_s": float|null,  # up time / (host reboots + supervisor crashes); null if none
+        "cpu_pct": float|null, "ram_available_pct": float|null,
+        "vitals_age_s": float|null,  # age of the supervisor's sample (null: read live now)
+        "gpus": [{"index", "mem_used_mb", "mem_total_mb", "util_pct", "temp_c", "power_w"}]
+      },
+      "mode": {
+        "ladder": [str, ...],  # lightest first
+        "scopes": [{"scope": "*"|game, "mode": str, "since": float|null, "reason": str|null,
+                    "pinned": bool}],
+        "last_decision": null | {"ts", "kind", "game", "detail"}
+      },
+      "games": [{
+        "name": str, "env_id": str|null, "algo": str|null, "in_config": bool,
+        "state": str,  # a WorkerState value, or "not_started" (no row yet)
+        "reason": str|null, "state_since": float|null,
+        "pid": int|null, "pid_alive": bool|null, "phase": str|null,
+        "mode": str|null, "num_envs": int|null, "batch_size": int|null,
+        "global_step": int, "total_steps": int, "percent": float,
+        "episodes": int|null, "episodes_per_hour": float|null,
+        "sps": float|null,  # agent steps/s (all envs); null unless its worker is alive
+        "mean_return": float|null,  # last 100 episodes
+        "last_checkpoint_step": int|null, "last_checkpoint_age_s": float|null,
+        "restarts": int, "eta_s": float|null,  # null unless running with sps > 0
+        "heartbeat_age_s": float|null, "heartbeat_stale": bool,
+        "last_error": null | {"kind", "message", "step"}  # from error.json
+      }],
+      "cost": null | {  # only with cost_per_hour > 0 in the configuration
+        "per_hour": float, "spent": float, "since": float,
+        "remaining_s": float|null,  # remaining steps of all games / current total sps
+        "projected_total": float|null
+      }
+    }
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from supervisor import db, render
+from supervisor.config import Config
+from training.protocol import ERROR_FILE, HEARTBEAT_FILE, read_json_file
+
+SCHEMA = 1
+STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
+HEARTBEAT_STALE_S = 30.0  # a live worker's heartbeat older than this is flagged
+LIVE_STATES = frozenset({"starting", "running", "stopping"})
+EPH_WINDOW_S = 3600.0
+DEFAULT_WATCH_S = 2.0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "status",
+        help="host, mode and per-game progress (works with or without the supervisor)",
+        description="Show the host, the mode ladder and every game's progress.",
+    )
+    render.add_config_flag(p)
+    p.add_argument("--json", action="store_true", help="one JSON document (see the schema)")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=DEFAULT_WATCH_S,
+        default=None,
+        metavar="SECONDS",
+        help=f"redraw every SECONDS (default {DEFAULT_WATCH_S:g}) until Ctrl-C",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = render.load_config(args)
+    except render.UsageError as exc:
+        return render.fail_usage(str(exc))
+    watch = getattr(args, "watch", None)
+    if watch is not None and watch <= 0:
+        return render.fail_usage(f"--watch {watch:g}: expected seconds > 0")
+    as_json = bool(getattr(args, "json", False))
+    if watch is None:
+        return _show(cfg, as_json, clear=False)
+    try:
+        while True:
+            _show(cfg, as_json, clear=not as_json and sys.stdout.isatty())
+            sys.stdout.flush()
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return render.EXIT_OK
+
+
+def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
+    try:
+        doc = collect(cfg, time.time())
+    except sqlite3.Error as exc:
+        print(f"rlsup: cannot read {render.db_path(cfg)}: {exc}", file=sys.stderr)
+        return render.EXIT_FAILURE
+    text = json.dumps(doc, indent=2) if as_json else render_human(doc)
+    if clear:
+        text = "\033[H\033[2J" + text
+    print(text)
+    return render.EXIT_OK
+
+
+# ---- collecting -----------------------------------------------------------------------------
+
+
+def collect(cfg: Config, now: float) -> dict[str, Any]:
+    """The whole status document (the JSON schema above)."""
+    with render.open_db_readonly(render.db_path(cfg)) as conn:
+        supervisor = _supervisor(conn, now)
+        host = _host(conn, now)
+        mode = _mode(conn, cfg)
+        games = _games(conn, cfg, now)
+        first_seen = _first_seen(conn)
+    return {
+        "schema": SCHEMA,
+        "generated_at": now,
+        "config_path": str(cfg.path),
+        "state_dir": str(cfg.state_dir),
+        "db_present": supervisor["state"] != "absent" or render.db_path(cfg).exists(),
+        "supervisor": supervisor,
+        "host": host,
+        "mode": mode,
+        "games": games,
+        "cost": _cost(cfg, games, first_seen, supervisor, now),
+    }
+
+
+def _rows(conn: sqlite3.Connection | None, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """Rows as dicts; a table the database does not have (yet) reads as empty."""
+    if conn is None:
+        return []
+    try:
+        return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc) or "no such column" in str(exc):
+            return []
+        raise
+
+
+def pid_alive(pid: int | None, create_time: float | None) -> bool:
+    """Is this pid alive and the same process (same create time) as recorded?"""
+    if not pid:
+        return False
+    import psutil  # imported here: only needed when a pid is recorded
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(proc.create_time() - create_time) < 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return False
+
+
+def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
+    rows = _rows(conn, "SELECT * FROM supervisor WHERE id = 1")  # = db.supervisor_row
+    if not rows:
+        return {"state": "absent", "pid": None, "alive": False, "started": None,
+                "last_tick": None, "last_tick_age_s": None, "boot_id": None, "db_state": None}
+    row = rows[0]
+    alive = pid_alive(row.get("pid"), row.get("pid_create_time"))
+    last_tick = row.get("last_tick")
+    age = None if last_tick is None else max(0.0, now - last_tick)
+    if not alive:
+        state = "stopped"
+    elif age is None or age > STALE_TICK_S:
+        state = "stale"
+    else:
+        state = "running"
+    return {"state": state, "pid": row.get("pid"), "alive": alive, "started": row.get("started"),
+            "last_tick": last_tick, "last_tick_age_s": age, "boot_id": row.get("boot_id"),
+            "db_state": row.get("state")}
+
+
+def current_boot_id() -> str | None:
+    try:
+        return db.read_boot_id() or None
+    except OSError:
+        return None
+
+
+def _host_boot_time() -> float | None:
+    try:
+        with open("/proc/uptime") as f:
+            return time.time() - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
+    """Unexpected reboots (host_reboot events) in 24 h / 7 d and MTBF, from db's helpers."""
+    out: dict[str, Any] = {"unexpected_reboots_24h": 0, "unexpected_reboots_7d": 0,
+                           "unexpected_reboots_total": 0, "uptime_fraction_7d": None,
+                           "observed_s": None, "mtbf_s": None}
+    first = _first_seen(conn)
+    if conn is None or first is None:
+        return out
+    day, week = db.boots_summary(conn, now, 86400.0), db.boots_summary(conn, now, 7 * 86400.0)
+    out.update(
+        unexpected_reboots_24h=day.unexpected_reboots,
+        unexpected_reboots_7d=week.unexpected_reboots,
+        unexpected_reboots_total=len(db.events(conn, kind="host_reboot")),
+        uptime_fraction_7d=round(week.uptime_fraction, 4),
+        observed_s=max(0.0, now - first),
+        mtbf_s=db.mtbf_s(conn, now),
+    )
+    return out
+
+
+def _host(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
+    boot_id = current_boot_id()
+    boots = _rows(conn, "SELECT boot_time FROM boots WHERE boot_id = ?", boot_id)
+    boot_time = (boots[0]["boot_time"] if boots else None) or _host_boot_time()
+    host: dict[str, Any] = {
+        "boot_id": boot_id,
+        "boot_time": boot_time,
+        "uptime_s": None if boot_time is None else max(0.0, now - boot_time),
+        **reboot_summary(conn, now),
+    }
+    host.update(_vitals(conn, now))
+    return host
+
+
+def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
+    """The supervisor's latest host sample when recent, else a cheap live reading (no GPUs)."""
+    rows = _rows(conn, "SELECT ts, data FROM samples ORDER BY rowid DESC LIMIT 1")
+    if rows and now - rows[0]["ts"] <= 5 * 60:
+        data = render.parse_json(rows[0]["data"])
+        return {
+            "cpu_pct": data.get("cpu_pct"),
+            "ram_available_pct": data.get("ram_available_pct"),
+            "vitals_age_s": max(0.0, now - rows[0]["ts"]),
+            "gpus": data.get("gpus") or [],
+        }
+    import psutil
+
+    vm = psutil.virtual_memory()
+    load1 = os.getloadavg()[0]
+    return {
+        "cpu_pct": round(min(100.0, 100.0 * load1 / (os.cpu_count() or 1)), 1),
+        "ram_available_pct": round(100.0 * vm.available / vm.total, 1),
+        "vitals_age_s": None,
+        "gpus": [],
+    }
+
+
+def _mode(conn: sqlite3.Connection | None, cfg: Config) -> dict[str, Any]:
+    desired = {r["scope"]: r for r in _rows(conn, "SELECT * FROM desired")}
+    scopes = []
+    for r in _rows(conn, "SELECT * FROM modes ORDER BY scope"):
+        pin = desired.get(r["scope"])
+        scopes.append({"scope": r["scope"], "mode": r["mode"], "since": r["since"],
+                       "reason": r.get("reason"), "pinned": bool(pin and pin["pinned"])})
+    last = None
+    if conn is not None:
+        with contextlib.suppress(sqlite3.OperationalError):
+            found = render.query_events(conn, kinds=render.MODE_EVENT_KINDS, limit=1)
+            last = found[-1] if found else None
+    return {"ladder": list(cfg.mode_names), "initial_mode": cfg.initial_mode,
+            "scopes": scopes, "last_decision": last}
+
+
+def _first_seen(conn: sqlite3.Connection | None) -> float | None:
+    rows = _rows(conn, "SELECT MIN(first_seen) AS t FROM boots")
+    return rows[0]["t"] if rows else None
+
+
+# ---- games ----------------------------------------------------------------------------------
+
+
+def _fresher(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return a or b
+    return a if (a.get("time") or 0) >= (b.get("time") or 0) else b
+
+
+def episodes_per_hour(rows: list[dict[str, str]], now: float) -> float | None:
+    """Episodes per hour over the last hour of progress rows (one resume segment)."""
+    points = [(render.to_float(r.get("time")), render.to_float(r.get("episodes"))) for r in rows]
+    pts = [(t, e) for t, e in points if t is not None and e is not None]
+    if len(pts) < 2:
+        return None
+    t1, e1 = pts[-1]
+    t0, e0 = t1, e1
+    for t, e in reversed(pts[:-1]):
+        if t < t1 - EPH_WINDOW_S or e > e0:  # out of the window, or a counter reset
+            break
+        t0, e0 = t, e
+    if t1 - t0 < 10.0:
+        return None
+    return round((e1 - e0) / (t1 - t0) * 3600.0, 1)
+
+
+def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | None:
+    t = hb.get("last_checkpoint_time")
+    if t:
+        return max(0.0, now - float(t))
+    step = hb.get("last_checkpoint_step")
+    if step is None:
+        return None
+    try:
+        return max(0.0, now - (run_dir / "checkpoints" / f"ckpt-{int(step):012d}").stat().st_mtime)
+    except (OSError, ValueError):
+        return None
+
+
+def _last_error(run_dir: Path) -> dict[str, Any] | None:
+    err = read_json_file(run_dir / ERROR_FILE)
+    if not err:
+        return None
+    return {"kind": err.get("kind"), "message": err.get("message"), "step": err.get("step")}
+
+
+def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[dict[str, Any]]:
+    workers = {r["game"]: r for r in (db.workers(conn) if conn is not None else [])}
+    modes = {r["scope"]: r["mode"] for r in _rows(conn, "SELECT scope, mode FROM modes")}
+    out = [_game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
+           for g in cfg.games]
+    configured = {g.name for g in cfg.games}
+    for name in sorted(set(workers) - configured):
+        out.append(_game(cfg, name, None, None, 0, workers[name], modes, now, in_config=False))
+    return out
+
+
+def _game(cfg: Config, name: str, env_id: str | None, algo: str | None, total_steps: int,
+          w: dict[str, Any] | None, modes: dict[str, str], now: float,
+          in_config: bool = True) -> dict[str, Any]:
+    run_dir = cfg.run_dir(name)
+    w = w or {}
+    db_hb = w.get("heartbeat") if isinstance(w.get("heartbeat"), dict) else None
+    hb = _fresher(read_json_file(run_dir / HEARTBEAT_FILE), db_hb) or {}
+    tail = render.read_progress_tail(run_dir)
+    last_row = tail[-1] if tail else {}
+    state = w.get("state") or "not_started"
+    pid = w.get("pid") or hb.get("pid")
+    alive = pid_alive(pid, w.get("pid_create_time")) if state in LIVE_STATES else None
+
+    step = hb.get("global_step")
+    if step is None:
+        step = render.to_float(last_row.get("global_step"))
+    step = int(step or 0)
+    total = int(hb.get("total_steps") or total_steps or 0)
+    if in_config and total_steps:
+        total = total_steps
+    sps = hb.get("sps", render.to_float(last_row.get("sps")))
+    episodes = hb.get("episodes", render.to_float(last_row.get("episodes")))
+    mean_return = hb.get("mean_return") if hb else render.to_float(last_row.get("mean_return"))
+    hb_age = max(0.0, now - hb["time"]) if hb.get("time") else None
+    stale = state == "running" and (hb_age is None or hb_age > HEARTBEAT_STALE_S)
+    eta = None
+    if not (state in LIVE_STATES and alive):
+        sps = None  # the last speed of a worker that is not running is no current speed
+    if state == "running" and sps and sps > 0 and total > step and not stale:
+        eta = (total - step) / sps
+    return {
+        "name": name,
+        "env_id": env_id,
+        "algo": algo,
+        "in_config": in_config,
+        "state": state,
+        "reason": w.get("reason"),
+        "state_since": w.get("state_since"),
+        "pid": pid,
+        "pid_alive": alive,
+        "phase": hb.get("phase"),
+        "mode": w.get("mode") or modes.get(name) or modes.get("*"),
+        "num_envs": w.get("num_envs") or hb.get("num_envs") or None,
+        "batch_size": w.get("batch_size") or hb.get("batch_size") or None,
+        "global_step": step,
+        "total_steps": total,
+        "percent": round(100.0 * step / total, 2) if total else 0.0,
+        "episodes": None if episodes is None else int(episodes),
+        "episodes_per_hour": episodes_per_hour(tail, now),
+        "sps": None if sps is None else float(sps),
+        "mean_return": mean_return,
+        "last_checkpoint_step": hb.get("last_checkpoint_step"),
+        "last_checkpoint_age_s": _checkpoint_age(run_dir, hb, now),
+        "restarts": int(w.get("restarts") or 0),
+        "eta_s": eta,
+        "heartbeat_age_s": hb_age,
+        "heartbeat_stale": stale,
+        "last_error": _last_error(run_dir) if state in ("fatal", "backoff", "exited") else None,
+    }
+
+
+def _cost(cfg: Config, games: list[dict[str, Any]], first_seen: float | None,
+          supervisor: dict[str, Any], now: float) -> dict[str, Any] | None:
+    rate = float(cfg.cost_per_hour or 0.0)
+    if rate <= 0:
+        return None
+    since = first_seen or supervisor.get("started") or now
+    spent = rate * (now - since) / 3600.0
+    todo = sum(max(0, g["total_steps"] - g["global_step"]) for g in games
+               if g["state"] not in ("done", "fatal") and g["in_config"])
+    speed = sum(g["sps"] or 0.0 for g in games if g["state"] == "running"
+                and not g["heartbeat_stale"])
+    remaining = 0.0 if todo == 0 else (todo / speed if speed > 0 else None)
+    projected = None if remaining is None else spent + rate * remaining / 3600.0
+    return {"per_hour": rate, "spent": round(spent, 2), "since": since,
+            "remaining_s": remaining,
+            "projected_total": None if projected is None else round(projected, 2)}
+
+
+# ---- rendering ------------------------------------------------------------------------------
+
+
+def render_human(doc: dict[str, Any]) -> str:
+    now = doc["generated_at"]
+    lines = [_supervisor_line(doc, now), _host_line(doc["host"], now)]
+    lines += _mode_lines(doc["mode"], now)
+    lines += ["", _games_table(doc["games"], now)]
+    notes = _notes(doc["games"], now)
+    if notes:
+        lines += ["", *notes]
+    if doc["cost"]:
+        c = doc["cost"]
+        proj = (f", ~{c['projected_total']:.2f} projected to finish "
+                f"(in {render.fmt_duration(c['remaining_s'])})"
+                if c["projected_total"] is not None else ", projection unknown (nothing running)")
+        lines += ["", f"cost        {c['spent']:.2f} spent over "
+                  f"{render.fmt_duration(now - c['since'])} at {c['per_hour']:g}/h{proj}"]
+    return "\n".join(lines)
+
+
+def _supervisor_line(doc: dict[str, Any], now: float) -> str:
+    s = doc["supervisor"]
+    start_hint = f"start it with `rlsup run --config {doc['config_path']}`"
+    if s["state"] == "absent":
+        if not doc["db_present"]:
+            return (f"supervisor  NEVER RUN: no state database in {doc['state_dir']}; "
+                    f"{start_hint} (or create a configuration with `rlsup init`)")
+        return f"supervisor  NOT STARTED (no supervisor record); {start_hint}"
+    tick = f"last tick {render.fmt_ago(s['last_tick'], now)}"
+    if s["state"] == "running":
+        return (f"supervisor  running  pid {s['pid']}, up "
+                f"{render.fmt_duration(now - (s['started'] or now))}, {tick}")
+    if s["state"] == "stale":
+        return f"supervisor  STALE  pid {s['pid']} alive but {tick} (stuck?)"
+    return f"supervisor  NOT RUNNING  (pid {s['pid']} gone, {tick}); {start_hint}"
+
+
+def _host_line(h: dict[str, Any], now: float) -> str:
+    mtbf = render.fmt_duration(h["mtbf_s"]) if h["mtbf_s"] else (
+        f"none in {render.fmt_duration(h['observed_s'])}" if h["observed_s"] else "-")
+    parts = [
+        f"host        up {render.fmt_duration(h['uptime_s'])} "
+        f"(boot {render.fmt_time(h['boot_time'])})",
+        f"unexpected reboots 24h {h['unexpected_reboots_24h']} / "
+        f"7d {h['unexpected_reboots_7d']}, MTBF {mtbf}",
+        f"CPU {render.fmt_num(h['cpu_pct'], 0)}%  RAM free "
+        f"{render.fmt_num(h['ram_available_pct'], 0)}%",
+    ]
+    for g in h.get("gpus") or []:
+        used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
+        mem = (f"{used / 1024:.1f}/{total / 1024:.1f}G" if used is not None and total
+               else "mem -")
+        parts.append(f"GPU{g.get('index', '?')} {mem} {render.fmt_num(g.get('util_pct'), 0)}% "
+                     f"{render.fmt_num(g.get('temp_c'), 0)}C")
+    return " | ".join(parts)
+
+
+def _mode_lines(m: dict[str, Any], now: float) -> list[str]:
+    ladder = " < ".join(m["ladder"])
+    if not m["scopes"]:
+        lines = [f"mode        {m['initial_mode']} (initial; not applied yet)  ladder {ladder}"]
+    else:
+        scopes = []
+        for s in m["scopes"]:
+            scope = "all games" if s["scope"] == "*" else s["scope"]
+            how = "PINNED" if s["pinned"] else "auto"
+            scopes.append(f"{scope}: {s['mode']} ({how}, since {render.fmt_ago(s['since'], now)})")
+        lines = [f"mode        {'; '.join(scopes)}  ladder {ladder}"]
+    d = m["last_decision"]
+    if d:
+        detail = d["detail"] if isinstance(d["detail"], dict) else {}
+        why = detail.get("reason") or detail.get("reasons") or render.fmt_detail(detail)
+        if isinstance(why, list):
+            why = "; ".join(str(x) for x in why)
+        scope = d["game"] or "all games"
+        lines.append(f"            last decision {render.fmt_ago(d['ts'], now)}: {d['kind']} "
+                     f"({scope}) {why}")
+    return lines
+
+
+_HEADERS = ("GAME", "STATE", "PID", "MODE", "ENVS", "BATCH", "STEPS", "%", "EPISODES",
+            "EP/H", "SPS", "RETURN", "CHECKPOINT", "RESTARTS", "ETA")
+
+
+def _games_table(games: list[dict[str, Any]], now: float) -> str:
+    rows = []
+    for g in games:
+        state = g["state"].upper() if g["state"] in ("fatal", "backoff") else g["state"]
+        if g["heartbeat_stale"] or g["pid_alive"] is False:
+            state += "!"
+        ckpt = "-"
+        if g["last_checkpoint_step"] is not None:
+            ckpt = (f"{render.fmt_count(g['last_checkpoint_step'])} "
+                    f"{render.fmt_duration(g['last_checkpoint_age_s'])}")
+        rows.append([
+            g["name"] + ("" if g["in_config"] else "?"), state,
+            str(g["pid"]) if g["pid"] and g["state"] in LIVE_STATES else "-",
+            g["mode"] or "-", str(g["num_envs"] or "-"), str(g["batch_size"] or "-"),
+            f"{render.fmt_count(g['global_step'])}/{render.fmt_count(g['total_steps'])}",
+            f"{g['percent']:.1f}", render.fmt_count(g["episodes"]),
+            render.fmt_num(g["episodes_per_hour"], 0), render.fmt_num(g["sps"], 0),
+            render.fmt_num(g["mean_return"], 1), ckpt, str(g["restarts"]),
+            render.fmt_duration(g["eta_s"]),
+        ])
+    return render.render_table(_HEADERS, rows)
+
+
+def _notes(games: list[dict[str, Any]], now: float) -> list[str]:
+    notes = []
+    for g in games:
+        if g["heartbeat_stale"]:
+            age = render.fmt_duration(g["heartbeat_age_s"]) if g["heartbeat_age_s"] else "none"
+            notes.append(f"! {g['name']}: heartbeat stale (last {age} ago)")
+        if g["pid_alive"] is False:
+            notes.append(f"! {g['name']}: recorded pid {g['pid']} is not alive")
+        if g["state"] in ("fatal", "backoff") and g["reason"]:
+            notes.append(f"! {g['name']}: {g['state']}: {g['reason']}")
+        if g["last_error"] and g["last_error"].get("message"):
+            e = g["last_error"]
+            notes.append(f"  {g['name']}: last error {e.get('kind')}: {e.get('message')}")
+        if not g["in_config"]:
+            notes.append(f"? {g['name']}: in the database but not in the configuration")
+    return notes
