@@ -17,6 +17,7 @@ from supervisor.stability import (
     Vitals,
     decide,
     effective_mode,
+    incident_from_event,
     resume_mode,
 )
 
@@ -327,3 +328,29 @@ def test_resume_mode_after_reboot(
 def test_unknown_mode_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown mode"):
         Case([host("turbo")]).run()
+
+
+# --- events → incidents ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind,detail,expected",
+    [
+        ("host_reboot", {}, "host_reboot"),
+        ("worker_oom", {"returncode": 76, "uptime_s": 12}, "worker_oom"),
+        ("worker_crash", {"returncode": 1}, "worker_crash"),
+        ("worker_crash", {"returncode": -9}, "kernel_oom"),  # a SIGKILL we did not send
+        ("worker_crash", {"returncode": -9, "killed_by_supervisor": True}, "worker_crash"),
+        ("worker_hang", {}, "worker_hang"),
+        ("worker_start", {}, None),
+        ("scale_down", {}, None),
+    ],
+)
+def test_incident_from_event(kind: str, detail: dict[str, object], expected: str | None) -> None:
+    incident = incident_from_event(5.0, kind, "pong", detail)
+    assert (incident.kind if incident else None) == expected
+
+
+def test_incident_from_event_carries_uptime() -> None:
+    incident = incident_from_event(5.0, "worker_oom", "pong", {"uptime_s": 12})
+    assert incident == Incident(5.0, "worker_oom", "pong", 12.0)

@@ -1,0 +1,149 @@
+"""Shared helpers for the supervisor tests: configs, a supervisor subprocess, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+MODES = """
+[modes.light]
+num_envs = 4
+batch_size = 128
+n_steps = 64
+max_concurrent = {max_concurrent}
+[modes.medium]
+num_envs = 8
+batch_size = 128
+n_steps = 64
+max_concurrent = {max_concurrent}
+"""
+
+
+def game_toml(name: str, total_steps: int, env_id: str = "CartPole-v1", seed: int = 1) -> str:
+    return (f'[[games]]\nname = "{name}"\nenv_id = "{env_id}"\nalgo = "ppo"\n'
+            f"total_steps = {total_steps}\nseed = {seed}\ndevice = \"cpu\"\n"
+            "args = { eval_episodes = 0 }\n")
+
+
+def write_config(directory: Path, games: list[tuple[str, int]], *, max_concurrent: int = 2,
+                 extra: str = "", restart: str = "", watchdog: str = "") -> Path:
+    text = (f'state_dir = "state"\ncheckpoint_every_s = 1\nstop_grace_s = 20\n{extra}\n'
+            + MODES.format(max_concurrent=max_concurrent)
+            + "".join(game_toml(n, s) for n, s in games)
+            + "[restart]\nbackoff_base_s = 0.3\nbackoff_max_s = 1\nbudget = 5\n"
+            + "budget_window_s = 600\nstable_after_s = 30\n" + restart
+            + "[watchdog]\nstartup_grace_s = 90\nhang_timeout_s = 5\nkill_grace_s = 10\n"
+            + watchdog)
+    path = directory / "rlsup.toml"
+    path.write_text(text)
+    return path
+
+
+def env_for(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env["RLSUP_BOOT_ID_PATH"] = str(tmp / "boot_id")
+    for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RLSUP_CONFIG"):
+        env.pop(key, None)
+    env.update(extra)
+    if not (tmp / "boot_id").exists():
+        (tmp / "boot_id").write_text("boot-1\n")
+    return env
+
+
+def rlsup(*args: str, env: dict[str, str], timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def start_supervisor(config: Path, env: dict[str, str], *extra: str,
+                     log: Path | None = None) -> subprocess.Popen[bytes]:
+    out = open(log or config.parent / "supervisor.log", "ab")  # noqa: SIM115
+    return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", "--config",
+                             str(config), *extra], env=env, cwd=REPO, stdout=out, stderr=out,
+                            start_new_session=True)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def heartbeat(state: Path, game: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((state / "runs" / game / "heartbeat.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def committed_step(state: Path, game: str) -> int:
+    best = -1
+    ckpts = state / "runs" / game / "checkpoints"
+    if ckpts.is_dir():
+        for p in ckpts.iterdir():
+            if p.name.startswith("ckpt-") and (p / "MANIFEST.json").exists():
+                best = max(best, int(p.name[5:]))
+    return best
+
+
+def query(state: Path, sql: str, *params: Any) -> list[sqlite3.Row]:
+    conn = sqlite3.connect(state / "rlsup.db", timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def events(state: Path, kind: str | None = None, game: str | None = None) -> list[dict[str, Any]]:
+    try:
+        rows = query(state, "SELECT * FROM events ORDER BY id")
+    except sqlite3.Error:
+        return []
+    out = [dict(r) | {"detail": json.loads(r["detail"])} for r in rows]
+    return [e for e in out if (kind is None or e["kind"] == kind)
+            and (game is None or e["game"] == game)]
+
+
+def training_pid(state: Path, game: str, *, not_pid: int | None = None,
+                 min_step: int = 1) -> int | None:
+    """The pid of the game's worker once it trains (global_step >= min_step)."""
+    hb = heartbeat(state, game)
+    if hb and hb["pid"] != not_pid and hb["global_step"] >= min_step and hb["phase"] == "training":
+        return int(hb["pid"])
+    return None
+
+
+def worker_pids(state: Path, game: str) -> list[int]:
+    """Live worker processes whose --run-dir is this game's (never more than one)."""
+    import psutil
+
+    run_dir = str(state / "runs" / game)
+    pids = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if "training.worker" in cmd and run_dir in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            pids.append(p.pid)
+    return pids
+
+
+def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
