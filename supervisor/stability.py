@@ -37,8 +37,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 HOST = "*"
 
@@ -152,6 +153,25 @@ class Decision:
     from_mode: str
     to_mode: str
     causes: tuple[str, ...]
+
+
+def incident_from_event(
+    ts: float, kind: str, game: str | None, detail: Mapping[str, Any] | None
+) -> Incident | None:
+    """An `events` row as a policy incident (None: not an incident).
+
+    A worker_crash by SIGKILL (returncode -9) that the supervisor did not send is the kernel's
+    OOM killer: the daemon marks kills it sent with detail `{"killed_by_supervisor": true}`.
+    `detail["uptime_s"]`, when present, lets an OOM right after start step its game down.
+    """
+    detail = detail or {}
+    sigkill = kind == "worker_crash" and detail.get("returncode") == -9
+    if sigkill and not detail.get("killed_by_supervisor"):
+        kind = IncidentKind.KERNEL_OOM
+    if kind not in set(IncidentKind):
+        return None
+    uptime = detail.get("uptime_s")
+    return Incident(ts, str(kind), game, None if uptime is None else float(uptime))
 
 
 # --- small helpers -------------------------------------------------------------------------
