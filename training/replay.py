@@ -19,9 +19,9 @@ Checkpointing without stalling the training loop:
     has not saved yet, it copies that chunk (both arrays' slices) into the snapshot.
   - The saver (any thread) takes each chunk under the snapshot's lock: the private copy when
     there is one, else a copy of the live slices into a one-chunk scratch buffer (so the loop is
-    never held out for more than a chunk-sized memcpy). Chunks are saved in ring order starting at
-    the cursor's chunk, so the saver runs ahead of the loop and the loop rarely has to copy more
-    than the chunk it is writing into.
+    never held out for more than a chunk-sized memcpy). Chunks are saved in ring order starting
+    just after the cursor's chunk (which goes last), so the saver runs ahead of the loop and the
+    loop rarely has to copy more than the chunk it is writing into.
   - Incremental: per-chunk modification generations (`epoch` of the last write). A chunk whose
     generation at snapshot time is <= the epoch of the snapshot held by the base checkpoint
     (set by `mark_committed`) is hard-linked from it (`unchanged_since_step=base_step`). Nothing
@@ -452,10 +452,12 @@ class ReplayBuffer:
             self._active = tuple(s for s in self._active if s is not snap)
 
     def _save_order(self, t: int) -> list[int]:
-        """Chunks holding data at snapshot time, in ring order from the cursor's chunk."""
+        """Chunks holding data at snapshot time, in ring order just after the cursor's chunk,
+        which comes last: the saver runs ahead of the loop's writes, and the loop, which writes
+        into the cursor's chunk at once, copies it itself instead of waiting for the saver."""
         filled = min(t, self.capacity)
         start = (t % self.capacity) // self.chunk_slots
-        order = [(start + i) % self.num_chunks for i in range(self.num_chunks)]
+        order = [(start + 1 + i) % self.num_chunks for i in range(self.num_chunks)]
         return [c for c in order if c * self.chunk_slots < filled]
 
     def save(self, writer: _Writer, snapshot: ReplaySnapshot) -> None:
