@@ -25,11 +25,19 @@ def register(subparsers: Any) -> None:
         description="Print the supervisor's event log, newest last.",
     )
     render.add_config_flag(p)
-    p.add_argument("--since", default="24h", metavar="DURATION",
-                   help="how far back: 90s, 30m, 24h, 7d, 2w (default 24h)")
+    p.add_argument(
+        "--since",
+        default="24h",
+        metavar="DURATION",
+        help="how far back: 90s, 30m, 24h, 7d, 2w (default 24h)",
+    )
     p.add_argument("--game", metavar="NAME", help="only this game's events")
-    p.add_argument("--kind", metavar="KIND", action="append",
-                   help="only this kind (repeatable): " + ", ".join(render.EVENT_KINDS))
+    p.add_argument(
+        "--kind",
+        metavar="KIND",
+        action="append",
+        help="only this kind (repeatable): " + ", ".join(render.EVENT_KINDS),
+    )
     p.add_argument("--json", action="store_true", help="a JSON list of {ts, kind, game, detail}")
     p.set_defaults(func=run)
 
@@ -47,17 +55,20 @@ def run(args: argparse.Namespace) -> int:
             known_kinds = set(render.EVENT_KINDS) | _distinct(conn, "events", "kind")
             if args.game is not None and args.game not in known_games:
                 return render.fail_usage(
-                    f"unknown game {args.game!r}; known: {', '.join(sorted(known_games))}")
+                    f"unknown game {args.game!r}; known: {', '.join(sorted(known_games))}"
+                )
             bad = [k for k in kinds if k not in known_kinds]
             if bad:
                 return render.fail_usage(
-                    f"unknown event kind {bad[0]!r}; known: {', '.join(render.EVENT_KINDS)}")
+                    f"unknown event kind {bad[0]!r}; known: {', '.join(render.EVENT_KINDS)}"
+                )
             if conn is None:
                 print(render.no_state_message(cfg), file=sys.stderr)
                 events: list[dict[str, Any]] = []
             else:
-                events = render.query_events(conn, since=time.time() - since_s,
-                                             game=args.game, kinds=kinds)
+                events = render.query_events(
+                    conn, since=time.time() - since_s, game=args.game, kinds=kinds
+                )
         except sqlite3.Error as exc:
             print(f"rlsup: cannot read {render.db_path(cfg)}: {exc}", file=sys.stderr)
             return render.EXIT_FAILURE
@@ -81,6 +92,8 @@ def _distinct(conn: sqlite3.Connection | None, table: str, column: str) -> set[s
 def render_events(events: list[dict[str, Any]], since: str) -> str:
     if not events:
         return f"no events in the last {since}"
-    rows = [[render.fmt_time(e["ts"]), e["kind"], e["game"] or "-", render.fmt_detail(e["detail"])]
-            for e in events]
+    rows = [
+        [render.fmt_time(e["ts"]), e["kind"], e["game"] or "-", render.fmt_detail(e["detail"])]
+        for e in events
+    ]
     return render.render_table(("TIME", "KIND", "GAME", "DETAIL"), rows)

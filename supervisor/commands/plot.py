@@ -42,8 +42,12 @@ def register(subparsers: Any) -> None:
     )
     render.add_config_flag(p)
     p.add_argument("--out", metavar="FILE.png", help="output file (default <state_dir>/plot.png)")
-    p.add_argument("--game", metavar="NAME", action="append",
-                   help="only this game (repeatable; default: every configured game)")
+    p.add_argument(
+        "--game",
+        metavar="NAME",
+        action="append",
+        help="only this game (repeatable; default: every configured game)",
+    )
     p.set_defaults(func=run)
 
 
@@ -101,8 +105,9 @@ def _events(path: Path) -> list[dict[str, Any]]:
         return render.query_events(conn, kinds=tuple(MARKERS))
 
 
-def draw(series: dict[str, dict[str, list[float | None]]], events: list[dict[str, Any]],
-         out: Path) -> None:
+def draw(
+    series: dict[str, dict[str, list[float | None]]], events: list[dict[str, Any]], out: Path
+) -> None:
     import matplotlib  # lazily: matplotlib imports numpy, which the CLI must not load
 
     matplotlib.use("Agg")
@@ -116,8 +121,14 @@ def draw(series: dict[str, dict[str, list[float | None]]], events: list[dict[str
         ax_step, ax_time = axes[row]
         if not s["step"]:
             for ax in (ax_step, ax_time):
-                ax.text(0.5, 0.5, f"{name}: no progress yet", ha="center", va="center",
-                        transform=ax.transAxes)
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"{name}: no progress yet",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                )
                 ax.set_xticks([])
                 ax.set_yticks([])
             continue
@@ -132,25 +143,36 @@ def draw(series: dict[str, dict[str, list[float | None]]], events: list[dict[str
             x = mdates.date2num(_as_datetime(e["ts"]))
             if lo <= x <= hi:
                 ax_time.axvline(x, color=MARKERS[e["kind"]][0], lw=1.0, ls="--", alpha=0.8)
-    handles = [Line2D([], [], color="tab:blue", label="mean return"),
-               Line2D([], [], color="tab:green", label="steps/s")]
+    handles = [
+        Line2D([], [], color="tab:blue", label="mean return"),
+        Line2D([], [], color="tab:green", label="steps/s"),
+    ]
     seen: set[str] = set()
     for colour, label in MARKERS.values():
         if label not in seen:
             seen.add(label)
             handles.append(Line2D([], [], color=colour, ls="--", label=label))
     height_in = fig.get_figheight()
-    fig.suptitle(f"rlsup learning curves — {time.strftime('%Y-%m-%d %H:%M')}",
-                 y=1 - 0.12 / height_in, va="top")
-    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False,
-               bbox_to_anchor=(0.5, 1 - 0.42 / height_in))
+    fig.suptitle(
+        f"rlsup learning curves — {time.strftime('%Y-%m-%d %H:%M')}",
+        y=1 - 0.12 / height_in,
+        va="top",
+    )
+    fig.legend(
+        handles=handles,
+        loc="upper center",
+        ncol=len(handles),
+        frameon=False,
+        bbox_to_anchor=(0.5, 1 - 0.42 / height_in),
+    )
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / height_in))
     fig.savefig(out, dpi=90)
     plt.close(fig)
 
 
-def _curves(ax: Any, xs: list[float], s: dict[str, list[float | None]], title: str,
-            xlabel: str) -> None:
+def _curves(
+    ax: Any, xs: list[float], s: dict[str, list[float | None]], title: str, xlabel: str
+) -> None:
     ret = [(x, y) for x, y in zip(xs, s["ret"], strict=False) if y is not None]
     sps = [(x, y) for x, y in zip(xs, s["sps"], strict=False) if y is not None]
     if ret:
@@ -161,8 +183,7 @@ def _curves(ax: Any, xs: list[float], s: dict[str, list[float | None]], title: s
     ax.grid(alpha=0.3)
     twin = ax.twinx()
     if sps:
-        twin.plot([p[0] for p in sps], [p[1] for p in sps], color="tab:green", lw=0.8,
-                  alpha=0.7)
+        twin.plot([p[0] for p in sps], [p[1] for p in sps], color="tab:green", lw=0.8, alpha=0.7)
     twin.set_ylabel("steps/s", color="tab:green")
 
 

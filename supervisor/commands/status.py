@@ -18,7 +18,8 @@ Times are Unix seconds (float), durations are seconds (`*_s`); unknown values ar
         "state": "running" | "stale" | "stopped" | "absent",
             # stale: its pid is alive but last_tick is older than STALE_TICK_S;
             # stopped: its pid (with its create time) is gone
-        "pid": int|null, "alive": bool, "started": float|null, "last_tick": float|null,
+        "pid": int|null, "alive": bool, "clean_stop": bool,  # stopped and said so
+        "started": float|null, "last_tick": float|null,
         "last_tick_age_s": float|null, "boot_id": str|null, "db_state": str|null
       },
       "host": {
@@ -135,7 +136,10 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
     text = json.dumps(doc, indent=2) if as_json else render_human(doc)
     if clear:
         text = "\033[H\033[2J" + text
-    print(text)
+    try:
+        print(text)
+    except BrokenPipeError:  # `rlsup status | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return render.EXIT_OK
 
 
@@ -194,8 +198,17 @@ def pid_alive(pid: int | None, create_time: float | None) -> bool:
 def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     rows = _rows(conn, "SELECT * FROM supervisor WHERE id = 1")  # = db.supervisor_row
     if not rows:
-        return {"state": "absent", "pid": None, "alive": False, "started": None,
-                "last_tick": None, "last_tick_age_s": None, "boot_id": None, "db_state": None}
+        return {
+            "state": "absent",
+            "pid": None,
+            "alive": False,
+            "started": None,
+            "clean_stop": False,
+            "last_tick": None,
+            "last_tick_age_s": None,
+            "boot_id": None,
+            "db_state": None,
+        }
     row = rows[0]
     alive = pid_alive(row.get("pid"), row.get("pid_create_time"))
     last_tick = row.get("last_tick")
@@ -206,9 +219,17 @@ def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
         state = "stale"
     else:
         state = "running"
-    return {"state": state, "pid": row.get("pid"), "alive": alive, "started": row.get("started"),
-            "last_tick": last_tick, "last_tick_age_s": age, "boot_id": row.get("boot_id"),
-            "db_state": row.get("state")}
+    return {
+        "state": state,
+        "pid": row.get("pid"),
+        "alive": alive,
+        "started": row.get("started"),
+        "clean_stop": not alive and row.get("state") == "stopped",
+        "last_tick": last_tick,
+        "last_tick_age_s": age,
+        "boot_id": row.get("boot_id"),
+        "db_state": row.get("state"),
+    }
 
 
 def current_boot_id() -> str | None:
@@ -228,9 +249,14 @@ def _host_boot_time() -> float | None:
 
 def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     """Unexpected reboots (host_reboot events) in 24 h / 7 d and MTBF, from db's helpers."""
-    out: dict[str, Any] = {"unexpected_reboots_24h": 0, "unexpected_reboots_7d": 0,
-                           "unexpected_reboots_total": 0, "uptime_fraction_7d": None,
-                           "observed_s": None, "mtbf_s": None}
+    out: dict[str, Any] = {
+        "unexpected_reboots_24h": 0,
+        "unexpected_reboots_7d": 0,
+        "unexpected_reboots_total": 0,
+        "uptime_fraction_7d": None,
+        "observed_s": None,
+        "mtbf_s": None,
+    }
     first = _first_seen(conn)
     if conn is None or first is None:
         return out
@@ -288,15 +314,26 @@ def _mode(conn: sqlite3.Connection | None, cfg: Config) -> dict[str, Any]:
     scopes = []
     for r in _rows(conn, "SELECT * FROM modes ORDER BY scope"):
         pin = desired.get(r["scope"])
-        scopes.append({"scope": r["scope"], "mode": r["mode"], "since": r["since"],
-                       "reason": r.get("reason"), "pinned": bool(pin and pin["pinned"])})
+        scopes.append(
+            {
+                "scope": r["scope"],
+                "mode": r["mode"],
+                "since": r["since"],
+                "reason": r.get("reason"),
+                "pinned": bool(pin and pin["pinned"]),
+            }
+        )
     last = None
     if conn is not None:
         with contextlib.suppress(sqlite3.OperationalError):
             found = render.query_events(conn, kinds=render.MODE_EVENT_KINDS, limit=1)
             last = found[-1] if found else None
-    return {"ladder": list(cfg.mode_names), "initial_mode": cfg.initial_mode,
-            "scopes": scopes, "last_decision": last}
+    return {
+        "ladder": list(cfg.mode_names),
+        "initial_mode": cfg.initial_mode,
+        "scopes": scopes,
+        "last_decision": last,
+    }
 
 
 def _first_seen(conn: sqlite3.Connection | None) -> float | None:
@@ -353,17 +390,27 @@ def _last_error(run_dir: Path) -> dict[str, Any] | None:
 def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[dict[str, Any]]:
     workers = {r["game"]: r for r in (db.workers(conn) if conn is not None else [])}
     modes = {r["scope"]: r["mode"] for r in _rows(conn, "SELECT scope, mode FROM modes")}
-    out = [_game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
-           for g in cfg.games]
+    out = [
+        _game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
+        for g in cfg.games
+    ]
     configured = {g.name for g in cfg.games}
     for name in sorted(set(workers) - configured):
         out.append(_game(cfg, name, None, None, 0, workers[name], modes, now, in_config=False))
     return out
 
 
-def _game(cfg: Config, name: str, env_id: str | None, algo: str | None, total_steps: int,
-          w: dict[str, Any] | None, modes: dict[str, str], now: float,
-          in_config: bool = True) -> dict[str, Any]:
+def _game(
+    cfg: Config,
+    name: str,
+    env_id: str | None,
+    algo: str | None,
+    total_steps: int,
+    w: dict[str, Any] | None,
+    modes: dict[str, str],
+    now: float,
+    in_config: bool = True,
+) -> dict[str, Any]:
     run_dir = cfg.run_dir(name)
     w = w or {}
     db_hb = w.get("heartbeat") if isinstance(w.get("heartbeat"), dict) else None
@@ -422,22 +469,35 @@ def _game(cfg: Config, name: str, env_id: str | None, algo: str | None, total_st
     }
 
 
-def _cost(cfg: Config, games: list[dict[str, Any]], first_seen: float | None,
-          supervisor: dict[str, Any], now: float) -> dict[str, Any] | None:
+def _cost(
+    cfg: Config,
+    games: list[dict[str, Any]],
+    first_seen: float | None,
+    supervisor: dict[str, Any],
+    now: float,
+) -> dict[str, Any] | None:
     rate = float(cfg.cost_per_hour or 0.0)
     if rate <= 0:
         return None
     since = first_seen or supervisor.get("started") or now
     spent = rate * (now - since) / 3600.0
-    todo = sum(max(0, g["total_steps"] - g["global_step"]) for g in games
-               if g["state"] not in ("done", "fatal") and g["in_config"])
-    speed = sum(g["sps"] or 0.0 for g in games if g["state"] == "running"
-                and not g["heartbeat_stale"])
+    todo = sum(
+        max(0, g["total_steps"] - g["global_step"])
+        for g in games
+        if g["state"] not in ("done", "fatal") and g["in_config"]
+    )
+    speed = sum(
+        g["sps"] or 0.0 for g in games if g["state"] == "running" and not g["heartbeat_stale"]
+    )
     remaining = 0.0 if todo == 0 else (todo / speed if speed > 0 else None)
     projected = None if remaining is None else spent + rate * remaining / 3600.0
-    return {"per_hour": rate, "spent": round(spent, 2), "since": since,
-            "remaining_s": remaining,
-            "projected_total": None if projected is None else round(projected, 2)}
+    return {
+        "per_hour": rate,
+        "spent": round(spent, 2),
+        "since": since,
+        "remaining_s": remaining,
+        "projected_total": None if projected is None else round(projected, 2),
+    }
 
 
 # ---- rendering ------------------------------------------------------------------------------
@@ -453,11 +513,17 @@ def render_human(doc: dict[str, Any]) -> str:
         lines += ["", *notes]
     if doc["cost"]:
         c = doc["cost"]
-        proj = (f", ~{c['projected_total']:.2f} projected to finish "
-                f"(in {render.fmt_duration(c['remaining_s'])})"
-                if c["projected_total"] is not None else ", projection unknown (nothing running)")
-        lines += ["", f"cost        {c['spent']:.2f} spent over "
-                  f"{render.fmt_duration(now - c['since'])} at {c['per_hour']:g}/h{proj}"]
+        proj = (
+            f", ~{c['projected_total']:.2f} projected to finish "
+            f"(in {render.fmt_duration(c['remaining_s'])})"
+            if c["projected_total"] is not None
+            else ", projection unknown (nothing running)"
+        )
+        lines += [
+            "",
+            f"cost        {c['spent']:.2f} spent over "
+            f"{render.fmt_duration(now - c['since'])} at {c['per_hour']:g}/h{proj}",
+        ]
     return "\n".join(lines)
 
 
@@ -466,21 +532,34 @@ def _supervisor_line(doc: dict[str, Any], now: float) -> str:
     start_hint = f"start it with `rlsup run --config {doc['config_path']}`"
     if s["state"] == "absent":
         if not doc["db_present"]:
-            return (f"supervisor  NEVER RUN: no state database in {doc['state_dir']}; "
-                    f"{start_hint} (or create a configuration with `rlsup init`)")
+            return (
+                f"supervisor  NEVER RUN: no state database in {doc['state_dir']}; "
+                f"{start_hint} (or create a configuration with `rlsup init`)"
+            )
         return f"supervisor  NOT STARTED (no supervisor record); {start_hint}"
     tick = f"last tick {render.fmt_ago(s['last_tick'], now)}"
     if s["state"] == "running":
-        return (f"supervisor  running  pid {s['pid']}, up "
-                f"{render.fmt_duration(now - (s['started'] or now))}, {tick}")
+        return (
+            f"supervisor  running  pid {s['pid']}, up "
+            f"{render.fmt_duration(now - (s['started'] or now))}, {tick}"
+        )
     if s["state"] == "stale":
         return f"supervisor  STALE  pid {s['pid']} alive but {tick} (stuck?)"
-    return f"supervisor  NOT RUNNING  (pid {s['pid']} gone, {tick}); {start_hint}"
+    if s["clean_stop"]:
+        return (
+            f"supervisor  stopped (clean stop {render.fmt_ago(s['last_tick'], now)}); {start_hint}"
+        )
+    return (
+        f"supervisor  NOT RUNNING  (pid {s['pid']} gone without a clean stop, {tick}); {start_hint}"
+    )
 
 
 def _host_line(h: dict[str, Any], now: float) -> str:
-    mtbf = render.fmt_duration(h["mtbf_s"]) if h["mtbf_s"] else (
-        f"none in {render.fmt_duration(h['observed_s'])}" if h["observed_s"] else "-")
+    mtbf = (
+        render.fmt_duration(h["mtbf_s"])
+        if h["mtbf_s"]
+        else (f"none in {render.fmt_duration(h['observed_s'])}" if h["observed_s"] else "-")
+    )
     parts = [
         f"host        up {render.fmt_duration(h['uptime_s'])} "
         f"(boot {render.fmt_time(h['boot_time'])})",
@@ -491,10 +570,11 @@ def _host_line(h: dict[str, Any], now: float) -> str:
     ]
     for g in h.get("gpus") or []:
         used, total = g.get("mem_used_mb"), g.get("mem_total_mb")
-        mem = (f"{used / 1024:.1f}/{total / 1024:.1f}G" if used is not None and total
-               else "mem -")
-        parts.append(f"GPU{g.get('index', '?')} {mem} {render.fmt_num(g.get('util_pct'), 0)}% "
-                     f"{render.fmt_num(g.get('temp_c'), 0)}C")
+        mem = f"{used / 1024:.1f}/{total / 1024:.1f}G" if used is not None and total else "mem -"
+        parts.append(
+            f"GPU{g.get('index', '?')} {mem} {render.fmt_num(g.get('util_pct'), 0)}% "
+            f"{render.fmt_num(g.get('temp_c'), 0)}C"
+        )
     return " | ".join(parts)
 
 
@@ -516,13 +596,29 @@ def _mode_lines(m: dict[str, Any], now: float) -> list[str]:
         if isinstance(why, list):
             why = "; ".join(str(x) for x in why)
         scope = d["game"] or "all games"
-        lines.append(f"            last decision {render.fmt_ago(d['ts'], now)}: {d['kind']} "
-                     f"({scope}) {why}")
+        lines.append(
+            f"            last decision {render.fmt_ago(d['ts'], now)}: {d['kind']} ({scope}) {why}"
+        )
     return lines
 
 
-_HEADERS = ("GAME", "STATE", "PID", "MODE", "ENVS", "BATCH", "STEPS", "%", "EPISODES",
-            "EP/H", "SPS", "RETURN", "CHECKPOINT", "RESTARTS", "ETA")
+_HEADERS = (
+    "GAME",
+    "STATE",
+    "PID",
+    "MODE",
+    "ENVS",
+    "BATCH",
+    "STEPS",
+    "%",
+    "EPISODES",
+    "EP/H",
+    "SPS",
+    "RETURN",
+    "CHECKPOINT",
+    "RESTARTS",
+    "ETA",
+)
 
 
 def _games_table(games: list[dict[str, Any]], now: float) -> str:
@@ -533,18 +629,29 @@ def _games_table(games: list[dict[str, Any]], now: float) -> str:
             state += "!"
         ckpt = "-"
         if g["last_checkpoint_step"] is not None:
-            ckpt = (f"{render.fmt_count(g['last_checkpoint_step'])} "
-                    f"{render.fmt_duration(g['last_checkpoint_age_s'])}")
-        rows.append([
-            g["name"] + ("" if g["in_config"] else "?"), state,
-            str(g["pid"]) if g["pid"] and g["state"] in LIVE_STATES else "-",
-            g["mode"] or "-", str(g["num_envs"] or "-"), str(g["batch_size"] or "-"),
-            f"{render.fmt_count(g['global_step'])}/{render.fmt_count(g['total_steps'])}",
-            f"{g['percent']:.1f}", render.fmt_count(g["episodes"]),
-            render.fmt_num(g["episodes_per_hour"], 0), render.fmt_num(g["sps"], 0),
-            render.fmt_num(g["mean_return"], 1), ckpt, str(g["restarts"]),
-            render.fmt_duration(g["eta_s"]),
-        ])
+            ckpt = (
+                f"{render.fmt_count(g['last_checkpoint_step'])} "
+                f"{render.fmt_duration(g['last_checkpoint_age_s'])}"
+            )
+        rows.append(
+            [
+                g["name"] + ("" if g["in_config"] else "?"),
+                state,
+                str(g["pid"]) if g["pid"] and g["state"] in LIVE_STATES else "-",
+                g["mode"] or "-",
+                str(g["num_envs"] or "-"),
+                str(g["batch_size"] or "-"),
+                f"{render.fmt_count(g['global_step'])}/{render.fmt_count(g['total_steps'])}",
+                f"{g['percent']:.1f}",
+                render.fmt_count(g["episodes"]),
+                render.fmt_num(g["episodes_per_hour"], 0),
+                render.fmt_num(g["sps"], 0),
+                render.fmt_num(g["mean_return"], 1),
+                ckpt,
+                str(g["restarts"]),
+                render.fmt_duration(g["eta_s"]),
+            ]
+        )
     return render.render_table(_HEADERS, rows)
 
 

@@ -1,0 +1,199 @@
+"""`rlsup status` against a real state database written with the contract's schema."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, Cli
+from state_fixture import GameFixture, StateFixture, build_state
+
+GAME_FIELDS = {
+    "name",
+    "state",
+    "pid",
+    "mode",
+    "num_envs",
+    "batch_size",
+    "global_step",
+    "total_steps",
+    "episodes",
+    "sps",
+    "episodes_per_hour",
+    "mean_return",
+    "last_checkpoint_step",
+    "last_checkpoint_age_s",
+    "restarts",
+    "eta_s",
+}
+
+
+def status_json(cli: Cli) -> dict:
+    r = cli("status", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_status_human_shows_host_mode_and_every_game(cli: Cli, state: StateFixture) -> None:
+    r = cli("status")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "supervisor  running" in out
+    assert "unexpected reboots 24h 0 / 7d 1" in out
+    assert "GPU0 8.9/24.0G 93% 71C" in out
+    assert "all games: light (auto" in out and "2 worker_oom in 1h" in out
+    for g in state.games:
+        assert g.name in out
+    assert "FATAL" in out and "restart budget spent" in out
+    assert "RuntimeError: boom" in out  # the fatal game's error.json
+    assert "cost" in out and "spent" in out
+
+
+def test_status_json_has_the_documented_schema(cli: Cli, state: StateFixture) -> None:
+    doc = status_json(cli)
+    assert {"host", "mode", "games", "supervisor", "cost", "schema"} <= set(doc)
+    assert [g["name"] for g in doc["games"]] == [g.name for g in state.games]
+    for g in doc["games"]:
+        assert set(g) >= GAME_FIELDS, GAME_FIELDS - set(g)
+    pong = doc["games"][0]
+    assert pong["state"] == "running" and pong["pid"] == os.getpid()
+    assert pong["global_step"] == 1_000_000 and pong["total_steps"] == 10_000_000
+    assert pong["sps"] == 500.0 and pong["eta_s"] == 9_000_000 / 500.0
+    assert pong["last_checkpoint_step"] == 980_000
+    assert 235 <= pong["last_checkpoint_age_s"] <= 300
+    assert pong["episodes_per_hour"] > 0 and pong["mean_return"] == 12.5
+    assert doc["games"][3]["state"] == "done" and doc["games"][3]["percent"] == 100.0
+    assert doc["games"][4]["state"] == "waiting" and doc["games"][4]["eta_s"] is None
+    assert doc["host"]["unexpected_reboots_7d"] == 1
+    assert doc["host"]["unexpected_reboots_24h"] == 0
+    assert doc["host"]["mtbf_s"] is not None
+    assert doc["mode"]["scopes"][0]["mode"] == "light"
+    assert doc["mode"]["last_decision"]["kind"] == "scale_down"
+    assert doc["cost"]["spent"] > 0 and doc["cost"]["projected_total"] > doc["cost"]["spent"]
+
+
+def test_status_flags_a_stale_heartbeat(tmp_path: Path, cli: Cli) -> None:
+    games = [GameFixture("pong", "running", 5000, 100000, pid=os.getpid(), heartbeat_age_s=300.0)]
+    fx = build_state(tmp_path / "stale", games=games, n_events=10)
+    r = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--config", str(fx.config)],
+        cwd=REPO,
+        env=fx.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "pong: heartbeat stale" in r.stdout and "running!" in r.stdout
+
+
+def test_status_shows_a_dead_supervisor(tmp_path: Path) -> None:
+    fx = build_state(tmp_path / "dead", n_games=2, n_events=10, supervisor_alive=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--json", "--config", str(fx.config)],
+        cwd=REPO,
+        env=fx.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert json.loads(r.stdout)["supervisor"]["state"] == "stopped"
+    r = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--config", str(fx.config)],
+        cwd=REPO,
+        env=fx.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert "NOT RUNNING" in r.stdout and "rlsup run --config" in r.stdout
+
+
+def test_status_without_a_database_says_how_to_start(tmp_path: Path) -> None:
+    fx = build_state(tmp_path / "fresh", n_games=2, with_db=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--config", str(fx.config)],
+        cwd=REPO,
+        env=fx.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "rlsup run" in r.stdout and "rlsup init" in r.stdout
+    assert not fx.db.exists()
+
+
+def test_status_prefers_the_live_heartbeat_file(cli: Cli, state: StateFixture) -> None:
+    hb_path = state.state_dir / "runs" / "pong" / "heartbeat.json"
+    hb = json.loads(hb_path.read_text())
+    hb.update(global_step=1_234_567, time=time.time())
+    hb_path.write_text(json.dumps(hb))
+    assert status_json(cli)["games"][0]["global_step"] == 1_234_567
+
+
+def test_status_never_writes_the_database(cli: Cli, state: StateFixture) -> None:
+    before = hashlib.sha256(state.db.read_bytes()).hexdigest()
+    assert cli("status").returncode == 0
+    assert hashlib.sha256(state.db.read_bytes()).hexdigest() == before
+
+
+def test_status_watch_redraws_until_interrupted(state: StateFixture) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "supervisor.cli",
+            "status",
+            "--watch",
+            "0.2",
+            "--config",
+            str(state.config),
+        ],
+        cwd=REPO,
+        env=state.env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert out.count("supervisor  running") >= 2
+
+
+def test_status_bad_config_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
+    r = cli("status", "--config", str(tmp_path / "missing.toml"), config=False)
+    assert r.returncode == 2 and "no configuration file" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("state_dir = 3\n")
+    r = cli("status", "--config", str(bad), config=False)
+    assert r.returncode == 2 and "bad.toml" in r.stderr
+    r = cli("status", "--watch", "0")
+    assert r.returncode == 2
+
+
+def test_status_loads_no_torch_numpy_or_envpool(state: StateFixture) -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from supervisor import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = cli.main(['status', '--config', {str(state.config)!r}])\n"
+        "    rc2 = cli.main(['status', '--json', '--config', "
+        f"{str(state.config)!r}])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'numpy', 'envpool', 'matplotlib'))\n"
+        "print(rc, rc2, heavy)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=state.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0 0 []"
