@@ -1,0 +1,264 @@
+"""Double DQN with a Huber loss, hard target syncs and a linear epsilon schedule (CleanRL's dqn).
+
+One `iterate()` = a block of vector env steps (about 256 agent steps, at least one env step)
+and the gradient steps that fell due: one per `train_frequency` agent steps after
+`learning_starts`. The target network is copied every `target_update_interval` agent steps.
+
+Replay and envpool's next-step auto-reset: an env whose previous step reported done (a game
+over, a truncation, or an Atari life loss) returns the first observation of its next episode
+(or life); that step is recorded with `replay.add_reset`, never as a transition. Truncation
+does not cut bootstrapping (only `terminated` is the replay's `done`).
+
+Whenever the envs (re)start — the first iterate(), after `restart_envs()`, after
+`load_state_dict()`, or after a replay buffer is assigned to `learner.replay` — the next
+iterate() begins by resetting all envs and calling `replay.add_reset` for all of them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training.envs import EpisodeTracker, make_env
+from training.learner import (
+    LRSchedule,
+    Precision,
+    default_lr,
+    restore_rng,
+    rng_state,
+    warmup_adam,
+)
+from training.networks import QNetwork
+from training.protocol import WorkerConfig
+
+if TYPE_CHECKING:
+    from training.replay import ReplayBuffer
+
+AGENT_STEPS_PER_ITERATE = 256
+
+# ---- the maths -------------------------------------------------------------------------------
+
+
+def linear_epsilon(start_e: float, end_e: float, duration: float, t: int) -> float:
+    """Epsilon at agent step t: start_e falling linearly to end_e at t = duration, then flat."""
+    if duration <= 0:
+        return end_e
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e) if end_e <= start_e else min(slope * t + start_e, end_e)
+
+
+def double_dqn_target(
+    rewards: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float,
+    next_q_online: torch.Tensor,
+    next_q_target: torch.Tensor,
+) -> torch.Tensor:
+    """r + gamma * (1 - done) * Q_target(s', argmax_a Q_online(s', a))."""
+    best = next_q_online.argmax(dim=1, keepdim=True)
+    next_value = next_q_target.gather(1, best).squeeze(1)
+    return rewards + gamma * (1.0 - dones) * next_value
+
+
+def td_loss(q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Huber (smooth L1) loss of the taken actions' Q against the TD target."""
+    return F.smooth_l1_loss(q_taken, target)
+
+
+# ---- the learner -----------------------------------------------------------------------------
+
+
+class DQNLearner:
+    def __init__(self, cfg: WorkerConfig, device: torch.device, env_seed: int) -> None:
+        from training.replay import ReplayBuffer
+
+        self.cfg = cfg
+        self.device = device
+        self.env_seed = env_seed
+        self.envs = make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        self.obs_shape: tuple[int, ...] = tuple(self.envs.observation_space.shape)
+        self.obs_dtype = torch.uint8 if cfg.is_atari else torch.float32
+        self.n_actions = int(self.envs.action_space.n)
+        self.env_ids = np.arange(cfg.num_envs)
+
+        self.q = QNetwork(self.obs_shape, self.n_actions, cfg.mlp_sizes(), cfg.dueling).to(device)
+        self.target = copy.deepcopy(self.q)
+        self.target.requires_grad_(False)
+        self.lr = default_lr(cfg, 1e-4, 2.5e-4)
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=self.lr)
+        total_updates = max(0, cfg.total_steps - cfg.learning_starts) // cfg.train_frequency
+        self.schedule = LRSchedule(cfg, self.optimizer, total_updates)
+        self.precision = Precision(device)
+        self.max_grad_norm = cfg.max_grad_norm or 10.0
+        self.env_steps_per_iterate = max(1, AGENT_STEPS_PER_ITERATE // cfg.num_envs)
+
+        self.rng = np.random.default_rng(cfg.seed)
+        self.global_step = 0
+        self.updates = 0
+        self.target_syncs = 0
+        self.tracker = EpisodeTracker(cfg.num_envs, cfg.is_atari)
+        self.last_loss: float | None = None
+        self._obs: np.ndarray | None = None
+        self._done = np.zeros(cfg.num_envs, dtype=bool)
+
+        if cfg.is_atari:
+            frame_shape, frame_dtype, stack = self.obs_shape[1:], np.dtype(np.uint8), 4
+        else:
+            frame_shape, frame_dtype, stack = self.obs_shape, np.dtype(np.float32), 1
+        self._replay: ReplayBuffer | None = ReplayBuffer(
+            cfg.buffer_size, frame_shape, frame_dtype, stack
+        )
+
+    # ---- replay and envs -------------------------------------------------------------------
+    @property
+    def replay(self) -> ReplayBuffer | None:
+        return self._replay
+
+    @replay.setter
+    def replay(self, buffer: ReplayBuffer | None) -> None:
+        """A restored buffer: every env restarts (with add_reset) before the next add_step."""
+        self._replay = buffer
+        self._obs = None
+
+    def restart_envs(self, env_seed: int | None = None) -> None:
+        """Reset every env before the next step; with a seed, recreate them with it."""
+        if env_seed is not None:
+            self.envs.close()
+            self.env_seed = env_seed
+            self.envs = make_env(self.cfg.game, self.cfg.num_envs, env_seed, self.cfg.threads)
+        self._obs = None
+
+    def _reset_envs(self) -> np.ndarray:
+        assert self._replay is not None, "DQN needs a replay buffer"
+        obs, _ = self.envs.reset()
+        self._replay.add_reset(self.env_ids, obs)
+        self.tracker.reset_envs()
+        self._done[:] = False
+        return obs
+
+    # ---- training --------------------------------------------------------------------------
+    def epsilon(self) -> float:
+        cfg = self.cfg
+        duration = cfg.exploration_fraction * cfg.total_steps
+        return linear_epsilon(cfg.start_e, cfg.end_e, duration, self.global_step)
+
+    def _actions(self, obs: np.ndarray) -> np.ndarray:
+        explore = self.rng.random(self.cfg.num_envs) < self.epsilon()
+        actions = self.rng.integers(0, self.n_actions, size=self.cfg.num_envs)
+        if not explore.all():
+            greedy = self.act_greedy(obs)
+            actions = np.where(explore, actions, greedy)
+        return actions
+
+    def iterate(self) -> None:
+        cfg = self.cfg
+        obs = self._reset_envs() if self._obs is None else self._obs
+        replay = self._replay
+        assert replay is not None
+        for _ in range(self.env_steps_per_iterate):
+            if self.global_step >= cfg.total_steps:
+                break
+            # Act and step
+            actions = self._actions(obs)
+            next_obs, rewards, terminated, truncated, info = self.envs.step(actions)
+            self.tracker.update(rewards, terminated, truncated, info)
+            self.global_step += cfg.num_envs
+
+            # Record: dead steps (after a done) start a new episode in the buffer
+            dead = self._done
+            if dead.any():
+                replay.add_reset(self.env_ids[dead], next_obs[dead])
+            live = ~dead
+            if live.any():
+                replay.add_step(
+                    self.env_ids[live],
+                    actions[live],
+                    rewards[live],
+                    terminated[live],
+                    next_obs[live],
+                )
+            self._done = terminated | truncated
+            obs = next_obs
+
+            # Learn and sync
+            due = max(0, self.global_step - cfg.learning_starts) // cfg.train_frequency
+            while self.updates < due and len(replay) >= cfg.batch_size:
+                self._train_step(replay)
+            if self.global_step // cfg.target_update_interval > self.target_syncs:
+                self.target_syncs = self.global_step // cfg.target_update_interval
+                self.target.load_state_dict(self.q.state_dict())
+        self._obs = obs
+        self.schedule.after_steps(self.global_step, self.updates)
+
+    def _train_step(self, replay: ReplayBuffer) -> None:
+        cfg = self.cfg
+        obs, actions, rewards, next_obs, dones = replay.sample(cfg.batch_size, self.rng)
+        obs_t = torch.as_tensor(obs, device=self.device)
+        next_t = torch.as_tensor(next_obs, device=self.device)
+        actions_t = torch.as_tensor(actions, device=self.device).long().reshape(-1, 1)
+        rewards_t = torch.as_tensor(rewards, device=self.device).float().reshape(-1)
+        dones_t = torch.as_tensor(dones, device=self.device).float().reshape(-1)
+        with torch.no_grad(), self.precision.autocast():
+            next_online = self.q(next_t).float()
+            next_target = self.target(next_t).float()
+        target = double_dqn_target(rewards_t, dones_t, cfg.gamma, next_online, next_target)
+        with self.precision.autocast():
+            q_taken = self.q(obs_t).float().gather(1, actions_t).squeeze(1)
+        loss = td_loss(q_taken, target)
+        self.precision.step(loss, self.optimizer, self.q.parameters(), self.max_grad_norm)
+        self.updates += 1
+        self.schedule.after_update()
+        self.last_loss = float(loss.detach())
+
+    # ---- acting, warmup, state -------------------------------------------------------------
+    def act_greedy(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad(), self.precision.autocast():
+            q = self.q(torch.as_tensor(obs, device=self.device))
+        return q.float().argmax(dim=1).cpu().numpy()
+
+    def warmup_optimizer(self) -> None:
+        dummy = torch.zeros((self.cfg.batch_size, *self.obs_shape), dtype=self.obs_dtype)
+        dummy = dummy.to(self.device)
+
+        def loss() -> torch.Tensor:
+            with self.precision.autocast():
+                return self.q(dummy).float().mean()
+
+        warmup_adam(self.q, self.optimizer, loss)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "algo": "dqn",
+            "q": self.q.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "scaler": self.precision.state_dict(),
+            "global_step": self.global_step,
+            "updates": self.updates,
+            "target_syncs": self.target_syncs,
+            "tracker": self.tracker.state_dict(),
+            "rng": rng_state(self.rng),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("algo") != "dqn":
+            raise ValueError(f"not a DQN learner state (algo={state.get('algo')!r})")
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state["scaler"])
+        self.global_step = int(state["global_step"])
+        self.updates = int(state["updates"])
+        self.target_syncs = int(state["target_syncs"])
+        self.tracker.load_state_dict(state["tracker"])
+        restore_rng(self.rng, state["rng"])
+        self._obs = None  # the envs are not part of the state: start fresh episodes
+
+    def close(self) -> None:
+        self.envs.close()
