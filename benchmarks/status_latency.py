@@ -1,0 +1,113 @@
+"""How long does `rlsup status` take on a busy state directory?
+
+Builds a state dir with N games (heartbeats, progress.csv files a week long) and a week of
+events in the state database, then times `python -m supervisor.cli status` (and `--json`) as
+subprocesses — the median of N runs — against `python -c pass` measured in the same run.
+Prints a table, then ONE JSON line with the figures. Budget: median status <= 300 ms.
+
+    .venv/bin/python benchmarks/status_latency.py [--games 5] [--events 20000] [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "cli"))
+
+from state_fixture import build_state  # noqa: E402
+
+BUDGET_MS = 300.0
+
+
+def time_runs(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True)
+        out.append((time.perf_counter() - t0) * 1000.0)
+        if r.returncode != 0:
+            raise SystemExit(f"{argv} failed ({r.returncode}): {r.stderr.decode()[-2000:]}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--games", type=int, default=5)
+    ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--progress-rows", type=int, default=20_160, help="per game (30 s for 7 d)")
+    ap.add_argument("--runs", type=int, default=15)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="rlsup-bench-") as tmp:
+        t0 = time.perf_counter()
+        fx = build_state(
+            Path(tmp),
+            n_games=args.games,
+            n_events=args.events,
+            progress_rows=args.progress_rows,
+            cost_per_hour=0.9,
+        )
+        build_s = time.perf_counter() - t0
+        env = fx.env()
+        py = sys.executable
+        cmd = [py, "-m", "supervisor.cli", "status", "--config", str(fx.config)]
+        time_runs(cmd, env, 2)  # warm the page cache and .pyc files
+        cases = {
+            "python -c pass": [py, "-c", "pass"],
+            "rlsup status": cmd,
+            "rlsup status --json": [*cmd, "--json"],
+            "rlsup events --since 7d": [
+                py,
+                "-m",
+                "supervisor.cli",
+                "events",
+                "--since",
+                "7d",
+                "--config",
+                str(fx.config),
+            ],
+        }
+        results = {name: time_runs(argv, env, args.runs) for name, argv in cases.items()}
+        db_mb = fx.db.stat().st_size / 2**20
+        progress_mb = sum(p.stat().st_size for p in fx.state_dir.glob("runs/*/progress.csv"))
+        progress_mb /= 2**20
+
+    print(
+        f"state: {args.games} games, {args.events} events, {args.progress_rows} progress rows"
+        f"/game; db {db_mb:.1f} MiB, progress {progress_mb:.1f} MiB; built in {build_s:.1f} s; "
+        f"{os.cpu_count()} CPUs; {args.runs} runs each"
+    )
+    print(f"{'command':<26} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
+    for name, ms in results.items():
+        print(f"{name:<26} {statistics.median(ms):>10.1f} {min(ms):>8.1f} {max(ms):>8.1f}")
+    med = {name: round(statistics.median(ms), 1) for name, ms in results.items()}
+    figures = {
+        "benchmark": "status_latency",
+        "games": args.games,
+        "events": args.events,
+        "progress_rows_per_game": args.progress_rows,
+        "runs": args.runs,
+        "cpus": os.cpu_count(),
+        "python_pass_median_ms": med["python -c pass"],
+        "status_median_ms": med["rlsup status"],
+        "status_json_median_ms": med["rlsup status --json"],
+        "events_7d_median_ms": med["rlsup events --since 7d"],
+        "status_overhead_ms": round(med["rlsup status"] - med["python -c pass"], 1),
+        "budget_ms": BUDGET_MS,
+        "within_budget": med["rlsup status"] <= BUDGET_MS,
+    }
+    print(json.dumps(figures))
+    return 0 if figures["within_budget"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
