@@ -205,3 +205,56 @@ def test_every_checkpoint_corrupt_refuses_to_start_from_zero(tmp_path: Path):
     assert error["kind"] == "no_valid_checkpoint"
     assert "refusing to start from zero" in error["message"]
     assert not ckpt_dirs(run_dir)  # quarantined, and nothing new written from step 0
+
+
+def test_sigkill_while_checkpoint_is_being_written_never_loads_it(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    # A big network makes each checkpoint (~25 MB) take long enough to be caught mid-write.
+    args = (*CARTPOLE_PPO, "--net-arch", "1024,1024,1024", "--checkpoint-every-s", "0.5")
+    args = (*args, "--total-steps", "6000")
+    staging: list[Path] = []
+    for _attempt in range(5):
+        proc = start(run_dir, *args)
+
+        def writing() -> bool:
+            staging[:] = list((run_dir / "checkpoints").glob(".staging-*"))
+            return bool(staging) and bool(committed_steps(run_dir))
+
+        wait_for(writing, 120, "a checkpoint being written", poll=0.002)
+        kill(proc)
+        if any(p.exists() for p in staging):
+            break
+    assert any(p.exists() for p in staging), "never caught a checkpoint mid-write"
+    before = committed_steps(run_dir)
+    again = run(run_dir, *args, "--eval-episodes", "0")
+    assert again.returncode == 0, again.stdout[-2000:]
+    hb = heartbeat(run_dir)
+    assert hb is not None and hb["resumed_from_step"] == max(before)
+    assert "staging_swept" in again.stderr
+    assert not list((run_dir / "checkpoints").glob(".staging-*"))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_atari_pong_smoke_checkpoint_and_resume(tmp_path: Path, algo: str):
+    run_dir = tmp_path / "run"
+    args = ("--game", "Pong-v5", "--algo", algo, "--num-envs", "4", "--threads", "2")
+    args += ("--eval-episodes", "0", "--checkpoint-every-steps", "512")
+    if algo == "ppo":
+        args += ("--n-steps", "64", "--batch-size", "64", "--epochs", "1")
+    else:
+        args += ("--batch-size", "32", "--buffer-size", "5000", "--learning-starts", "256")
+        args += ("--train-frequency", "16")
+    first = run(run_dir, *args, "--total-steps", "1024")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert committed_steps(run_dir)[-1] >= 1024
+    second = run(run_dir, *args, "--total-steps", "2048")
+    assert second.returncode == 0, second.stderr[-2000:]
+    hb = heartbeat(run_dir)
+    assert hb is not None
+    assert (
+        hb["resumed_from_step"] == committed_steps(run_dir)[-2] or hb["resumed_from_step"] >= 1024
+    )
+    assert hb["global_step"] >= 2048 and hb["num_envs"] == 4
+    if algo == "dqn":
+        ckpt = sorted((run_dir / "checkpoints").glob("ckpt-*"))[-1]
+        assert (ckpt / "replay" / "meta.json").exists()
