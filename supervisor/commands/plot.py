@@ -15,6 +15,7 @@ import argparse
 import sqlite3
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,15 +133,24 @@ def draw(
                 ax.set_xticks([])
                 ax.set_yticks([])
             continue
-        times = [mdates.date2num(_as_datetime(t)) for t in s["time"] if t is not None]
+        times = [
+            mdates.date2num(  # type: ignore[no-untyped-call, unused-ignore]
+                _as_datetime(t)
+            )
+            for t in s["time"]
+            if t is not None
+        ]
         _curves(ax_step, s["step"], s, f"{name}: against agent steps", "agent steps")
         _curves(ax_time, times, s, f"{name}: against wall time", "wall time")
-        ax_time.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d\n%H:%M"))
+        fmt = mdates.DateFormatter("%m-%d\n%H:%M")  # type: ignore[no-untyped-call, unused-ignore]
+        ax_time.xaxis.set_major_formatter(fmt)
         lo, hi = min(times), max(times)
         for e in events:
             if e["game"] not in (None, name):
                 continue
-            x = mdates.date2num(_as_datetime(e["ts"]))
+            x = mdates.date2num(  # type: ignore[no-untyped-call, unused-ignore]
+                _as_datetime(e["ts"])
+            )
             if lo <= x <= hi:
                 ax_time.axvline(x, color=MARKERS[e["kind"]][0], lw=1.0, ls="--", alpha=0.8)
     handles = [
@@ -171,7 +181,7 @@ def draw(
 
 
 def _curves(
-    ax: Any, xs: list[float], s: dict[str, list[float | None]], title: str, xlabel: str
+    ax: Any, xs: Sequence[float | None], s: dict[str, list[float | None]], title: str, xlabel: str
 ) -> None:
     ret = [(x, y) for x, y in zip(xs, s["ret"], strict=False) if y is not None]
     sps = [(x, y) for x, y in zip(xs, s["sps"], strict=False) if y is not None]

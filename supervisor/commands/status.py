@@ -184,7 +184,7 @@ def pid_alive(pid: int | None, create_time: float | None) -> bool:
     """Is this pid alive and the same process (same create time) as recorded?"""
     if not pid:
         return False
-    import psutil  # imported here: only needed when a pid is recorded
+    import psutil  # type: ignore[import-untyped, unused-ignore]  # only when a pid is recorded
 
     try:
         proc = psutil.Process(pid)
@@ -297,7 +297,7 @@ def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
             "vitals_age_s": max(0.0, now - rows[0]["ts"]),
             "gpus": data.get("gpus") or [],
         }
-    import psutil
+    import psutil  # type: ignore[import-untyped, unused-ignore]
 
     vm = psutil.virtual_memory()
     load1 = os.getloadavg()[0]
