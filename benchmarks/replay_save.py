@@ -9,8 +9,10 @@ frames: a 64-frame block of blocky 8-grey images with 2 % noise (gzip level 1 co
 about 5x, like real Atari frames), tiled over the ring. A simulated training loop (single
 thread: 8-env add_step + a 32-transition sample per iteration, paced at --loop-hz) runs while
 the save happens; "longest pause" is the worst lateness of an iteration's end against its
-schedule, so it includes GIL waits and copy-on-write copies. Files are evicted from the page
-cache (posix_fadvise DONTNEED) before each load, so loads read the disk. Ends with one JSON line.
+schedule, so it includes GIL waits and copy-on-write copies. Load memory is measured in a
+forked child with ru_maxrss (the kernel's peak), as extra beyond the buffer itself. Files are
+evicted from the page cache (posix_fadvise DONTNEED) before each load, so loads read the disk.
+Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -162,6 +164,37 @@ class Loop:
         }
 
 
+def in_fresh_process(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run fn in a forked child and add its peak extra RSS: ru_maxrss (the kernel's own peak,
+    which a sampler thread can miss while a C call holds the GIL) minus the RSS at fork."""
+    import resource
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            start = psutil.Process().memory_info().rss
+            res = fn()
+            res["peak_extra_bytes"] = (
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start
+            )
+            os.write(w, json.dumps(res).encode())
+        except BaseException as exc:
+            os.write(w, json.dumps({"error": repr(exc)}).encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = json.loads(f.read() or b"{}")
+    os.waitpid(pid, 0)
+    if "error" in out or not out:
+        raise RuntimeError(f"child failed: {out}")
+    return dict(out)
+
+
 def evict(root: Path) -> None:
     """Drop our own files from the page cache so the next read goes to disk."""
     for dirpath, _, names in os.walk(root):
@@ -221,6 +254,12 @@ def bench_rlsup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with PeakRss() as mem:
         during = loop.run(done.is_set, first=start_save)
     snap = snap_box[0]
+    # The same loop with no save, as long as the save took (<= 10 s): this shared machine
+    # has scheduling hiccups of its own, and a short baseline would miss them.
+    span = min(result["save_s"], 10.0)
+    start = time.perf_counter()
+    after = loop.run(lambda: time.perf_counter() - start > span)
+    baseline["max_pause_s"] = max(baseline["max_pause_s"], after["max_pause_s"])
 
     # Incremental: a base checkpoint that includes what the loop wrote during the save above,
     # then 1 % new data, then the measured checkpoint (inline: we want its own cost).
@@ -239,14 +278,18 @@ def bench_rlsup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     del buf, feeder, loop, snap, snap2, saver, start_save
     gc.collect()
     evict(work / "ckpt")
-    with PeakRss() as lmem:
+
+    def load() -> dict[str, Any]:
         t0 = time.perf_counter()
         loaded = store.load_latest()
         verify_s = time.perf_counter() - t0
         assert loaded is not None
         back = ReplayBuffer.load(loaded)
         load_s = time.perf_counter() - t0
-    assert back.nbytes == nbytes
+        assert back.nbytes == nbytes
+        return {"verify_s": verify_s, "load_s": load_s}
+
+    lres = in_fresh_process(load)
     return {
         "method": "rlsup",
         "bytes": nbytes,
@@ -268,9 +311,9 @@ def bench_rlsup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "incremental_bytes_written": inc["bytes_written"],
         "incremental_bytes_linked": inc["bytes_linked"],
         "incremental_fraction_written": inc["bytes_written"] / result["stats"]["bytes_written"],
-        "load_s": load_s,
-        "load_verify_s": verify_s,
-        "load_extra_rss_mib": (lmem.extra - nbytes) / MIB,
+        "load_s": lres["load_s"],
+        "load_verify_s": lres["verify_s"],
+        "load_extra_rss_mib": (lres["peak_extra_bytes"] - nbytes) / MIB,
     }
 
 
@@ -329,12 +372,16 @@ def bench_pickle_gzip(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     del state, buf
     gc.collect()
     evict(work)
-    with PeakRss() as lmem:
+
+    def load() -> dict[str, Any]:
         t0 = time.perf_counter()
         with gzip.open(path, "rb") as f:
             back = pickle.load(f)  # our own file, benchmark only
-        load_s = time.perf_counter() - t0
-    del back
+        assert back["frames"].nbytes + back["slots"].nbytes == nbytes
+        return {"load_s": time.perf_counter() - t0}
+
+    lres = in_fresh_process(load)
+    load_s = lres["load_s"]
     scale = args.size_gib / gib
     return {
         "method": "pickle-gzip",
@@ -348,7 +395,7 @@ def bench_pickle_gzip(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "peak_extra_rss_mib": mem.extra / MIB * scale,
         "max_pause_s": save_s * scale,  # synchronous: the loop waits for all of it
         "load_s": load_s * scale,
-        "load_extra_rss_mib": (lmem.extra - nbytes) / MIB * scale,
+        "load_extra_rss_mib": (lres["peak_extra_bytes"] - nbytes) / MIB * scale,
     }
 
 
@@ -403,7 +450,7 @@ def run_child(method: str, args: argparse.Namespace, base: Path) -> dict[str, An
 
 
 def fmt(v: Any, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    return format("-", ">" + spec.split(".")[0]) if v is None else format(v, spec)
 
 
 def print_table(res: dict[str, dict[str, Any]], size_gib: float) -> None:
@@ -423,8 +470,9 @@ def print_table(res: dict[str, dict[str, Any]], size_gib: float) -> None:
     if r is None:
         return
     print(
-        f"\nrlsup: begin_snapshot {r['begin_snapshot_s'] * 1e3:.2f} ms; loop max pause without "
-        f"a save {r['baseline_max_pause_s']:.3f} s; loop {r['loop_it_per_s_baseline']:.0f} it/s "
+        f"\nrlsup: begin_snapshot {r['begin_snapshot_s'] * 1e3:.2f} ms; loop max pause with no "
+        f"save running (same duration) {r['baseline_max_pause_s']:.3f} s; "
+        f"loop {r['loop_it_per_s_baseline']:.0f} it/s "
         f"before vs {r['loop_it_per_s_during_save']:.0f} it/s during the save; chunks copied by "
         f"the loop {r['chunks_copied_by_loop']} (max {r['max_private_chunks']} held at once)"
     )
