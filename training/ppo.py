@@ -250,9 +250,9 @@ class PPOLearner:
                 self.updates += 1
                 self.schedule.after_update()
         self.last_loss = {
-            "policy": float(loss.policy),
-            "value": float(loss.value),
-            "entropy": float(loss.entropy),
+            "policy": float(loss.policy.detach()),
+            "value": float(loss.value.detach()),
+            "entropy": float(loss.entropy.detach()),
             "approx_kl": float(loss.approx_kl),
         }
 

@@ -1,0 +1,170 @@
+"""Resumability: state_dict round trips, warmup, schedulers, replay restarts (CartPole, CPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_algos_support import assert_same, config, learner, params_of, round_trip
+
+from training.learner import make_learner
+from training.replay import ReplayBuffer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PPO = {"algo": "ppo", "num_envs": 4, "n_steps": 64, "batch_size": 64, "epochs": 2}
+DQN = {
+    "algo": "dqn",
+    "num_envs": 4,
+    "batch_size": 32,
+    "buffer_size": 2_000,
+    "learning_starts": 256,
+    "train_frequency": 4,
+    "target_update_interval": 300,
+    "total_steps": 10_000,
+}
+
+
+def _iterate(lrn: Any, n: int, torch_seed: int = 5) -> None:
+    torch.manual_seed(torch_seed)  # PPO samples actions with torch's global RNG (the worker's)
+    for _ in range(n):
+        lrn.iterate()
+
+
+def _params_equal(a: Any, b: Any) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(params_of(a), params_of(b), strict=True))
+
+
+@pytest.mark.parametrize("scheduler", ["none", "cosine", "step"])
+def test_ppo_state_round_trip_restores_everything_and_continues_identically(
+    scheduler: str,
+) -> None:
+    cfg = config(**PPO, lr_scheduler=scheduler, lr_step_size=256)
+    a = learner(cfg)
+    _iterate(a, 3)
+    state = round_trip(a.state_dict())
+    b = learner(cfg, torch_seed=99)  # different init: everything must come from the state
+    b.load_state_dict(state)
+    assert_same(a.state_dict(), b.state_dict())
+    assert b.global_step == 3 * 256 and b.updates == 3 * 2 * 4
+    # Same envs (fresh, same seed) and same torch RNG -> the same next update.
+    a.restart_envs(env_seed=11)
+    b.restart_envs(env_seed=11)
+    _iterate(a, 1)
+    _iterate(b, 1)
+    assert _params_equal(a, b)
+    assert_same(a.state_dict(), b.state_dict())
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("dueling", [False, True])
+def test_dqn_state_round_trip_restores_everything_and_continues_identically(
+    dueling: bool,
+) -> None:
+    cfg = config(**DQN, dueling=dueling, lr_scheduler="cosine")
+    a, twin = learner(cfg), learner(cfg)
+    _iterate(a, 4)
+    _iterate(twin, 4)  # deterministic: its replay holds exactly what a's holds
+    assert a.updates > 0 and _params_equal(a, twin)
+    state = round_trip(a.state_dict())
+    b = learner(cfg, torch_seed=99)
+    b.replay = twin.replay  # what the worker does with a restored buffer
+    b.load_state_dict(state)
+    assert_same(a.state_dict(), b.state_dict())
+    a.restart_envs(env_seed=11)
+    b.restart_envs(env_seed=11)
+    _iterate(a, 2)
+    _iterate(b, 2)
+    assert _params_equal(a, b)
+    assert_same(a.state_dict(), b.state_dict())
+    for lrn in (a, b, twin):
+        lrn.close()
+
+
+def test_state_dict_holds_only_weights_only_types() -> None:
+    allowed = (torch.Tensor, int, float, str, bool, type(None))
+
+    def check(x: Any) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                check(k)
+                check(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                check(v)
+        else:
+            assert isinstance(x, allowed) and not isinstance(x, np.generic), type(x)
+
+    for cfg in (config(**PPO, lr_scheduler="step"), config(**DQN, lr_scheduler="cosine")):
+        lrn = learner(cfg)
+        _iterate(lrn, 2)
+        check(lrn.state_dict())
+        lrn.close()
+
+
+@pytest.mark.parametrize("overrides", [PPO, DQN])
+def test_warmup_optimizer_leaves_training_as_if_untouched(overrides: dict[str, Any]) -> None:
+    cfg = config(**overrides)
+    warmed, plain = learner(cfg), learner(cfg)
+    before = params_of(warmed)
+    warmed.warmup_optimizer()
+    opt = warmed.optimizer  # type: ignore[attr-defined]
+    assert len(opt.state) == len(before)  # Adam state allocated now
+    assert all(torch.equal(x, y) for x, y in zip(before, params_of(warmed), strict=True))
+    _iterate(warmed, 2)
+    _iterate(plain, 2)
+    assert warmed.updates > 0
+    assert _params_equal(warmed, plain)
+    assert_same(warmed.state_dict()["optimizer"], plain.state_dict()["optimizer"])
+    warmed.close()
+    plain.close()
+
+
+def test_step_scheduler_decays_every_lr_step_size_agent_steps() -> None:
+    cfg = config(**PPO, learning_rate=1e-3, lr_scheduler="step", lr_step_size=512)
+    lrn = learner(cfg)
+    _iterate(lrn, 4)  # 1024 agent steps: two decays
+    lr = lrn.optimizer.param_groups[0]["lr"]  # type: ignore[attr-defined]
+    assert lr == pytest.approx(1e-3 * 0.25)
+    lrn.close()
+
+
+def test_cosine_scheduler_reaches_min_lr_at_total_steps() -> None:
+    cfg = config(**PPO, total_steps=512, lr_scheduler="cosine", min_lr=1e-5)
+    lrn = learner(cfg)
+    _iterate(lrn, 2)
+    assert lrn.global_step == cfg.total_steps
+    assert lrn.optimizer.param_groups[0]["lr"] == pytest.approx(1e-5)  # type: ignore[attr-defined]
+    lrn.close()
+
+
+def test_dqn_restarts_envs_into_an_assigned_replay_buffer() -> None:
+    cfg = config(**DQN)
+    lrn = learner(cfg)
+    _iterate(lrn, 1)
+    fresh = ReplayBuffer(cfg.buffer_size, (4,), np.float32, 1)
+    lrn.replay = fresh  # no open episodes in it: the learner must add_reset before add_step
+    _iterate(lrn, 1)
+    assert fresh.num_resets >= cfg.num_envs and len(fresh) > 0
+    lrn.close()
+
+
+def test_dqn_never_overshoots_total_steps() -> None:
+    cfg = config(**{**DQN, "total_steps": 300, "learning_starts": 100})
+    lrn = make_learner(cfg, torch.device("cpu"), 3)
+    while lrn.global_step < cfg.total_steps:
+        lrn.iterate()
+    assert cfg.total_steps <= lrn.global_step < cfg.total_steps + cfg.num_envs
+    lrn.close()
+
+
+def test_dqn_explores_with_the_scheduled_epsilon() -> None:
+    cfg = config(**{**DQN, "total_steps": 1000, "exploration_fraction": 0.5, "end_e": 0.1})
+    lrn = learner(cfg)
+    assert lrn.epsilon() == 1.0  # type: ignore[attr-defined]
+    lrn.global_step = 250
+    assert lrn.epsilon() == pytest.approx(0.55)  # type: ignore[attr-defined]
+    lrn.close()
