@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     args = ap.parse_args()
 
+    # Other work on this host (test suites, training) inflates every figure, `pass` included.
+    load_before = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="rlsup-bench-") as tmp:
         t0 = time.perf_counter()
         fx = build_state(
@@ -102,6 +104,8 @@ def main() -> int:
         "status_json_median_ms": med["rlsup status --json"],
         "events_7d_median_ms": med["rlsup events --since 7d"],
         "status_overhead_ms": round(med["rlsup status"] - med["python -c pass"], 1),
+        "loadavg_1m_before": load_before,
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "budget_ms": BUDGET_MS,
         "within_budget": med["rlsup status"] <= BUDGET_MS,
     }
