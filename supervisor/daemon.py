@@ -366,6 +366,7 @@ class Supervisor:
         if error:
             detail["error"] = {k: error.get(k) for k in ("kind", "message", "step")}
         self._set(rt, S.EXITED, info.description, **detail)
+        self._checkpoint_events(rt, error)
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(proc.pidfd)
         proc.close()
@@ -432,6 +433,21 @@ class Supervisor:
         rt.backoff_until = now + delay
         self._set(
             rt, S.BACKOFF, why, delay_s=round(delay, 3), failures=len(rt.failures), budget=r.budget
+        )
+
+    def _checkpoint_events(self, rt: GameRuntime, error: dict[str, Any] | None) -> None:
+        """The worker's error.json, when it is about checkpoints, becomes its own event."""
+        kind = str((error or {}).get("kind") or "")
+        if kind in ("no_valid_checkpoint", "checkpoint_corrupt"):
+            event = "checkpoint_corrupt"
+        elif kind.startswith("checkpoint"):
+            event = "checkpoint_failed"
+        else:
+            return
+        self.event(
+            event,
+            rt.spec.name,
+            {"error_kind": kind, "message": error.get("message") if error else None},
         )
 
     def _read_error(self, rt: GameRuntime) -> dict[str, Any] | None:

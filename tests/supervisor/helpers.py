@@ -30,20 +30,32 @@ max_concurrent = {max_concurrent}
 
 
 def game_toml(name: str, total_steps: int, env_id: str = "CartPole-v1", seed: int = 1) -> str:
-    return (f'[[games]]\nname = "{name}"\nenv_id = "{env_id}"\nalgo = "ppo"\n'
-            f"total_steps = {total_steps}\nseed = {seed}\ndevice = \"cpu\"\n"
-            "args = { eval_episodes = 0 }\n")
+    return (
+        f'[[games]]\nname = "{name}"\nenv_id = "{env_id}"\nalgo = "ppo"\n'
+        f'total_steps = {total_steps}\nseed = {seed}\ndevice = "cpu"\n'
+        "args = { eval_episodes = 0 }\n"
+    )
 
 
-def write_config(directory: Path, games: list[tuple[str, int]], *, max_concurrent: int = 2,
-                 extra: str = "", restart: str = "", watchdog: str = "") -> Path:
-    text = (f'state_dir = "state"\ncheckpoint_every_s = 1\nstop_grace_s = 20\n{extra}\n'
-            + MODES.format(max_concurrent=max_concurrent)
-            + "".join(game_toml(n, s) for n, s in games)
-            + "[restart]\nbackoff_base_s = 0.3\nbackoff_max_s = 1\nbudget = 5\n"
-            + "budget_window_s = 600\nstable_after_s = 30\n" + restart
-            + "[watchdog]\nstartup_grace_s = 90\nhang_timeout_s = 5\nkill_grace_s = 10\n"
-            + watchdog)
+def write_config(
+    directory: Path,
+    games: list[tuple[str, int]],
+    *,
+    max_concurrent: int = 2,
+    extra: str = "",
+    restart: str = "",
+    watchdog: str = "",
+) -> Path:
+    text = (
+        f'state_dir = "state"\ncheckpoint_every_s = 1\nstop_grace_s = 20\n{extra}\n'
+        + MODES.format(max_concurrent=max_concurrent)
+        + "".join(game_toml(n, s) for n, s in games)
+        + "[restart]\nbackoff_base_s = 0.3\nbackoff_max_s = 1\nbudget = 5\n"
+        + "budget_window_s = 600\nstable_after_s = 30\n"
+        + restart
+        + "[watchdog]\nstartup_grace_s = 90\nhang_timeout_s = 5\nkill_grace_s = 10\n"
+        + watchdog
+    )
     path = directory / "rlsup.toml"
     path.write_text(text)
     return path
@@ -61,17 +73,32 @@ def env_for(tmp: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def rlsup(*args: str, env: dict[str, str], timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, **kw)
+def rlsup(
+    *args: str, env: dict[str, str], timeout: float = 60, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
-def start_supervisor(config: Path, env: dict[str, str], *extra: str,
-                     log: Path | None = None) -> subprocess.Popen[bytes]:
+def start_supervisor(
+    config: Path, env: dict[str, str], *extra: str, log: Path | None = None
+) -> subprocess.Popen[bytes]:
     out = open(log or config.parent / "supervisor.log", "ab")  # noqa: SIM115
-    return subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", "--config",
-                             str(config), *extra], env=env, cwd=REPO, stdout=out, stderr=out,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "supervisor.cli", "run", "--config", str(config), *extra],
+        env=env,
+        cwd=REPO,
+        stdout=out,
+        stderr=out,
+        start_new_session=True,
+    )
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
@@ -116,12 +143,16 @@ def events(state: Path, kind: str | None = None, game: str | None = None) -> lis
     except sqlite3.Error:
         return []
     out = [dict(r) | {"detail": json.loads(r["detail"])} for r in rows]
-    return [e for e in out if (kind is None or e["kind"] == kind)
-            and (game is None or e["game"] == game)]
+    return [
+        e
+        for e in out
+        if (kind is None or e["kind"] == kind) and (game is None or e["game"] == game)
+    ]
 
 
-def training_pid(state: Path, game: str, *, not_pid: int | None = None,
-                 min_step: int = 1) -> int | None:
+def training_pid(
+    state: Path, game: str, *, not_pid: int | None = None, min_step: int = 1
+) -> int | None:
     """The pid of the game's worker once it trains (global_step >= min_step)."""
     hb = heartbeat(state, game)
     if hb and hb["pid"] != not_pid and hb["global_step"] >= min_step and hb["phase"] == "training":

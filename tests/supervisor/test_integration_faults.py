@@ -71,8 +71,11 @@ def test_worker_faults_are_recovered_and_sigterm_stops_cleanly(tmp_path: Path) -
     try:
         # Both games train and commit a checkpoint.
         for game in ("alpha", "beta"):
-            wait_for(lambda g=game: training_pid(state, g) and committed_step(state, g) > 0,
-                     90, f"{game} training with a checkpoint")
+            wait_for(
+                lambda g=game: training_pid(state, g) and committed_step(state, g) > 0,
+                90,
+                f"{game} training with a checkpoint",
+            )
         assert "READY=1" in listener.lines()
         wait_for(lambda: "WATCHDOG=1" in listener.lines(), 10, "WATCHDOG=1")
         assert any(line.startswith("STATUS=rlsup:") for line in listener.lines())
@@ -108,8 +111,7 @@ def test_worker_faults_are_recovered_and_sigterm_stops_cleanly(tmp_path: Path) -
         assert sup.wait(60) == 0
         assert pids["alpha"] == new_a
         for game, pid in pids.items():
-            exits = [e for e in events(state, "worker_exit", game)
-                     if e["detail"]["pid"] == pid]
+            exits = [e for e in events(state, "worker_exit", game) if e["detail"]["pid"] == pid]
             assert exits and exits[-1]["detail"]["returncode"] == 75, exits
             assert committed_step(state, game) >= steps[game], "the final checkpoint is missing"
         assert query(state, "SELECT clean_stop FROM boots")[0]["clean_stop"] == 1
@@ -117,11 +119,15 @@ def test_worker_faults_are_recovered_and_sigterm_stops_cleanly(tmp_path: Path) -
         assert "STOPPING=1" in listener.lines()
         assert {r["state"] for r in query(state, "SELECT state FROM workers")} == {"stopped"}
         # One canonical log line per state change, with the fields operators grep for.
-        lines = [json.loads(x) for x in (tmp_path / "supervisor.log").read_text().splitlines()
-                 if x.startswith("{")]
+        lines = [
+            json.loads(x)
+            for x in (tmp_path / "supervisor.log").read_text().splitlines()
+            if x.startswith("{")
+        ]
         changes = [x for x in lines if x.get("event") == "worker_state"]
-        assert changes and all({"game", "from", "to", "reason", "pid", "restarts"} <= set(c)
-                               for c in changes)
+        assert changes and all(
+            {"game", "from", "to", "reason", "pid", "restarts"} <= set(c) for c in changes
+        )
     finally:
         kill_quietly(sup.pid)
         listener.close()

@@ -60,15 +60,28 @@ def test_supervisor_crash_and_host_reboot_lose_nothing(tmp_path: Path) -> None:
     procs = [sup]
     try:
         for g in GAMES:
-            wait_for(lambda g=g: training_pid(state, g) and committed_step(state, g) > 0, 90,
-                     f"{g} training with a checkpoint")
+            wait_for(
+                lambda g=g: training_pid(state, g) and committed_step(state, g) > 0,
+                90,
+                f"{g} training with a checkpoint",
+            )
 
         # `rlsup scale` reaches the running supervisor: alpha restarts with 8 envs.
         old_alpha = training_pid(state, "alpha")
-        done = rlsup("scale", "--mode", "medium", "--game", "alpha", "--config", str(config), env=env)
+        done = rlsup(
+            "scale", "--mode", "medium", "--game", "alpha", "--config", str(config), env=env
+        )
         assert done.returncode == 0, done.stderr
-        wait_for(lambda: (hb := heartbeat(state, "alpha")) and hb["num_envs"] == 8
-                 and hb["phase"] == "training" and hb["pid"] != old_alpha, 60, "alpha at 8 envs")
+        wait_for(
+            lambda: (
+                (hb := heartbeat(state, "alpha"))
+                and hb["num_envs"] == 8
+                and hb["phase"] == "training"
+                and hb["pid"] != old_alpha
+            ),
+            60,
+            "alpha at 8 envs",
+        )
         assert not events(state, "worker_crash"), "a mode change is not a crash"
         assert events(state, "mode_pinned", "alpha")
 
@@ -88,8 +101,11 @@ def test_supervisor_crash_and_host_reboot_lose_nothing(tmp_path: Path) -> None:
         assert heartbeat(state, "alpha")["num_envs"] == 8, "the pinned mode survives a restart"  # type: ignore[index]
 
         # Power loss: the supervisor, its group and every worker die at once; new boot id.
-        wait_for(lambda: all(committed_step(state, g) > committed[g] for g in GAMES), 60,
-                 "a checkpoint after the restart")
+        wait_for(
+            lambda: all(committed_step(state, g) > committed[g] for g in GAMES),
+            60,
+            "a checkpoint after the restart",
+        )
         victims = [heartbeat(state, g)["pid"] for g in GAMES]  # type: ignore[index]
         os.killpg(sup.pid, signal.SIGKILL)
         for pid in victims:
@@ -123,8 +139,7 @@ def test_supervisor_crash_and_host_reboot_lose_nothing(tmp_path: Path) -> None:
 def test_crash_loop_goes_fatal_while_the_other_game_finishes(tmp_path: Path) -> None:
     # A real, persistent fault: a foreign process holds the bad game's run-dir lock, so its
     # worker gives up (exit 1) every time. The budget is 2 failures per window.
-    config = write_config(tmp_path, [("good", 20_000), ("bad", 20_000)],
-                          restart="", extra="")
+    config = write_config(tmp_path, [("good", 20_000), ("bad", 20_000)], restart="", extra="")
     text = config.read_text().replace("budget = 5", "budget = 2")
     config.write_text(text)
     state = tmp_path / "state"

@@ -1,0 +1,163 @@
+"""Configuration: the example loads; each bad input is one clear message, exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import main
+from supervisor.config import ConfigError, load_config, resolve_config_path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "supervisor" / "example.toml"
+
+GOOD = """\
+state_dir = "state"
+initial_mode = "light"
+
+[modes.light]
+num_envs = 4
+batch_size = 128
+n_steps = 64
+max_concurrent = 1
+[modes.heavy]
+num_envs = 8
+batch_size = 256
+n_steps = 64
+max_concurrent = 2
+
+[[games]]
+name = "cart"
+env_id = "CartPole-v1"
+algo = "ppo"
+total_steps = 1000
+
+[[games]]
+name = "pong"
+env_id = "Pong-v5"
+algo = "dqn"
+total_steps = 1000
+args = { learning_starts = 100 }
+
+[stability]
+ceiling = "heavy"
+"""
+
+
+def test_example_config_loads_and_state_dir_is_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "rlsup.toml"
+    path.parent.mkdir()
+    path.write_text(EXAMPLE.read_text())
+    cfg = load_config(path)
+    assert cfg.state_dir == tmp_path / "sub" / "var" / "rlsup"
+    assert cfg.mode_names == ("light", "medium", "heavy")
+    assert [g.env_id for g in cfg.games] == ["CartPole-v1", "Pong-v5", "Breakout-v5"]
+    assert cfg.mode("light").num_envs <= 8
+
+
+def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(GOOD)
+    cfg = load_config(tmp_path / "c.toml")
+    assert cfg.restart.budget == 5 and cfg.watchdog.hang_timeout_s == 120
+    assert cfg.game("pong").args_dict == {"learning_starts": 100}
+    assert cfg.stability.ceiling == "heavy"
+
+
+def test_config_path_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLSUP_CONFIG", raising=False)
+    assert resolve_config_path(None) == Path("rlsup.toml")
+    monkeypatch.setenv("RLSUP_CONFIG", "/etc/x.toml")
+    assert resolve_config_path(None) == Path("/etc/x.toml")
+    assert resolve_config_path("a.toml") == Path("a.toml")
+
+
+BAD = [
+    ("unknown top key", ("state_dir", "stat_dir"), ["stat_dir", "unknown key", "state_dir"]),
+    (
+        "unknown section key",
+        ('ceiling = "heavy"', 'ceilling = "heavy"'),
+        ["stability.ceilling", "did you mean ceiling"],
+    ),
+    (
+        "wrong type",
+        ("num_envs = 4", 'num_envs = "four"'),
+        ["line 5", "modes.light.num_envs", "'four'", "positive integer"],
+    ),
+    (
+        "unknown env id",
+        ("Pong-v5", "Pong-v4"),
+        ["line 23", "games[1].env_id", "Pong-v4", "Pong-v5"],
+    ),
+    (
+        "initial mode not a mode",
+        ('initial_mode = "light"', 'initial_mode = "turbo"'),
+        ["initial_mode", "'turbo'", "light, heavy"],
+    ),
+    (
+        "ceiling not a mode",
+        ('ceiling = "heavy"', 'ceiling = "max"'),
+        ["stability.ceiling", "'max'", "light, heavy"],
+    ),
+    ("duplicate game", ('name = "pong"', 'name = "cart"'), ["games[1].name", "duplicate", "cart"]),
+    ("bad game name", ('name = "pong"', 'name = "../pong"'), ["games[1].name", "[a-z0-9_-]{1,40}"]),
+    (
+        "unknown hyper-parameter",
+        ("learning_starts", "learnin_starts"),
+        ["games[1].args.learnin_starts", "unknown hyper-parameter", "learning_starts"],
+    ),
+    (
+        "supervisor-decided field in args",
+        ("learning_starts = 100", "num_envs = 100"),
+        ["games[1].args.num_envs", "unknown hyper-parameter"],
+    ),
+    ("bad algo", ('algo = "dqn"', 'algo = "a2c"'), ["games[1].algo", "dqn | ppo"]),
+    (
+        "batch not dividing the PPO rollout",
+        ("batch_size = 128", "batch_size = 100"),
+        ["games[0]", "batch-size 100", "light"],
+    ),
+    (
+        "toml syntax",
+        ("total_steps = 1000\n\n[[games]]", "total_steps = = 1000\n\n[[games]]"),
+        ["not valid TOML", "line 19"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "needles"), BAD, ids=[b[0] for b in BAD])
+def test_bad_config_exits_2_naming_file_key_and_value(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    case: str,
+    edit: tuple[str, str],
+    needles: list[str],
+) -> None:
+    path = tmp_path / "c.toml"
+    assert edit[0] in GOOD
+    path.write_text(GOOD.replace(edit[0], edit[1], 1))
+    with pytest.raises(ConfigError):
+        load_config(path)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--config", str(path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"], "wrote something"
+
+
+@pytest.mark.parametrize(
+    "text", ["", 'state_dir = "x"\n[modes.a]\nnum_envs=1\nbatch_size=1\nmax_concurrent=1\n']
+)
+def test_missing_modes_or_games_is_a_config_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / "c.toml").write_text(text)
+    with pytest.raises(ConfigError, match="missing"):
+        load_config(tmp_path / "c.toml")
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["scale", "--mode", "light", "--config", str(tmp_path / "nope.toml")])
+    assert exc.value.code == 2
+    assert "nope.toml" in capsys.readouterr().err
