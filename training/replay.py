@@ -56,6 +56,9 @@ SLOT_DTYPE = np.dtype(
     ]
 )
 
+# Recorded in meta.json and checked on load.
+SLOT_LAYOUT = [[name, SLOT_DTYPE[name].str] for name in SLOT_DTYPE.names or ()]
+
 _PENDING, _COPIED, _SAVED = 0, 1, 2
 
 IntArray = npt.NDArray[np.int64]
@@ -89,7 +92,7 @@ def _byte_view(a: np.ndarray) -> memoryview:
     """Flat byte view of a C-contiguous array (no copy; writable if `a` is)."""
     if not a.flags.c_contiguous:
         raise ValueError("array slice is not contiguous")
-    return memoryview(a.reshape(-1).view(np.uint8))
+    return a.reshape(-1).view(np.uint8).data
 
 
 class ReplaySnapshot:
@@ -431,7 +434,7 @@ class ReplayBuffer:
             "stack": self.stack,
             "chunk_slots": self.chunk_slots,
             "num_chunks": self.num_chunks,
-            "slot_dtype": [[name, SLOT_DTYPE.fields[name][0].str] for name in SLOT_DTYPE.names],
+            "slot_dtype": SLOT_LAYOUT,
             "arrays": list(ARRAYS),
             "t": self._t,
             "n_transitions": self._n_transitions,
@@ -530,8 +533,7 @@ class ReplayBuffer:
         meta = loaded.read_json(META_NAME)
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
             raise ValueError(f"unsupported replay format in {META_NAME}: {meta!r:.200}")
-        slot_dtype = [[name, SLOT_DTYPE.fields[name][0].str] for name in SLOT_DTYPE.names]
-        if meta["slot_dtype"] != slot_dtype or meta["arrays"] != list(ARRAYS):
+        if meta["slot_dtype"] != SLOT_LAYOUT or meta["arrays"] != list(ARRAYS):
             raise ValueError("replay slot layout in the checkpoint differs from this version")
         frame_dtype = np.dtype(meta["frame_dtype"])
         frame_shape = tuple(int(d) for d in meta["frame_shape"])
