@@ -168,3 +168,27 @@ def test_dqn_explores_with_the_scheduled_epsilon() -> None:
     lrn.global_step = 250
     assert lrn.epsilon() == pytest.approx(0.55)  # type: ignore[attr-defined]
     lrn.close()
+
+
+@pytest.mark.parametrize("overrides", [PPO, DQN])
+def test_mixed_precision_with_grad_scaler_trains_and_round_trips(
+    overrides: dict[str, Any],
+) -> None:
+    # The CUDA fp16 path, exercised on CPU: autocast (bf16 on CPU) plus a GradScaler whose
+    # state travels in the learner's state_dict.
+    def mixed(lrn: Any) -> Any:
+        lrn.precision.dtype = torch.bfloat16
+        lrn.precision.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        return lrn
+
+    cfg = config(**overrides)
+    a = mixed(learner(cfg))
+    a.warmup_optimizer()
+    _iterate(a, 2)
+    state = round_trip(a.state_dict())
+    assert state["scaler"] is not None and state["scaler"]["scale"] > 0
+    b = mixed(learner(cfg, torch_seed=99))
+    b.load_state_dict(state)
+    assert_same(a.state_dict(), b.state_dict())
+    a.close()
+    b.close()
