@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 from torch import nn
 
+Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)
 
-def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias: float = 0.0):
+
+def layer_init(layer: Layer, std: float = math.sqrt(2), bias: float = 0.0) -> Layer:
+    """CleanRL's orthogonal weight init with a constant bias."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
     return layer
