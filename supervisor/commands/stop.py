@@ -7,6 +7,9 @@ import os
 import signal
 import sys
 import time
+from typing import Any
+
+import psutil
 
 from supervisor.commands._common import EXIT_FAIL, EXIT_OK, add_config_argument, load_config_or_exit
 
@@ -31,8 +34,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
-    import psutil
-
     from supervisor import db
 
     timeout = args.timeout if args.timeout is not None else cfg.stop_grace_s + 30
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     row = db.supervisor_row(conn)
     conn.close()
-    proc = _live_supervisor(row, psutil)
+    proc = _live_supervisor(row)
     if proc is None:
         print(f"rlsup stop: no supervisor is running for {cfg.state_dir}")
         return EXIT_OK
@@ -55,17 +56,14 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + timeout
     next_print = time.monotonic() + 5
     while time.monotonic() < deadline:
-        try:
-            proc.wait(timeout=0.5)
+        if not _alive(proc):
             print(f"rlsup stop: supervisor (pid {proc.pid}) stopped")
             return EXIT_OK
-        except psutil.TimeoutExpired:
-            if time.monotonic() >= next_print:
-                left = deadline - time.monotonic()
-                print(f"rlsup stop: still stopping (pid {proc.pid}), {left:.0f} s left")
-                next_print += 5
-        except psutil.NoSuchProcess:
-            return EXIT_OK
+        time.sleep(0.2)
+        if time.monotonic() >= next_print:
+            left = deadline - time.monotonic()
+            print(f"rlsup stop: still stopping (pid {proc.pid}), {left:.0f} s left", flush=True)
+            next_print += 5
     print(
         f"rlsup stop: timed out after {timeout:g} s; the supervisor (pid {proc.pid}) "
         "is still running",
@@ -74,17 +72,24 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAIL
 
 
-def _live_supervisor(row: dict | None, psutil: object):  # type: ignore[no-untyped-def]
-    import psutil as ps
+def _alive(proc: psutil.Process) -> bool:
+    """False once it is gone, or a zombie its parent has not reaped yet (it has exited)."""
+    try:
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
+
+def _live_supervisor(row: dict[str, Any] | None) -> psutil.Process | None:
+    """The recorded supervisor, if that very process (same create time) still runs."""
     if not row or not row.get("pid") or row.get("state") != "running":
         return None
     try:
-        proc = ps.Process(row["pid"])
+        proc = psutil.Process(row["pid"])
         if abs(proc.create_time() - (row.get("pid_create_time") or 0)) > 1.0:
             return None
-        if proc.pid == os.getpid():
+        if proc.pid == os.getpid() or not _alive(proc):
             return None
         return proc
-    except ps.Error:
+    except psutil.Error:
         return None

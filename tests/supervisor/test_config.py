@@ -1,4 +1,4 @@
-"""Configuration: the example loads; each bad input is one clear message, exit 2, nothing written."""
+"""Configuration: the example loads; each bad input: one clear message, exit 2, no writes."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from tests.supervisor.helpers import (
     heartbeat,
     kill_quietly,
     query,
+    rlsup,
     start_supervisor,
     training_pid,
     wait_for,
@@ -80,6 +81,10 @@ def test_worker_faults_are_recovered_and_sigterm_stops_cleanly(tmp_path: Path) -
         wait_for(lambda: "WATCHDOG=1" in listener.lines(), 10, "WATCHDOG=1")
         assert any(line.startswith("STATUS=rlsup:") for line in listener.lines())
 
+        # One supervisor per state dir: a second one is refused, naming the holder.
+        second = rlsup("run", "--config", str(config), env=env)
+        assert second.returncode == 1 and f"pid {sup.pid}" in second.stderr
+
         # SIGKILL a worker: restarted within seconds, resumed from its checkpoint.
         pid_a = training_pid(state, "alpha")
         before_a = committed_step(state, "alpha")
@@ -104,11 +109,13 @@ def test_worker_faults_are_recovered_and_sigterm_stops_cleanly(tmp_path: Path) -
         assert hb is not None and hb["resumed_from_step"] >= before_b
         assert not _alive(pid_b)
 
-        # SIGTERM: every worker checkpoints and exits 75; the stop is recorded clean.
+        # `rlsup stop` (SIGTERM): every worker checkpoints and exits 75; the stop is recorded clean.
         pids = {g: training_pid(state, g) for g in ("alpha", "beta")}
         steps = {g: heartbeat(state, g)["global_step"] for g in pids}  # type: ignore[index]
-        sup.send_signal(signal.SIGTERM)
-        assert sup.wait(60) == 0
+        stop = rlsup("stop", "--config", str(config), "--timeout", "60", env=env, timeout=90)
+        assert stop.returncode == 0, stop.stderr
+        assert f"pid {sup.pid}" in stop.stdout and "stopped" in stop.stdout
+        assert sup.wait(10) == 0
         assert pids["alpha"] == new_a
         for game, pid in pids.items():
             exits = [e for e in events(state, "worker_exit", game) if e["detail"]["pid"] == pid]

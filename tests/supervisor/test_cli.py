@@ -1,0 +1,124 @@
+"""CLI commands without a running supervisor: init, scale, install-service, stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor import db
+from supervisor.cli import main
+from tests.supervisor.helpers import REPO
+from tests.supervisor.test_config import GOOD
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "rlsup.toml"
+    path.write_text(GOOD)
+    return path
+
+
+def test_init_writes_a_valid_example_and_refuses_to_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from supervisor.config import load_config
+
+    path = tmp_path / "new.toml"
+    assert main(["init", str(path)]) == 0
+    cfg = load_config(path)
+    assert sum(g.env_id.endswith("-v5") for g in cfg.games) == 2
+    assert any(g.env_id == "CartPole-v1" for g in cfg.games)
+    before = path.read_text()
+    assert main(["init", str(path)]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert path.read_text() == before
+
+
+def test_scale_pins_a_mode_and_records_an_event(config: Path) -> None:
+    assert main(["scale", "--mode", "heavy", "--game", "pong", "--config", str(config)]) == 0
+    assert main(["scale", "--mode", "light", "--config", str(config)]) == 0
+    conn = db.connect(config.parent / "state")
+    assert db.get_desired(conn, "pong") == ("heavy", True)
+    assert db.get_desired(conn, "*") == ("light", True)
+    assert main(["scale", "--mode", "auto", "--game", "pong", "--config", str(config)]) == 0
+    assert db.get_desired(conn, "pong") == ("auto", False)
+    assert len(db.events(conn, kind="mode_pinned")) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--mode", "turbo"], ["'turbo'", "light, heavy, auto"]),
+        (["--mode", "light", "--game", "pongg"], ["'pongg'", "cart, pong"]),
+    ],
+)
+def test_scale_rejects_unknown_mode_or_game_listing_valid_ones(
+    config: Path, capsys: pytest.CaptureFixture[str], args: list[str], needles: list[str]
+) -> None:
+    assert main(["scale", *args, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    for needle in needles:
+        assert needle in err
+    assert not (config.parent / "state").exists()
+
+
+def test_install_service_dry_run_prints_unit_and_commands(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["install-service", "--dry-run", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"run --config {config}" in out
+    assert "/etc/systemd/system/rlsup.service" in out
+    assert "TimeoutStopSec=90" in out  # stop_grace_s (60) + 30
+    for line in (
+        "Type=notify",
+        "Restart=always",
+        "RestartSec=5",
+        "WatchdogSec=60",
+        "KillMode=mixed",
+        "OOMPolicy=continue",
+        "NotifyAccess=main",
+        "WantedBy=multi-user.target",
+        "StateDirectory=rlsup",
+        "UMask=0077",
+    ):
+        assert line in out, line
+    assert "systemctl daemon-reload" in out and "systemctl enable --now rlsup.service" in out
+    assert "${" not in out
+    exec_line = next(x for x in out.splitlines() if x.startswith("ExecStart="))
+    assert exec_line.split("=", 1)[1].startswith("/")
+
+
+def test_install_service_user_dry_run(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["install-service", "--user", "--dry-run", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert ".config/systemd/user/rlsup.service" in out
+    assert "systemctl --user enable --now" in out and "WantedBy=default.target" in out
+
+
+def test_service_template_is_shipped_in_the_package_too() -> None:
+    assert (REPO / "systemd/rlsup.service").read_text() == (
+        REPO / "supervisor/rlsup.service"
+    ).read_text()
+
+
+def test_stop_without_a_running_supervisor_says_so(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["stop", "--config", str(config)]) == 0
+    assert "no supervisor is running" in capsys.readouterr().out
+    conn = db.connect(config.parent / "state")
+    db.set_supervisor(conn, pid=2**22 + 7, pid_create_time=1.0, state="running")
+    assert main(["stop", "--config", str(config)]) == 0
+    assert "no supervisor is running" in capsys.readouterr().out
+
+
+def test_unavailable_subcommand_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import supervisor.cli as cli
+
+    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, ("ghost", "no_such_module")))
+    assert cli.main(["ghost"]) == 1
+    assert "not available in this build" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""The supervisor's tick loop with real (tiny, torch-free) stand-in worker processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor import db, modes
+from supervisor.config import load_config
+from supervisor.daemon import LockHeld, Supervisor, acquire_lock
+from supervisor.launcher import Launcher
+from supervisor.states import WorkerState as S
+from tests.supervisor.helpers import REPO
+
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = """\
+state_dir = "state"
+stop_grace_s = 5
+tick_s = 0.05
+[modes.light]
+num_envs = 2
+batch_size = 2
+n_steps = 4
+max_concurrent = {cap}
+[modes.heavy]
+num_envs = 4
+batch_size = 4
+n_steps = 4
+max_concurrent = {cap}
+{games}
+[restart]
+backoff_base_s = 0.05
+backoff_max_s = 0.1
+budget = 1
+budget_window_s = 60
+"""
+
+
+def game(name: str, steps: int) -> str:
+    return f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\ntotal_steps = {steps}\n'
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.fixture
+def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Supervisor]:
+    (tmp_path / "boot").write_text("boot-1")
+    monkeypatch.setenv("RLSUP_BOOT_ID_PATH", str(tmp_path / "boot"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    made: list[Supervisor] = []
+
+    def factory(games: str, cap: int = 2, cores: int = 4) -> Supervisor:
+        path = tmp_path / "rlsup.toml"
+        path.write_text(CONFIG.format(cap=cap, games=games))
+        launcher = Launcher(python=sys.executable, module="tests.supervisor.fake_worker")
+        sup = Supervisor(load_config(path), launcher=launcher, cores=cores, exit_when_done=True)
+        sup.start()
+        made.append(sup)
+        return sup
+
+    yield factory  # type: ignore[misc]
+    for sup in made:
+        for rt in sup._all():
+            if rt.proc is not None:
+                sup.launcher.kill(rt.proc)
+                rt.proc.popen.wait()
+        sup.close()
+
+
+def spin(sup: Supervisor, until: Callable[[], object], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, {n: rt.state for n, rt in sup.games.items()}
+        sup.safe_tick()
+        sup.wait(0.05)
+
+
+def test_games_beyond_max_concurrent_wait_in_config_order(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 40) + game("b", 40) + game("c", 40), cap=1, cores=4)
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    assert sup.games["b"].state is S.WAITING and sup.games["c"].state is S.WAITING
+    assert sup.games["a"].heartbeat.threads == 4  # cores // 1 running
+    order: list[str] = []
+
+    def record() -> bool:
+        for n, rt in sup.games.items():
+            if rt.state is S.RUNNING and n not in order:
+                order.append(n)
+            assert sum(r.state in (S.STARTING, S.RUNNING) for r in sup.games.values()) <= 1
+        return sup.finished
+
+    spin(sup, record, 30)
+    assert order == ["a", "b", "c"]
+    assert all(rt.state is S.DONE for rt in sup.games.values())
+
+
+def test_threads_divide_the_cores_among_running_workers(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 400) + game("b", 400), cap=2, cores=5)
+    spin(sup, lambda: all(rt.heartbeat for rt in sup.games.values()))
+    assert [rt.heartbeat.threads for rt in sup.games.values()] == [2, 2]
+
+
+def test_config_error_exit_is_fatal_at_once_with_the_workers_message(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "state" / "runs" / "bad"
+    run.mkdir(parents=True)
+    (run / "fake.json").write_text(json.dumps({"exit": 78, "message": "--lr: must be > 0"}))
+    sup = make(game("bad", 100) + game("ok", 100))
+    spin(sup, lambda: sup.finished)
+    assert sup.games["bad"].state is S.FATAL
+    assert "--lr: must be > 0" in sup.games["bad"].reason
+    assert sup.games["bad"].restarts == 0
+    assert sup.games["ok"].state is S.DONE
+
+
+def test_crash_loop_spends_the_budget_then_fatal(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "state" / "runs" / "bad"
+    run.mkdir(parents=True)
+    (run / "fake.json").write_text(json.dumps({"exit": 1, "kind": "crash", "message": "boom"}))
+    sup = make(game("bad", 100))
+    spin(sup, lambda: sup.finished)
+    rt = sup.games["bad"]
+    assert rt.state is S.FATAL and "restart budget" in rt.reason and rt.restarts == 1
+    crashes = db.events(sup.conn, kind="worker_crash")  # type: ignore[arg-type]
+    assert [e.detail["message"] for e in crashes] == ["boom", "boom"]
+
+
+def test_pinned_mode_restarts_the_worker_with_new_sizes_without_a_failure(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    first = sup.games["a"].proc.pid
+    modes.pin_mode(sup.conn, sup.cfg, "a", "heavy")
+    spin(sup, lambda: (hb := sup.games["a"].heartbeat) is not None and hb.num_envs == 4)
+    rt = sup.games["a"]
+    assert rt.proc.pid != first and rt.failures == [] and rt.restarts == 0
+    assert rt.heartbeat.resumed_from_step > 0
+    exits = db.events(sup.conn, kind="worker_exit", game="a")  # type: ignore[arg-type]
+    assert exits[-1].detail["returncode"] == 75
+
+
+def test_lower_max_concurrent_sends_the_extra_worker_back_to_waiting(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000) + game("b", 100_000), cap=2)
+    spin(sup, lambda: all(rt.state is S.RUNNING for rt in sup.games.values()))
+    # The mode in force now allows one game (config edited, then SIGHUP-reloaded).
+    text = sup.cfg.path.read_text().replace("max_concurrent = 2", "max_concurrent = 1", 1)
+    sup.cfg.path.write_text(text)
+    sup.flags.reload = True
+    spin(sup, lambda: sup.games["b"].state is S.WAITING)
+    assert sup.games["a"].state is S.RUNNING
+    assert db.events(sup.conn, kind="config_reload")  # type: ignore[arg-type]
+
+
+def test_bad_reload_keeps_the_old_config(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000))
+    old = sup.cfg
+    sup.cfg.path.write_text("state_dir = [")
+    sup.flags.reload = True
+    sup.safe_tick()
+    assert sup.cfg is old
+    errors = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    assert errors and "not valid TOML" in errors[0].detail["message"]
+
+
+def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    sup.flags.stop = True
+    spin(sup, lambda: sup.finished)
+    assert sup.games["a"].state is S.STOPPED
+    assert db.events(sup.conn, kind="worker_exit")[-1].detail["returncode"] == 75  # type: ignore[arg-type]
+    assert sup.conn.execute("SELECT clean_stop FROM boots").fetchone()[0] == 1  # type: ignore[union-attr]
+
+
+def test_second_lock_holder_is_refused_naming_the_first(tmp_path: Path) -> None:
+    fd = acquire_lock(tmp_path)
+    try:
+        with pytest.raises(LockHeld, match=r"pid \d+"):
+            acquire_lock(tmp_path)
+    finally:
+        import os
+
+        os.close(fd)
