@@ -142,11 +142,11 @@ _NUM = (int, float)
 
 
 def _positive(v: Any) -> bool:
-    return v > 0
+    return bool(v > 0)
 
 
 def _non_negative(v: Any) -> bool:
-    return v >= 0
+    return bool(v >= 0)
 
 
 # key -> (python types, default (None = required), check, expectation text)

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import structlog
 
 from supervisor import db, modes
 from supervisor.config import Config, ConfigError, GameSpec, ModeSpec, load_config, worker_config
+from supervisor.gpu import GpuProbe, NvmlProbe
 from supervisor.launcher import Launcher, WorkerProcess, find_leftover, stop_leftovers
 from supervisor.restart import (
     ExitInfo,
@@ -90,6 +91,7 @@ class GameRuntime:
     progressed: bool = False
     seen_quarantined: set[str] = field(default_factory=set)
     spawn_wall: float = 0.0
+    gpu_wait_since: float | None = None  # monotonic; waiting for free GPU memory
 
 
 @dataclass
@@ -109,6 +111,7 @@ class Supervisor:
         exit_when_done: bool = False,
         notifier: Notifier | None = None,
         cores: int | None = None,
+        gpu_probe: GpuProbe | None = None,
     ) -> None:
         self.cfg = cfg
         self.launcher = launcher or Launcher()
@@ -118,6 +121,9 @@ class Supervisor:
         self.notifier = notifier or Notifier()
         self.cores = cores or len(os.sched_getaffinity(0))
         self.flags = Flags()
+        self.gpu = gpu_probe or NvmlProbe()
+        self._gpu_free: float | None = None
+        self._gpu_next_poll = 0.0
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}
         self.conn: sqlite3.Connection | None = None
@@ -245,6 +251,8 @@ class Supervisor:
                     os.close(fd)
         self.selector.close()
         self.notifier.close()
+        if isinstance(self.gpu, NvmlProbe):
+            self.gpu.close()
         if self.conn is not None:
             self.conn.close()
 
@@ -609,12 +617,54 @@ class Supervisor:
         ]
         waiting = [rt for rt in self.games.values() if rt.state is S.WAITING]
         starters = due + waiting[: max(0, cap - active)]
-        if not starters:
+        gated = [rt for rt in starters if self._gpu_gate(rt, now)]
+        if not gated:
             return
-        planned = sum(1 for rt in self.games.values() if rt.state in ALIVE) + len(starters)
+        planned = sum(1 for rt in self.games.values() if rt.state in ALIVE) + len(gated)
         threads = max(1, self.cores // max(1, planned))
-        for rt in starters:
+        for rt in gated:
             self.spawn(rt, threads, now)
+
+    def _gpu_gate(self, rt: GameRuntime, now: float) -> bool:
+        """May this game's worker start now? CPU games always; GPU games once free memory
+        covers gpu.min_free_mb (a dead worker's memory may not be reclaimed yet), or past
+        gpu.timeout_s at one rung lower."""
+        if rt.spec.device == "cpu":
+            return True
+        g = self.cfg.gpu
+        if now >= self._gpu_next_poll:
+            self._gpu_free = self.gpu.free_mb()
+            self._gpu_next_poll = now + g.poll_s
+        free = self._gpu_free
+        if free is None or free >= g.min_free_mb:
+            rt.gpu_wait_since = None
+            return True
+        assert self.conn is not None
+        name = rt.spec.name
+        if rt.gpu_wait_since is None:
+            rt.gpu_wait_since = now
+            self.event("gpu_wait", name, {"free_mb": round(free), "need_mb": g.min_free_mb})
+            log.info("gpu_wait", game=name, free_mb=round(free), need_mb=g.min_free_mb)
+            return False
+        if now - rt.gpu_wait_since < g.timeout_s:
+            return False
+        current = modes.effective_mode(self.conn, self.cfg, name)
+        lighter = modes.one_rung_lower(self.cfg, current)
+        reason = f"GPU free memory {free:.0f} MiB < {g.min_free_mb:g} MiB for {g.timeout_s:g} s"
+        self.event(
+            "gpu_wait",
+            name,
+            {
+                "timed_out": True,
+                "free_mb": round(free),
+                "from": current.name,
+                "to": lighter.name if lighter else current.name,
+            },
+        )
+        if lighter is not None and not modes.is_pinned(self.conn, name):
+            modes.set_auto_mode(self.conn, self.cfg, name, lighter.name, [reason])
+        rt.gpu_wait_since = None
+        return True
 
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         assert self.conn is not None

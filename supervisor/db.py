@@ -102,7 +102,7 @@ def connect(state_dir: Path, *, create: bool = True) -> sqlite3.Connection:
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > SCHEMA_VERSION:
         raise RuntimeError(f"database schema {version} is newer than this rlsup ({SCHEMA_VERSION})")
     while version < SCHEMA_VERSION:
@@ -160,7 +160,8 @@ def events(
     limit: int | None = None,
 ) -> list[Event]:
     """Events oldest first, filtered by time (ts >= since), game and kind(s)."""
-    where, params = [], []  # type: ignore[var-annotated]
+    where: list[str] = []
+    params: list[Any] = []
     if since is not None:
         where.append("ts >= ?")
         params.append(since)

@@ -1,7 +1,8 @@
 """Modes: the ladder from the config, the effective mode per scope, and the seams that change it.
 
 Effective mode of a game = pinned `desired` for the game, else pinned `desired` for '*', else
-the `modes` table's mode for the game, else for '*', else `initial_mode`. The automatic policy
+the lighter of the `modes` table's mode for the game and for '*' (the host's, else
+`initial_mode`): a host step down reaches every unpinned game. The automatic policy
 (written elsewhere) calls `set_auto_mode`; the CLI calls `pin_mode`.
 """
 
@@ -33,14 +34,26 @@ def host_mode(conn: sqlite3.Connection, cfg: Config) -> ModeSpec:
 
 
 def effective_mode(conn: sqlite3.Connection, cfg: Config, game: str) -> ModeSpec:
+    """A game's mode: its pin, else the host's pin, else min(its automatic mode, the host's)."""
     for scope in (game, HOST):
         desired = db.get_desired(conn, scope)
         if desired and desired[1] and _valid(cfg, desired[0]):
             return cfg.mode(desired[0])
+    host = host_mode_unpinned(conn, cfg)
     current = db.get_mode(conn, game)
     if current and _valid(cfg, current[0]):
-        return cfg.mode(current[0])
-    return host_mode_unpinned(conn, cfg)
+        return lower(cfg, cfg.mode(current[0]), host)
+    return host
+
+
+def lower(cfg: Config, a: ModeSpec, b: ModeSpec) -> ModeSpec:
+    """The lighter of two rungs."""
+    return a if cfg.mode_names.index(a.name) <= cfg.mode_names.index(b.name) else b
+
+
+def one_rung_lower(cfg: Config, mode: ModeSpec) -> ModeSpec | None:
+    i = cfg.mode_names.index(mode.name)
+    return cfg.modes[i - 1] if i > 0 else None
 
 
 def host_mode_unpinned(conn: sqlite3.Connection, cfg: Config) -> ModeSpec:

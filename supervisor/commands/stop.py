@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 from supervisor.commands._common import EXIT_FAIL, EXIT_OK, add_config_argument, load_config_or_exit
 

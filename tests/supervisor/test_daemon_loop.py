@@ -21,6 +21,7 @@ from tests.supervisor.helpers import REPO
 pytestmark = pytest.mark.timeout(60)
 
 CONFIG = """\
+{extra}
 state_dir = "state"
 stop_grace_s = 5
 tick_s = 0.05
@@ -40,6 +41,7 @@ backoff_base_s = 0.05
 backoff_max_s = 0.1
 budget = 1
 budget_window_s = 60
+{tail}
 """
 
 
@@ -62,11 +64,24 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Super
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     made: list[Supervisor] = []
 
-    def factory(games: str, cap: int = 2, cores: int = 4) -> Supervisor:
+    def factory(
+        games: str,
+        cap: int = 2,
+        cores: int = 4,
+        extra: str = "",
+        tail: str = "",
+        gpu: object = None,
+    ) -> Supervisor:
         path = tmp_path / "rlsup.toml"
-        path.write_text(CONFIG.format(cap=cap, games=games))
+        path.write_text(CONFIG.format(cap=cap, games=games, extra=extra, tail=tail))
         launcher = Launcher(python=sys.executable, module="tests.supervisor.fake_worker")
-        sup = Supervisor(load_config(path), launcher=launcher, cores=cores, exit_when_done=True)
+        sup = Supervisor(
+            load_config(path),
+            launcher=launcher,
+            cores=cores,
+            exit_when_done=True,
+            gpu_probe=gpu or FakeGpu(None),  # type: ignore[arg-type]
+        )
         sup.start()
         made.append(sup)
         return sup
@@ -78,6 +93,16 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Super
                 sup.launcher.kill(rt.proc)
                 rt.proc.popen.wait()
         sup.close()
+
+
+class FakeGpu:
+    def __init__(self, free: float | None) -> None:
+        self.free = free
+        self.polls = 0
+
+    def free_mb(self) -> float | None:
+        self.polls += 1
+        return self.free
 
 
 def spin(sup: Supervisor, until: Callable[[], object], timeout: float = 20) -> None:
@@ -192,3 +217,40 @@ def test_second_lock_holder_is_refused_naming_the_first(tmp_path: Path) -> None:
         import os
 
         os.close(fd)
+
+
+GPU = "[gpu]\nmin_free_mb = 1000\npoll_s = 0.01\ntimeout_s = {timeout}\n"
+
+
+def test_gpu_game_waits_for_free_memory_then_starts(make) -> None:  # type: ignore[no-untyped-def]
+    gpu = FakeGpu(100.0)
+    sup = make(game("a", 100_000), gpu=gpu, tail=GPU.format(timeout=3600))
+    for _ in range(5):
+        sup.safe_tick()
+        sup.wait(0.02)
+    assert sup.games["a"].state is S.WAITING
+    assert len(db.events(sup.conn, kind="gpu_wait")) == 1  # type: ignore[arg-type]
+    gpu.free = 5000.0
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+
+
+def test_gpu_wait_past_the_timeout_starts_one_rung_lower(make) -> None:  # type: ignore[no-untyped-def]
+    gpu = FakeGpu(100.0)
+    extra = 'initial_mode = "heavy"'
+    sup = make(game("a", 100_000), gpu=gpu, extra=extra, tail=GPU.format(timeout=0.2))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    assert sup.games["a"].mode.name == "light"
+    waits = db.events(sup.conn, kind="gpu_wait")  # type: ignore[arg-type]
+    assert waits[-1].detail["timed_out"] and waits[-1].detail["to"] == "light"
+    assert db.events(sup.conn, kind="scale_down", game="a")  # type: ignore[arg-type]
+    for _ in range(5):  # and it is not restarted back at the heavier size
+        sup.safe_tick()
+        sup.wait(0.02)
+    assert sup.games["a"].state is S.RUNNING and sup.games["a"].stop_reason is None
+
+
+def test_cpu_games_skip_the_gpu_gate(make) -> None:  # type: ignore[no-untyped-def]
+    gpu = FakeGpu(0.0)
+    sup = make(game("a", 100_000) + 'device = "cpu"\n', gpu=gpu, tail=GPU.format(timeout=3600))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    assert gpu.polls == 0

@@ -29,7 +29,11 @@ def test_precedence_game_pin_then_host_pin_then_automatic(setup) -> None:  # typ
     cfg, conn = setup
     modes.ensure_initial_mode(conn, cfg, 1.0)
     assert modes.set_auto_mode(conn, cfg, "cart", "heavy", ["calm for 1 h"], 2.0)
+    # Unpinned: never above the host's automatic mode.
+    assert modes.effective_mode(conn, cfg, "cart").name == "light"
+    assert modes.set_auto_mode(conn, cfg, "*", "heavy", ["calm for 1 h"], 2.5)
     assert modes.effective_mode(conn, cfg, "cart").name == "heavy"
+    assert modes.set_auto_mode(conn, cfg, "pong", "light", ["2 crashes"], 2.6)
     assert modes.effective_mode(conn, cfg, "pong").name == "light"
     modes.pin_mode(conn, cfg, "*", "light", 3.0)
     assert modes.effective_mode(conn, cfg, "cart").name == "light"
@@ -39,6 +43,7 @@ def test_precedence_game_pin_then_host_pin_then_automatic(setup) -> None:  # typ
     modes.pin_mode(conn, cfg, "*", "auto", 5.0)
     modes.pin_mode(conn, cfg, "cart", "auto", 5.0)
     assert modes.effective_mode(conn, cfg, "cart").name == "heavy"  # the automatic one again
+    assert modes.effective_mode(conn, cfg, "pong").name == "light"
     assert db.get_desired(conn, "cart") == ("auto", False)
     assert [e.detail["mode"] for e in db.events(conn, kind="mode_pinned")] == [
         "light",
