@@ -1,0 +1,54 @@
+"""Fault-injection soak, long schedule: `RLSUP_SOAK_MINUTES=60 .venv/bin/python benchmarks/soak.py`.
+
+Shares its engine with the CI test (tests/chaos/soak_engine.py): a real `rlsup run` with three
+games under a seeded fault schedule (SIGKILL, mid-checkpoint SIGKILL, SIGSTOP, supervisor kill,
+host reboot, corrupt checkpoints, full disk, kernel OOM kill, mode pins); prints the figures
+table and ends with one JSON line. Exit status 1 when an invariant was violated. Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _engine():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(REPO))
+    path = REPO / "tests" / "chaos" / "soak_engine.py"
+    spec = importlib.util.spec_from_file_location("soak_engine", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak_engine"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--minutes", type=float, default=float(os.environ.get("RLSUP_SOAK_MINUTES", 60)))
+    p.add_argument("--seed", type=int, default=int(os.environ.get("RLSUP_SOAK_SEED", 1)))
+    p.add_argument("--workdir", type=Path, default=None, help="kept after the run (default: temp)")
+    args = p.parse_args()
+    engine = _engine()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlsup-soak-")) / "soak"
+    phase_s = max(60.0, args.minutes * 60 - 90)  # start-up and the finish take the rest
+    settings = engine.SoakSettings(
+        workdir=workdir,
+        fault_phase_s=phase_s,
+        seed=args.seed,
+        min_faults=max(20, int(phase_s / 10)),
+        finish_timeout_s=max(240.0, phase_s * 0.3),
+    )
+    print(f"soak: {args.minutes} min, seed {args.seed}, workdir {workdir}", flush=True)
+    _, violations = engine.run_soak(settings)
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
