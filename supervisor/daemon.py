@@ -100,6 +100,11 @@ class Flags:
     reload: bool = False
 
 
+# The stability policy's seam: called once a tick (before modes are applied) with the state
+# connection, the config and the wall clock; it changes modes via modes.set_auto_mode().
+PolicyStep = Callable[[sqlite3.Connection, Config, float], None]
+
+
 class Supervisor:
     def __init__(
         self,
@@ -112,6 +117,7 @@ class Supervisor:
         notifier: Notifier | None = None,
         cores: int | None = None,
         gpu_probe: GpuProbe | None = None,
+        policy: PolicyStep | None = None,
     ) -> None:
         self.cfg = cfg
         self.launcher = launcher or Launcher()
@@ -122,6 +128,7 @@ class Supervisor:
         self.cores = cores or len(os.sched_getaffinity(0))
         self.flags = Flags()
         self.gpu = gpu_probe or NvmlProbe()
+        self.policy = policy
         self._gpu_free: float | None = None
         self._gpu_next_poll = 0.0
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
@@ -146,7 +153,7 @@ class Supervisor:
             while not self.finished:
                 self.safe_tick()
                 if not self.finished:
-                    self.wait(self.cfg.tick_s)
+                    self.wait(min(self.cfg.tick_s, self.notifier.watchdog_s or self.cfg.tick_s))
         finally:
             self.close()
         return 0
@@ -301,6 +308,7 @@ class Supervisor:
         self.reap(now)
         if not self.stopping:
             self.observe(now)
+            self.run_policy()
             self.apply_modes(now)
             self.schedule(now)
         self.escalate(now)
@@ -314,6 +322,16 @@ class Supervisor:
             and all(rt.state in TERMINAL for rt in self.games.values())
         ):
             self.begin_shutdown(now, "all games done or fatal")
+
+    def run_policy(self) -> None:
+        if self.policy is None:
+            return
+        assert self.conn is not None
+        try:
+            self.policy(self.conn, self.cfg, self.wall())
+        except Exception:
+            # A policy bug must not stop supervision: keep the modes as they are.
+            log.exception("policy_failed")
 
     def _all(self) -> list[GameRuntime]:
         return [*self.games.values(), *self.removed.values()]
@@ -672,6 +690,7 @@ class Supervisor:
         mode = modes.effective_mode(self.conn, self.cfg, name)
         run_dir = db.make_private_dir(self.cfg.run_dir(name))
         logs_dir = db.make_private_dir(self.cfg.state_dir / "logs")
+        rotate_log(logs_dir / f"{name}.log")
         wcfg = worker_config(rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads)
         for stale in (protocol.HEARTBEAT_FILE,):
             with contextlib.suppress(FileNotFoundError):
@@ -798,3 +817,13 @@ def latest_checkpoint_step(run_dir: Path) -> int:
             if entry.name.startswith("ckpt-") and entry.name[5:].isdigit():
                 best = max(best, int(entry.name[5:]))
     return best
+
+
+LOG_ROTATE_BYTES = 64 << 20
+
+
+def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> None:
+    """Keep one previous worker log (`.1`) once the current one passes `limit` bytes."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > limit:
+            os.replace(path, path.with_name(path.name + ".1"))

@@ -35,7 +35,7 @@ class NvmlProbe:
                 pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free
                 for i in range(count)
             ]
-            return max(free) / 2**20
+            return float(max(free)) / 2**20
         except Exception:
             # No library, no driver, no device: the gate is a no-op on this host.
             self._absent = True

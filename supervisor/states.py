@@ -16,20 +16,23 @@ class WorkerState(enum.StrEnum):
 
     ::
 
-        STOPPED ──▶ WAITING ──▶ STARTING ──▶ RUNNING ──┬──▶ EXITED ──▶ DONE
-           ▲           ▲  ▲        │            │      │       ├──▶ BACKOFF ──▶ STARTING …
-           │           │  │        └────────────┴──────┤       ├──▶ WAITING  (stopped for a
-           │           │  │                            │       │              mode change/slot)
-           │           │  └────────── BACKOFF ◀────────┘       ├──▶ FATAL    (budget spent,
-           │           │                                       │              config error)
-           └───────────┴──────────── STOPPING ◀── (STARTING|RUNNING)       └──▶ STOPPED
+        STOPPED ─▶ WAITING ─▶ STARTING ─▶ RUNNING ─┬─▶ EXITED ─┬─▶ DONE
+                     ▲  ▲        │  ▲               │           ├─▶ BACKOFF ─▶ STARTING …
+                     │  │        │  └── BACKOFF ◀───┼───────────┤   (crash, OOM, hang)
+                     │  │        ▼                  │           ├─▶ FATAL  (budget spent,
+                     │  │     STOPPING ◀────────────┘           │           config error)
+                     │  │        └──▶ EXITED                    ├─▶ STOPPED (shutdown)
+                     │  └───────────────────────────────────────┘   WAITING (mode change,
+                     │                                                        over the cap)
+                     └── BACKOFF (over the cap) ; DONE/FATAL ─▶ WAITING (reset)
 
     WAITING: queued for a slot (max_concurrent), or waiting for GPU memory.
     STARTING: spawned, no heartbeat from this pid yet. RUNNING: heart-beating.
-    STOPPING: asked to stop (SIGTERM; SIGKILL after a grace). EXITED: the process is gone,
-    its exit classified; the supervisor decides the next state in the same tick.
+    STOPPING: asked to stop (SIGTERM; SIGKILL after a grace). EXITED: the process is gone and
+    its exit classified; the loop picks the next state in the same tick.
     BACKOFF: waiting out a restart delay (keeps its slot). DONE: total_steps reached.
-    FATAL: will not be restarted (restart budget spent, or a configuration error).
+    FATAL: not restarted (restart budget spent, or a configuration error).
+    The exact edges are `ALLOWED` below; `transition()` enforces them.
     """
 
     STOPPED = "stopped"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from supervisor.commands._common import EXIT_FAIL, add_config_argument, load_config_or_exit
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from supervisor.logs import configure_logging
 
     configure_logging()
+    os.umask(0o077)  # state, runs and logs are private to their owner (workers inherit it)
     db.make_private_dir(cfg.state_dir)
     try:
         lock_fd = acquire_lock(cfg.state_dir)
@@ -40,6 +42,4 @@ def run(args: argparse.Namespace) -> int:
     try:
         return Supervisor(cfg, exit_when_done=args.exit_when_done).run()
     finally:
-        import os
-
         os.close(lock_fd)

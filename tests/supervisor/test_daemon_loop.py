@@ -254,3 +254,36 @@ def test_cpu_games_skip_the_gpu_gate(make) -> None:  # type: ignore[no-untyped-d
     sup = make(game("a", 100_000) + 'device = "cpu"\n', gpu=gpu, tail=GPU.format(timeout=3600))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
     assert gpu.polls == 0
+
+
+def test_run_dirs_and_worker_logs_are_private(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import stat
+
+    sup = make(game("a", 100_000))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    state = tmp_path / "state"
+    for path, mode in (
+        (state, 0o700),
+        (state / "runs" / "a", 0o700),
+        (state / "logs", 0o700),
+        (state / "logs" / "a.log", 0o600),
+        (state / "rlsup.db", 0o600),
+    ):
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path
+
+
+def test_policy_seam_changes_modes_and_a_failing_policy_is_contained(make) -> None:  # type: ignore[no-untyped-def]
+    calls: list[float] = []
+
+    def policy(conn, cfg, now):  # type: ignore[no-untyped-def]
+        calls.append(now)
+        if len(calls) == 3:
+            modes.set_auto_mode(conn, cfg, "*", "heavy", ["calm for 1 h"], now)
+        if len(calls) == 4:
+            raise RuntimeError("policy bug")
+
+    sup = make(game("a", 100_000))
+    sup.policy = policy
+    spin(sup, lambda: (hb := sup.games["a"].heartbeat) is not None and hb.num_envs == 4)
+    assert len(calls) > 4
+    assert db.events(sup.conn, kind="scale_up")  # type: ignore[arg-type]
