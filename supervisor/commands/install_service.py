@@ -32,17 +32,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def exec_start() -> str:
-    """The absolute command that runs `rlsup` from this very environment."""
+def exec_start() -> tuple[str, str]:
+    """The absolute command that runs `rlsup` from this very environment, and the
+    Environment= line it needs (PYTHONPATH when the project is not pip-installed)."""
     script = Path(sys.executable).parent / "rlsup"
     if script.exists():
-        return shlex.quote(str(script))
-    return f"{shlex.quote(sys.executable)} -m supervisor.cli"
+        return shlex.quote(str(script)), ""
+    root = Path(__file__).resolve().parents[2]
+    return f"{shlex.quote(sys.executable)} -m supervisor.cli", f"Environment=PYTHONPATH={root}\n"
 
 
 def render(config: Path, stop_grace_s: float, user: bool) -> str:
+    command, environment = exec_start()
     return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
-        exec_start=exec_start(),
+        exec_start=command,
+        environment=environment,
         config=shlex.quote(str(config)),
         working_directory=str(config.parent),
         timeout_stop_s=int(stop_grace_s + 30),

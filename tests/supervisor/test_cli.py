@@ -90,6 +90,17 @@ def test_install_service_dry_run_prints_unit_and_commands(
     assert exec_line.split("=", 1)[1].startswith("/")
 
 
+def test_install_service_without_console_script_runs_the_module(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor.commands import install_service
+
+    monkeypatch.setattr(install_service.sys, "executable", "/opt/py/bin/python3")
+    unit = install_service.render(config, 60, user=False)
+    assert "ExecStart=/opt/py/bin/python3 -m supervisor.cli run --config" in unit
+    assert f"Environment=PYTHONPATH={REPO}" in unit
+
+
 def test_install_service_user_dry_run(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["install-service", "--user", "--dry-run", "--config", str(config)]) == 0
     out = capsys.readouterr().out
