@@ -15,7 +15,7 @@ import torch
 
 def capture() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": {"version": version, "internal": list(internal), "gauss": gauss},
         "numpy": {

@@ -130,7 +130,9 @@ class TrainingSession:
     # ---- loading -------------------------------------------------------------------------
     def _load_newest(self, store: CheckpointStore) -> LoadedCheckpoint | None:
         latest = store.latest()
-        self.hb.set_phase(Phase.LOADING, loading_deadline_s(_dir_bytes(latest and latest.path)))
+        self.hb.set_phase(
+            Phase.LOADING, loading_deadline_s(_dir_bytes(latest.path if latest else None))
+        )
         try:
             loaded = store.load_latest()
         except NoValidCheckpoint as exc:
