@@ -71,8 +71,20 @@ def default_games(fault_phase_s: float) -> list[GameDef]:
             "{ eval_episodes = 0, buffer_size = 20000, learning_starts = 1000, "
             "target_update_interval = 500 }",
         ),
-        GameDef("cartpole_ppo", "CartPole-v1", "ppo", int(STEPS_PER_FAULT_S["cartpole_ppo"] * scale), "{ eval_episodes = 0 }"),
-        GameDef("pong", "Pong-v5", "ppo", int(STEPS_PER_FAULT_S["pong"] * scale), "{ eval_episodes = 0, epochs = 1 }"),
+        GameDef(
+            "cartpole_ppo",
+            "CartPole-v1",
+            "ppo",
+            int(STEPS_PER_FAULT_S["cartpole_ppo"] * scale),
+            "{ eval_episodes = 0 }",
+        ),
+        GameDef(
+            "pong",
+            "Pong-v5",
+            "ppo",
+            int(STEPS_PER_FAULT_S["pong"] * scale),
+            "{ eval_episodes = 0, epochs = 1 }",
+        ),
     ]
 
 
@@ -123,6 +135,9 @@ class Fault:
     corrupted: dict[str, int] = field(default_factory=dict)  # game -> step made corrupt
     expect_resume: dict[str, int] = field(default_factory=dict)
     t_end: float | None = None  # disk_full: when space returned
+    inflight_from: dict[str, int] = field(
+        default_factory=dict
+    )  # game -> step when killed mid-write
     skipped: str | None = None
     recovery_s: float | None = None
     redone_steps: int | None = None
@@ -317,6 +332,9 @@ class Soak:
         self.cgroups: list[Path] = []
         self.disk_full_until: float = 0.0
         self._disk_fault: Fault | None = None
+        self._disk_timer: threading.Timer | None = None
+        self._disk_lock = threading.Lock()
+        self.corrupted: dict[str, set[int]] = {g: set() for g in self.game_names}
         self.t0 = time.monotonic()
         self.wall_s = 0.0
         self.final_rc: int | None = None
@@ -380,6 +398,8 @@ class Soak:
 
     def cleanup(self) -> None:
         """Kill what is left, unmount, remove cgroups: always, whatever happened."""
+        if self._disk_timer is not None:
+            self._disk_timer.cancel()
         for proc, _ in self.sups:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
@@ -469,7 +489,9 @@ class Soak:
             self.wait_all_healthy(240)
             plan = self.schedule()
             deadline = time.monotonic() + self.s.fault_phase_s
-            print(f"soak: {len(plan)} faults planned over ~{self.s.fault_phase_s:.0f} s", flush=True)
+            print(
+                f"soak: {len(plan)} faults planned over ~{self.s.fault_phase_s:.0f} s", flush=True
+            )
             for i, kind in enumerate(plan):
                 if time.monotonic() > deadline and len(self.faults) >= self.s.min_faults:
                     if "scale_auto" not in [f.kind for f in self.faults] and any(
@@ -499,9 +521,12 @@ class Soak:
             self.cleanup()
 
     def pace(self) -> None:
-        time.sleep(self.rng.uniform(1.0, 3.0))
-        if self.disk_full_until and time.monotonic() >= self.disk_full_until:
-            self.restore_disk()
+        time.sleep(self.rng.uniform(0.3, 1.2))
+
+    def wait_disk(self) -> None:
+        """Global faults wait for space to return (a full disk + restart is its own scenario)."""
+        while self.disk_full_until:
+            time.sleep(0.2)
 
     def all_done(self) -> bool:
         return all(self._done(g) for g in self.game_names)
@@ -530,9 +555,7 @@ class Soak:
                 if not self._done(g)
                 and self.monitor.healthy(g) is not None
                 and len(self.monitor.committed_steps(g)) >= need_ckpts
-                and not (
-                    self.disk_full_until and g == self.tmpfs_game
-                )  # its checkpoints fail now
+                and not (self.disk_full_until and g == self.tmpfs_game)  # its checkpoints fail now
                 and not (avoid_tmpfs and g == self.tmpfs_game)
             ]
             if ok:
@@ -545,13 +568,25 @@ class Soak:
         handler = getattr(self, f"_f_{kind}")
         return handler()  # type: ignore[no-any-return]
 
-    def _kill_worker(self, game: str, sig: int = signal.SIGKILL) -> int | None:
+    def _kill_worker(
+        self, game: str, sig: int = signal.SIGKILL, fault: Fault | None = None
+    ) -> int | None:
         life = self.monitor.current(game)
         if life is None:
             return None
+        staging = self._staging(game)
         with contextlib.suppress(ProcessLookupError):
             os.kill(life.pid, sig)
+        if fault is not None and staging and sig == signal.SIGKILL:
+            fault.inflight_from[game] = life.max_step
         return life.pid
+
+    def _staging(self, game: str) -> list[str]:
+        try:
+            root = self.monitor.run_dir(game) / "checkpoints"
+            return [e.name for e in os.scandir(root) if e.name.startswith(".staging-")]
+        except OSError:
+            return []
 
     def _wait_gone(self, pid: int, timeout: float = 10) -> None:
         deadline = time.monotonic() + timeout
@@ -567,9 +602,11 @@ class Soak:
         game = self.pick_game()
         if game is None:
             return None
-        t = time.monotonic()
-        pid = self._kill_worker(game)
-        return Fault("kill", [game], t, {game: pid} if pid else {})
+        fault = Fault("kill", [game], time.monotonic())
+        pid = self._kill_worker(game, fault=fault)
+        if pid:
+            fault.victims[game] = pid
+        return fault
 
     def _f_kill_staging(self) -> Fault | None:
         """SIGKILL while the worker writes a checkpoint (a `.staging-*` dir exists)."""
@@ -579,22 +616,22 @@ class Soak:
         life = self.monitor.current(game)
         if life is None:
             return None
-        root = self.monitor.run_dir(game) / "checkpoints"
         deadline = time.monotonic() + 4 * self.s.checkpoint_every_s + 10
         while time.monotonic() < deadline:
-            try:
-                staging = [e.name for e in os.scandir(root) if e.name.startswith(".staging-")]
-            except OSError:
-                staging = []
+            staging = self._staging(game)
             if staging:
                 t = time.monotonic()
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(life.pid, signal.SIGKILL)
-                return Fault("kill_staging", [game], t, {game: life.pid}, note=f"in {staging[0]}")
+                fault = Fault("kill_staging", [game], t, {game: life.pid}, note=f"in {staging[0]}")
+                fault.inflight_from[game] = life.max_step
+                return fault
             time.sleep(0.002)
-        t = time.monotonic()
-        pid = self._kill_worker(game)
-        return Fault("kill_staging", [game], t, {game: pid} if pid else {}, note="no staging seen")
+        fault = Fault("kill_staging", [game], time.monotonic(), note="no staging seen")
+        pid = self._kill_worker(game, fault=fault)
+        if pid:
+            fault.victims[game] = pid
+        return fault
 
     def _f_sigstop(self) -> Fault | None:
         game = self.pick_game()
@@ -648,10 +685,12 @@ class Soak:
             fault.note = f"{newest.name}/learner.pt bit flipped at byte {off}"
         fault.corrupted[game] = steps[-1]
         fault.expect_resume[game] = steps[-2]
+        self.corrupted[game].add(steps[-1])
         return fault
 
     def _f_supervisor_kill(self) -> Fault | None:
-        self.wait_all_healthy(60)
+        self.wait_disk()
+        self.wait_all_healthy(40)
         assert self.sup is not None
         victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
         t = time.monotonic()
@@ -662,7 +701,8 @@ class Soak:
         return Fault("supervisor_kill", list(victims), t, victims, note="workers left running")
 
     def _f_host_reboot(self) -> Fault | None:
-        self.wait_all_healthy(60)
+        self.wait_disk()
+        self.wait_all_healthy(40)
         assert self.sup is not None
         victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
         t = time.monotonic()
@@ -680,7 +720,9 @@ class Soak:
         self.boot_n += 1
         self.boot_file.write_text(f"soak-boot-{self.boot_n}\n")
         self.start_supervisor()
-        return Fault("host_reboot", list(victims), t, victims, note=f"boot id soak-boot-{self.boot_n}")
+        return Fault(
+            "host_reboot", list(victims), t, victims, note=f"boot id soak-boot-{self.boot_n}"
+        )
 
     def _f_scale_light(self) -> Fault | None:
         return self._scale("light")
@@ -689,18 +731,26 @@ class Soak:
         return self._scale("auto")
 
     def _scale(self, mode: str) -> Fault:
-        self.wait_all_healthy(60)
+        self.wait_disk()
+        self.wait_all_healthy(40)
         victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
         t = time.monotonic()
         done = self.rlsup("scale", "--mode", mode)
         fault = Fault(f"scale_{mode}", list(victims), t, victims, note=done.stdout.strip())
         if done.returncode != 0:
-            fault.problems.append(f"rlsup scale --mode {mode}: exit {done.returncode}: {done.stderr}")
+            fault.problems.append(
+                f"rlsup scale --mode {mode}: exit {done.returncode}: {done.stderr}"
+            )
         return fault
 
     def _f_disk_full(self) -> Fault | None:
         if self.tmpfs is None:
-            return Fault("disk_full", [self.tmpfs_game], time.monotonic(), skipped=self.skipped.get("disk_full"))
+            return Fault(
+                "disk_full",
+                [self.tmpfs_game],
+                time.monotonic(),
+                skipped=self.skipped.get("disk_full"),
+            )
         game = self.tmpfs_game
         deadline = time.monotonic() + 60
         while self.monitor.healthy(game) is None and time.monotonic() < deadline:
@@ -724,20 +774,25 @@ class Soak:
             {game: life.pid},
             note=f"tmpfs full ({st.f_bavail * st.f_frsize} bytes free)",
         )
-        self.disk_full_until = t + max(8.0, 5 * self.s.checkpoint_every_s)
+        full_s = max(8.0, 5 * self.s.checkpoint_every_s)
+        self.disk_full_until = t + full_s
         self._disk_fault = fault
+        self._disk_timer = threading.Timer(full_s, self.restore_disk)
+        self._disk_timer.daemon = True
+        self._disk_timer.start()
         return fault
 
     def restore_disk(self) -> None:
-        if not self.disk_full_until or self.tmpfs is None:
-            return
-        subprocess.run(["mount", "-o", "remount,size=128M", str(self.tmpfs)], check=False)
-        with contextlib.suppress(OSError):
-            (self.tmpfs / ".soak-ballast").unlink()
-        if self._disk_fault is not None:
-            self._disk_fault.t_end = time.monotonic()
-        self.disk_full_until = 0.0
-        subprocess.run(["mount", "-o", "remount,size=64M", str(self.tmpfs)], check=False)
+        """Space returns: grow the tmpfs (then drop the ballast)."""
+        with self._disk_lock:
+            if not self.disk_full_until or self.tmpfs is None:
+                return
+            subprocess.run(["mount", "-o", "remount,size=128M", str(self.tmpfs)], check=False)
+            if self._disk_fault is not None:
+                self._disk_fault.t_end = time.monotonic()
+            with contextlib.suppress(OSError):
+                (self.tmpfs / ".soak-ballast").unlink()
+            self.disk_full_until = 0.0
 
     def _f_oom(self) -> Fault | None:
         """Move a worker into a small memory cgroup (v2, else v1): the kernel OOM-kills it."""
@@ -780,10 +835,10 @@ class Soak:
         v2 = Path("/sys/fs/cgroup/cgroup.controllers")
         if v2.exists() and "memory" in v2.read_text():
             cg = Path("/sys/fs/cgroup") / name
-            limit_file, limit = "memory.max", "16M"
+            limit_file, limit = "memory.max", "8M"
         elif Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
             cg = Path("/sys/fs/cgroup/memory") / name
-            limit_file, limit = "memory.limit_in_bytes", str(16 << 20)
+            limit_file, limit = "memory.limit_in_bytes", str(8 << 20)
         else:
             return None, "no memory cgroup controller (neither cgroup v2 memory nor v1)"
         try:
@@ -848,10 +903,17 @@ class Soak:
                 return life
         return None
 
-    def _interval_steps(self, game: str, victim: WorkerLife | None) -> int:
-        """Steps between the victim's consecutive commits (its real checkpoint interval)."""
+    def _interval_steps(self, game: str, victim: WorkerLife | None, t_fault: float = 0.0) -> int:
+        """One checkpoint interval in steps, as the victim trained: the largest gap between its
+        consecutive commits, or what it trained in the last interval before the fault (plus
+        the heartbeat's one-second granularity) when its rate was higher then."""
         if victim is None:
             return 0
+        recent = 0
+        since = t_fault - self.s.checkpoint_every_s - 1.0
+        before = [st for t, st in victim.steps if t <= since]
+        if before:
+            recent = victim.max_step - before[-1]
         steps = [
             s
             for s in self.monitor.committed_steps(game)
@@ -859,13 +921,13 @@ class Soak:
         ]
         gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
         if gaps:
-            return max(gaps)
+            return max(*gaps, recent)
         # fewer than two commits: what it trained in one interval
         pts = victim.steps
         if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
             sps = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-            return int(sps * self.s.checkpoint_every_s * 2)
-        return 0
+            return max(recent, int(sps * self.s.checkpoint_every_s * 2))
+        return recent
 
     def _analyse_workers(self, f: Fault) -> None:
         recoveries: list[float] = []
@@ -888,8 +950,7 @@ class Soak:
                 f.problems.append(f"{game}: replacement pid {rep.pid} never moved global_step")
             resumed = rep.resumed_from_step
             before = self.monitor.committed_steps(game, before=rep.first_seen)
-            bad = set(f.corrupted.values()) if game in f.corrupted else set()
-            valid_before = [s for s in before if s not in bad]
+            valid_before = [s for s in before if s not in self.corrupted[game]]
             committed = valid_before[-1] if valid_before else None
             if game in f.expect_resume:
                 want = f.expect_resume[game]
@@ -918,14 +979,20 @@ class Soak:
             if victim is not None and resumed is not None:
                 redone = max(0, victim.max_step - resumed)
                 redone_total += redone
-                interval = self._interval_steps(game, victim)
+                interval = self._interval_steps(game, victim, f.t)
                 iteration = gdef.iteration_steps(max(victim.num_envs, 1))
-                allowed = interval * (2 if game in f.expect_resume else 1) + iteration
+                allowed = interval + iteration
+                why = f"one checkpoint interval ({interval}) + one iteration ({iteration})"
+                if game in f.expect_resume:  # the corrupt one is lost too
+                    lost = f.corrupted[game] - f.expect_resume[game]
+                    allowed += lost
+                    why += f" + the corrupted checkpoint's interval ({lost})"
+                if game in f.inflight_from:  # killed mid-write: the steps since its capture
+                    inflight = max(0, victim.max_step - f.inflight_from[game]) + iteration
+                    allowed += inflight
+                    why += f" + trained during the interrupted write (<= {inflight})"
                 if interval and redone > allowed:
-                    f.problems.append(
-                        f"{game}: redid {redone} steps after {f.kind}; allowed one checkpoint "
-                        f"interval ({interval}) + one iteration ({iteration}) = {allowed}"
-                    )
+                    f.problems.append(f"{game}: redid {redone} steps after {f.kind}; allowed {why}")
             if f.kind == "scale_light" and rep.num_envs != LIGHT_ENVS:
                 f.problems.append(f"{game}: num_envs {rep.num_envs} after scale light")
             if f.kind == "scale_auto" and rep.num_envs != MEDIUM_ENVS:
@@ -985,13 +1052,20 @@ class Soak:
             want.append(
                 (
                     "supervisor_start(after=supervisor_crash)",
-                    has("supervisor_start", None, lambda e: e["detail"].get("after") == "supervisor_crash"),
+                    has(
+                        "supervisor_start",
+                        None,
+                        lambda e: e["detail"].get("after") == "supervisor_crash",
+                    ),
                 )
             )
         elif f.kind.startswith("scale_"):
             mode = f.kind[6:]
             want.append(
-                (f"mode_pinned({mode})", has("mode_pinned", None, lambda e: e["detail"].get("mode") == mode))
+                (
+                    f"mode_pinned({mode})",
+                    has("mode_pinned", None, lambda e: e["detail"].get("mode") == mode),
+                )
             )
         for kind, ok in want:
             if not ok:
@@ -1019,7 +1093,9 @@ class Soak:
         conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
         try:
             integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
-            rows = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT game, state, reason FROM workers")}
+            rows = {
+                r[0]: (r[1], r[2]) for r in conn.execute("SELECT game, state, reason FROM workers")
+            }
         finally:
             conn.close()
         if integrity != "ok":
@@ -1030,7 +1106,9 @@ class Soak:
             if state != "done":
                 out.append(f"{g.name}: state {state} ({reason}), want done")
             if not steps or steps[-1] < g.total_steps:
-                out.append(f"{g.name}: newest checkpoint {steps[-1] if steps else None} < total_steps {g.total_steps}")
+                out.append(
+                    f"{g.name}: newest checkpoint {steps[-1] if steps else None} < total_steps {g.total_steps}"
+                )
         for g, most in self.monitor.most_workers.items():
             if most > 1:
                 out.append(f"{g}: {most} live workers at once: {self.monitor.duplicates[:3]}")
