@@ -13,6 +13,7 @@ table and one JSON line.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -210,9 +211,9 @@ class Monitor(threading.Thread):
         out = []
         for p in psutil.process_iter(["cmdline", "status"]):
             cmd = p.info["cmdline"] or []
-            if "supervisor.cli" in cmd and "run" in cmd and cfg in cmd:
-                if p.info["status"] != psutil.STATUS_ZOMBIE:
-                    out.append(p.pid)
+            alive = p.info["status"] != psutil.STATUS_ZOMBIE
+            if "supervisor.cli" in cmd and "run" in cmd and cfg in cmd and alive:
+                out.append(p.pid)
         return out
 
     def _scan_checkpoints(self, game: str, now: float) -> None:
@@ -737,6 +738,9 @@ class Soak:
         t = time.monotonic()
         done = self.rlsup("scale", "--mode", mode)
         fault = Fault(f"scale_{mode}", list(victims), t, victims, note=done.stdout.strip())
+        for pid in victims.values():  # the mode change restarts every worker: let it land
+            self._wait_gone(pid, 60)
+        self.wait_all_healthy(60)
         if done.returncode != 0:
             fault.problems.append(
                 f"rlsup scale --mode {mode}: exit {done.returncode}: {done.stderr}"
@@ -760,12 +764,11 @@ class Soak:
             return None
         t = time.monotonic()
         ballast = self.tmpfs / ".soak-ballast"
-        with contextlib.suppress(OSError):
-            with open(ballast, "wb") as f:
-                chunk = b"\0" * (1 << 20)
-                while True:
-                    f.write(chunk)
-                    f.flush()
+        with contextlib.suppress(OSError), open(ballast, "wb") as f:
+            chunk = b"\0" * (1 << 20)
+            while True:
+                f.write(chunk)
+                f.flush()
         st = os.statvfs(self.tmpfs)
         fault = Fault(
             "disk_full",
@@ -919,7 +922,7 @@ class Soak:
             for s in self.monitor.committed_steps(game)
             if victim.first_step is not None and s > victim.first_step and s <= victim.max_step
         ]
-        gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(steps)]
         if gaps:
             return max(*gaps, recent)
         # fewer than two commits: what it trained in one interval
@@ -1035,14 +1038,40 @@ class Soak:
 
         g = f.games[0] if f.games else None
         want: list[tuple[str, bool]] = []
+
+        def crash_of_victim(kinds: tuple[str, ...]) -> bool:
+            """The victim's worker_exit (by pid) with SIGKILL, then its crash event."""
+            vpid = f.victims.get(g or "")
+            exits = [
+                e for e in events if e["kind"] == "worker_exit" and e["detail"].get("pid") == vpid
+            ]
+            if not exits:
+                return False
+            ex = exits[0]
+            if ex["detail"].get("returncode") != -9:
+                f.problems.append(f"victim pid {vpid} exited {ex['detail'].get('returncode')}")
+            return any(
+                e["kind"] in kinds and e["game"] == g and ex["id"] < e["id"] <= ex["id"] + 3
+                for e in events
+            )
+
         if f.kind in ("kill", "kill_staging"):
-            want.append(("worker_crash", has("worker_crash", g)))
+            want.append(("worker_crash (of the victim pid)", crash_of_victim(("worker_crash",))))
         elif f.kind == "oom":
-            want.append(("worker_crash|worker_oom", has(("worker_crash", "worker_oom"), g)))
+            want.append(
+                ("worker_crash|worker_oom", crash_of_victim(("worker_crash", "worker_oom")))
+            )
         elif f.kind == "sigstop":
-            want.append(("worker_hang", has("worker_hang", g)))
+            want.append(
+                (
+                    "worker_hang",
+                    has(
+                        "worker_hang", g, lambda e: e["detail"].get("pid") == f.victims.get(g or "")
+                    ),
+                )
+            )
         elif f.kind.startswith("corrupt"):
-            want.append(("worker_crash", has("worker_crash", g)))
+            want.append(("worker_crash (of the victim pid)", crash_of_victim(("worker_crash",))))
             want.append(("checkpoint_corrupt", has("checkpoint_corrupt", g)))
         elif f.kind == "disk_full":
             want.append(("checkpoint_failed", has("checkpoint_failed", g)))
@@ -1107,11 +1136,12 @@ class Soak:
                 out.append(f"{g.name}: state {state} ({reason}), want done")
             if not steps or steps[-1] < g.total_steps:
                 out.append(
-                    f"{g.name}: newest checkpoint {steps[-1] if steps else None} < total_steps {g.total_steps}"
+                    f"{g.name}: newest checkpoint {steps[-1] if steps else None} "
+                    f"< total_steps {g.total_steps}"
                 )
-        for g, most in self.monitor.most_workers.items():
+        for name, most in self.monitor.most_workers.items():
             if most > 1:
-                out.append(f"{g}: {most} live workers at once: {self.monitor.duplicates[:3]}")
+                out.append(f"{name}: {most} live workers at once: {self.monitor.duplicates[:3]}")
         if self.monitor.most_supervisors > 1:
             out.append(f"{self.monitor.most_supervisors} supervisors alive at once")
         counts, pids = self.monitor.worker_processes()
