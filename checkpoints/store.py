@@ -254,6 +254,31 @@ class CheckpointStore:
             raise CheckpointError(f"cannot read MANIFEST.json: {exc}") from exc
         return parse_manifest(raw, ref.step)
 
+    def quarantine(self, step_or_ref: int | CheckpointRef, reason: str) -> Path:
+        """Move a committed checkpoint aside as `.corrupt-<name>-<unix time>` (kept for
+        forensics, never loaded again) and return its new path.
+
+        For a checkpoint that verifies but is known bad (e.g. workers crash right after loading
+        it). FileNotFoundError when no such committed checkpoint exists; OSError when the
+        rename fails (nothing moved then). Quarantining the only checkpoint makes the next
+        `load_latest()` raise NoValidCheckpoint: a loud failure, never a start from zero.
+        """
+        if isinstance(step_or_ref, CheckpointRef):
+            ref = step_or_ref
+        else:
+            ref = CheckpointRef(path=self.path_for(step_or_ref), step=step_or_ref)
+        if ref.path.parent != self.root or not _CKPT_RE.fullmatch(ref.path.name):
+            raise ValueError(f"{ref.path} is not a committed checkpoint of {self.root}")
+        if not ref.path.is_dir():
+            raise FileNotFoundError(f"no committed checkpoint {ref.path}")
+        dest = self._corrupt_name(ref.path.name)
+        _retry.rename(ref.path, dest)
+        fsync_dir(self.root)
+        self.log.warning(
+            "checkpoint_quarantined", path=str(ref.path), reason=reason, moved_to=str(dest)
+        )
+        return dest
+
     def _quarantine(self, ref: CheckpointRef, reason: str) -> None:
         dest = self._corrupt_name(ref.path.name)
         try:

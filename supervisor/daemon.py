@@ -23,9 +23,10 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import structlog
 
-from supervisor import db, modes
+from checkpoints.store import CheckpointStore
+from supervisor import db, modes, scaling, vitals
 from supervisor.config import Config, ConfigError, GameSpec, ModeSpec, load_config, worker_config
-from supervisor.gpu import GpuProbe, NvmlProbe
+from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
 from supervisor.launcher import Launcher, WorkerProcess, find_leftover, stop_leftovers
 from supervisor.restart import (
     ExitInfo,
@@ -43,6 +44,11 @@ from training import protocol
 log = structlog.get_logger("rlsup.supervisor")
 S = WorkerState
 _NO_PROGRESS_PHASES = frozenset({"starting", "training"})
+VITALS_EVERY_S = 5.0
+SAMPLES_EVERY_S = 60.0
+SAMPLES_KEEP_S = 7 * 24 * 3600.0
+SAMPLES_MAX_ROWS = 10_080  # a week at one row a minute
+LOAD_CRASHES_TO_QUARANTINE = 2
 
 
 class LockHeld(RuntimeError):
@@ -92,6 +98,11 @@ class GameRuntime:
     seen_quarantined: set[str] = field(default_factory=set)
     spawn_wall: float = 0.0
     gpu_wait_since: float | None = None  # monotonic; waiting for free GPU memory
+    gpu_peak_mb: dict[tuple[int, int | str, int], float] = field(default_factory=dict)
+    checkpoint_failures: int = 0  # the current worker's heartbeat counter, as last seen
+    killed: bool = False  # the supervisor sent the current worker SIGKILL
+    # checkpoint step -> crashes of workers that resumed from it and committed nothing newer
+    load_crashes: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,7 +113,15 @@ class Flags:
 
 # The stability policy's seam: called once a tick (before modes are applied) with the state
 # connection, the config and the wall clock; it changes modes via modes.set_auto_mode().
+# Default: scaling.StabilityPolicy. An optional `request()` makes it run at its next call.
 PolicyStep = Callable[[sqlite3.Connection, Config, float], None]
+_DEFAULT = "default"
+
+
+def gate_config(cfg: Config) -> GateConfig:
+    return GateConfig(
+        min_free_mb=cfg.gpu.min_free_mb, poll_s=cfg.gpu.poll_s, timeout_s=cfg.gpu.timeout_s
+    )
 
 
 class Supervisor:
@@ -116,8 +135,9 @@ class Supervisor:
         exit_when_done: bool = False,
         notifier: Notifier | None = None,
         cores: int | None = None,
-        gpu_probe: GpuProbe | None = None,
-        policy: PolicyStep | None = None,
+        gpu_probe: NvmlLike | None = None,
+        policy: PolicyStep | str | None = _DEFAULT,
+        sampler: vitals.VitalsSampler | None = None,
     ) -> None:
         self.cfg = cfg
         self.launcher = launcher or Launcher()
@@ -127,10 +147,20 @@ class Supervisor:
         self.notifier = notifier or Notifier()
         self.cores = cores or len(os.sched_getaffinity(0))
         self.flags = Flags()
-        self.gpu = gpu_probe or NvmlProbe()
-        self.policy = policy
-        self._gpu_free: float | None = None
-        self._gpu_next_poll = 0.0
+        # One NVML probe: the vitals sampler's GPU readings and the GPU gate's free memory.
+        self.probe: NvmlLike = gpu_probe if gpu_probe is not None else vitals.NvmlProbe()
+        self.sampler = sampler or vitals.VitalsSampler(
+            cfg.state_dir,
+            VITALS_EVERY_S,
+            probe=self.probe if isinstance(self.probe, vitals.NvmlProbe) else None,
+        )
+        self.gate = GpuGate(self.probe, gate_config(cfg))
+        # policy: the stability policy by default; None turns automatic scaling off.
+        self.policy: PolicyStep | None = (
+            scaling.StabilityPolicy(self.sampler.latest) if isinstance(policy, str) else policy
+        )
+        self._next_sample = 0.0
+        self._last_sample_ts: float | None = None
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}
         self.conn: sqlite3.Connection | None = None
@@ -165,7 +195,12 @@ class Supervisor:
         self.boot_id = db.read_boot_id()
         outcome = db.record_boot(self.conn, self.boot_id, now_wall, psutil.boot_time())
         leftovers = self._stop_leftovers() if outcome.same_boot else []
-        modes.ensure_initial_mode(self.conn, self.cfg, now_wall)
+        host_mode = modes.resume_host_mode(self.conn, self.cfg, now_wall)
+        if any(g.device != "cpu" for g in self.cfg.games):
+            # CUDA workers: expandable segments (less fragmentation) unless the operator chose.
+            # The launcher passes the supervisor's environment on.
+            os.environ.update(worker_env(os.environ))
+        self.sampler.start()
         me = psutil.Process()
         with db.transaction(self.conn):
             db.set_supervisor(
@@ -202,6 +237,7 @@ class Supervisor:
                     "downtime_s": outcome.downtime_s,
                     "leftover_workers_stopped": leftovers,
                     "config": str(self.cfg.path),
+                    "host_mode": host_mode,
                 },
                 now_wall,
             )
@@ -258,8 +294,7 @@ class Supervisor:
                     os.close(fd)
         self.selector.close()
         self.notifier.close()
-        if isinstance(self.gpu, NvmlProbe):
-            self.gpu.close()
+        self.sampler.stop()
         if self.conn is not None:
             self.conn.close()
 
@@ -308,6 +343,7 @@ class Supervisor:
         self.reap(now)
         if not self.stopping:
             self.observe(now)
+            self.record_vitals(now)
             self.run_policy()
             self.apply_modes(now)
             self.schedule(now)
@@ -333,6 +369,27 @@ class Supervisor:
             # A policy bug must not stop supervision: keep the modes as they are.
             log.exception("policy_failed")
 
+    def _poke_policy(self) -> None:
+        request = getattr(self.policy, "request", None)
+        if callable(request):
+            request()
+
+    def record_vitals(self, now: float) -> None:
+        """The sampler's latest reading into `samples` about once a minute; keep a week."""
+        if now < self._next_sample:
+            return
+        latest = self.sampler.latest()
+        if latest is None or latest.ts == self._last_sample_ts:
+            return
+        self._next_sample = now + SAMPLES_EVERY_S
+        self._last_sample_ts = latest.ts
+        assert self.conn is not None
+        data = json.dumps(vitals.to_json(latest), allow_nan=False)
+        with db.transaction(self.conn):
+            self.conn.execute("INSERT INTO samples(ts, data) VALUES (?, ?)", (latest.ts, data))
+            self.conn.execute(vitals.prune_older_sql(), (latest.ts - SAMPLES_KEEP_S,))
+            self.conn.execute(vitals.prune_sql(SAMPLES_MAX_ROWS))
+
     def _all(self) -> list[GameRuntime]:
         return [*self.games.values(), *self.removed.values()]
 
@@ -344,6 +401,9 @@ class Supervisor:
             rt.spec.name, rt.state, target, reason, pid=pid, restarts=rt.restarts, **detail
         )
         rt.state, rt.reason, rt.state_since = target, reason, self.wall()
+        if target in (S.EXITED, S.STOPPED, S.FATAL, S.DONE):
+            self.gate.clear(rt.spec.name)  # the worker is gone or its wait is abandoned
+            rt.gpu_wait_since = None
         if tr.kind != "worker_state":
             self.event(
                 tr.kind,
@@ -386,6 +446,8 @@ class Supervisor:
             "exit": str(info.kind),
             "uptime_s": round(uptime, 3),
         }
+        if rt.killed:
+            detail["killed_by_supervisor"] = True
         if rt.heartbeat is not None:
             detail["global_step"] = rt.heartbeat.global_step
             detail["last_checkpoint_step"] = rt.heartbeat.last_checkpoint_step
@@ -399,6 +461,7 @@ class Supervisor:
         rt.proc, rt.kill_at = None, None
         stop_reason, rt.stop_reason = rt.stop_reason, None
         self._after_exit(rt, info, error, stop_reason, uptime, now)
+        rt.killed = False
 
     def _after_exit(
         self,
@@ -437,8 +500,17 @@ class Supervisor:
                         "error_kind": (error or {}).get("kind"),
                         "message": (error or {}).get("message"),
                         "traceback": (error or {}).get("traceback"),
+                        "uptime_s": round(uptime, 3),
+                        **({"killed_by_supervisor": True} if rt.killed else {}),
                     },
                 )
+            if info.kind is ExitKind.CRASH or (
+                info.kind is ExitKind.SIGNALED and info.returncode != -signal.SIGKILL
+            ):
+                # Not OOMs or SIGKILLs (the kernel's OOM killer, an operator): size and
+                # memory problems, no evidence against the checkpoint.
+                self._count_load_crash(rt)
+            self._poke_policy()  # an OOM right after start steps down before the restart
             self._failure(rt, f"{cause}: {info.description}", uptime, now)
 
     def _failure(self, rt: GameRuntime, why: str, uptime: float, now: float) -> None:
@@ -460,6 +532,53 @@ class Supervisor:
         self._set(
             rt, S.BACKOFF, why, delay_s=round(delay, 3), failures=len(rt.failures), budget=r.budget
         )
+
+    def _count_load_crash(self, rt: GameRuntime) -> None:
+        """A crash right after loading a checkpoint counts against that checkpoint: after
+        LOAD_CRASHES_TO_QUARANTINE such crashes it is quarantined, so the next start resumes
+        from the previous one (ARCHITECTURE §2). "Right after" = the worker committed nothing
+        newer than the checkpoint it resumed from (and no checkpoint write had failed, which
+        would explain that instead)."""
+        hb = rt.heartbeat
+        if hb is None:
+            return
+        step = hb.resumed_from_step
+        if step is None and hb.phase == "loading":
+            step = latest_checkpoint_step(self.cfg.run_dir(rt.spec.name))  # died loading it
+        if step is None or step < 0 or hb.checkpoint_failures:
+            return
+        if hb.last_checkpoint_step is not None and hb.last_checkpoint_step > step:
+            return
+        rt.load_crashes[step] = rt.load_crashes.get(step, 0) + 1
+        if rt.load_crashes[step] >= LOAD_CRASHES_TO_QUARANTINE:
+            self._quarantine_checkpoint(rt, step, rt.load_crashes.pop(step))
+
+    def _quarantine_checkpoint(self, rt: GameRuntime, step: int, crashes: int) -> None:
+        name = rt.spec.name
+        store = CheckpointStore(self.cfg.run_dir(name) / protocol.CHECKPOINT_DIR)
+        others = [r.step for r in store.committed() if r.step != step]
+        reason = "worker crashed twice right after loading it"
+        detail: dict[str, Any] = {"step": step, "reason": reason, "crashes": crashes}
+        try:
+            moved = store.quarantine(step, reason)
+        except OSError as exc:
+            detail["error"] = f"could not quarantine it: {exc}"
+            self.event("checkpoint_corrupt", name, detail)
+            log.error("checkpoint_quarantine_failed", game=name, step=step, error=str(exc))
+            return
+        detail["checkpoint"] = protocol.CHECKPOINT_DIR + "/" + moved.name
+        if others:
+            detail["resume_from_step"] = max(others)
+            log.warning("checkpoint_quarantined", game=name, step=step, moved_to=str(moved))
+        else:
+            detail["only_checkpoint"] = True
+            detail["warning"] = (
+                "it was the only checkpoint: the worker will refuse to start "
+                "(no_valid_checkpoint) rather than silently start from zero; remove "
+                f"{moved} to deliberately start over"
+            )
+            log.error("checkpoint_quarantined_only_one", game=name, step=step, moved_to=str(moved))
+        self.event("checkpoint_corrupt", name, detail)
 
     def _checkpoint_events(self, rt: GameRuntime, error: dict[str, Any] | None) -> None:
         """The worker's error.json, when it is about checkpoints, becomes its own event."""
@@ -536,6 +655,29 @@ class Supervisor:
             if name not in rt.seen_quarantined:
                 rt.seen_quarantined.add(name)
                 self.event("checkpoint_corrupt", rt.spec.name, {"checkpoint": name})
+        if hb.checkpoint_failures > rt.checkpoint_failures:
+            rt.checkpoint_failures = hb.checkpoint_failures
+            self.event(
+                "checkpoint_failed",
+                rt.spec.name,
+                {
+                    "error": hb.last_checkpoint_error,
+                    "step": hb.global_step,
+                    "failures": hb.checkpoint_failures,
+                    "last_checkpoint_step": hb.last_checkpoint_step,
+                },
+            )
+            log.warning("checkpoint_failed", game=rt.spec.name, error=hb.last_checkpoint_error)
+        if (
+            hb.resumed_from_step is not None
+            and hb.last_checkpoint_step is not None
+            and hb.last_checkpoint_step > hb.resumed_from_step
+        ):
+            rt.load_crashes.clear()  # it got past its checkpoint: that one is fine
+        if hb.gpu_mem_mb is not None and rt.mode is not None:
+            sizes = rt.mode.sizes()
+            rt.gpu_peak_mb[sizes] = max(rt.gpu_peak_mb.get(sizes, 0.0), hb.gpu_mem_mb)
+            self.gate.clear(rt.spec.name)  # its memory is now visible to NVML
         rt.heartbeat = hb
 
     def _hang_reason(self, rt: GameRuntime, now: float) -> str | None:
@@ -578,6 +720,7 @@ class Supervisor:
                     reason=f"no exit within the grace after SIGTERM ({rt.stop_reason})",
                 )
                 self.launcher.kill(rt.proc)
+                rt.killed = True
                 rt.kill_at = now + 3600  # once
 
     def begin_shutdown(self, now: float, why: str) -> None:
@@ -644,43 +787,54 @@ class Supervisor:
             self.spawn(rt, threads, now)
 
     def _gpu_gate(self, rt: GameRuntime, now: float) -> bool:
-        """May this game's worker start now? CPU games always; GPU games once free memory
-        covers gpu.min_free_mb (a dead worker's memory may not be reclaimed yet), or past
-        gpu.timeout_s at one rung lower."""
+        """May this game's worker start now? CPU games always. CUDA (or auto) games once the
+        GPU's free memory covers their need (the observed peak at this mode plus a margin,
+        else gpu.min_free_mb), or past gpu.timeout_s at one rung lower. Without an NVIDIA
+        driver the gate always says start."""
         if rt.spec.device == "cpu":
-            return True
-        g = self.cfg.gpu
-        if now >= self._gpu_next_poll:
-            self._gpu_free = self.gpu.free_mb()
-            self._gpu_next_poll = now + g.poll_s
-        free = self._gpu_free
-        if free is None or free >= g.min_free_mb:
-            rt.gpu_wait_since = None
             return True
         assert self.conn is not None
         name = rt.spec.name
-        if rt.gpu_wait_since is None:
-            rt.gpu_wait_since = now
-            self.event("gpu_wait", name, {"free_mb": round(free), "need_mb": g.min_free_mb})
-            log.info("gpu_wait", game=name, free_mb=round(free), need_mb=g.min_free_mb)
-            return False
-        if now - rt.gpu_wait_since < g.timeout_s:
-            return False
         current = modes.effective_mode(self.conn, self.cfg, name)
         lighter = modes.one_rung_lower(self.cfg, current)
-        reason = f"GPU free memory {free:.0f} MiB < {g.min_free_mb:g} MiB for {g.timeout_s:g} s"
+        pinned = modes.is_pinned(self.conn, name) or modes.is_pinned(self.conn, modes.HOST)
+        need = need_mb(self.gate.cfg, rt.gpu_peak_mb.get(current.sizes()))
+        result = self.gate.check(name, need, now, at_floor=lighter is None or pinned)
+        if result.action == "start":
+            if rt.gpu_wait_since is not None:
+                log.info("gpu_ready", game=name, reason=result.reason)
+            rt.gpu_wait_since = None
+            return True
+        if result.action == "wait":
+            if rt.gpu_wait_since is None:
+                rt.gpu_wait_since = now
+                self.event(
+                    "gpu_wait",
+                    name,
+                    {
+                        "reason": result.reason,
+                        "free_mb": _round(result.free_mb),
+                        "need_mb": round(result.need_mb),
+                        "mode": current.name,
+                    },
+                )
+                log.info("gpu_wait", game=name, reason=result.reason)
+            return False
+        # fallback: one rung lower, now
+        assert lighter is not None
         self.event(
             "gpu_wait",
             name,
             {
                 "timed_out": True,
-                "free_mb": round(free),
+                "reason": result.reason,
+                "free_mb": _round(result.free_mb),
+                "need_mb": round(result.need_mb),
                 "from": current.name,
-                "to": lighter.name if lighter else current.name,
+                "to": lighter.name,
             },
         )
-        if lighter is not None and not modes.is_pinned(self.conn, name):
-            modes.set_auto_mode(self.conn, self.cfg, name, lighter.name, [reason])
+        modes.set_auto_mode(self.conn, self.cfg, name, lighter.name, [result.reason])
         rt.gpu_wait_since = None
         return True
 
@@ -709,6 +863,7 @@ class Supervisor:
         rt.proc, rt.mode, rt.heartbeat = proc, mode, None
         rt.seq_at = rt.step_at = rt.phase_at = now
         rt.first_step, rt.progressed, rt.stop_reason, rt.kill_at = None, False, None, None
+        rt.checkpoint_failures, rt.killed = 0, False
         rt.spawn_wall = self.wall()
         self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
         self._set(
@@ -736,6 +891,7 @@ class Supervisor:
             new = _replace_state_dir(new, self.cfg.state_dir)
         old_names = set(self.games)
         self.cfg = new
+        self.gate.cfg = gate_config(new)
         for g in new.games:
             if g.name in self.games:
                 self.games[g.name].spec = g
@@ -749,7 +905,7 @@ class Supervisor:
                 self.request_stop(rt, "removed", now + new.stop_grace_s)
         self.games = {g.name: self.games[g.name] for g in new.games}
         assert self.conn is not None
-        modes.ensure_initial_mode(self.conn, new, self.wall())
+        modes.resume_host_mode(self.conn, new, self.wall())
         self.event("config_reload", None, {"path": str(new.path), "games": list(self.games)})
         log.info("config_reload", games=list(self.games))
 
@@ -801,6 +957,10 @@ class Supervisor:
         if text != self._last_status:
             self.notifier.status(text)
             self._last_status = text
+
+
+def _round(x: float | None) -> int | None:
+    return None if x is None else round(x)
 
 
 def _replace_state_dir(cfg: Config, state_dir: Path) -> Config:

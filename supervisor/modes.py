@@ -13,6 +13,7 @@ import time
 
 from supervisor import db
 from supervisor.config import Config, ModeSpec
+from supervisor.stability import resume_mode
 
 HOST = db.HOST_SCOPE
 AUTO = "auto"
@@ -70,6 +71,24 @@ def ensure_initial_mode(conn: sqlite3.Connection, cfg: Config, now: float | None
         db.set_mode(
             conn, HOST, cfg.initial_mode, time.time() if now is None else now, "initial_mode"
         )
+
+
+def resume_host_mode(conn: sqlite3.Connection, cfg: Config, now: float | None = None) -> str:
+    """On (re)start, a reboot included: the persisted host mode, never above the ceiling.
+
+    `initial_mode` applies only when nothing valid was persisted: a host stepped down because
+    it kept rebooting must not climb back by rebooting again. `modes.since` is kept (the
+    policy's cooldown and calm clocks survive restarts) unless the mode has to change.
+    """
+    now = time.time() if now is None else now
+    ensure_initial_mode(conn, cfg, now)
+    current = db.get_mode(conn, HOST)
+    persisted = current[0] if current else None
+    ceiling = cfg.stability.ceiling or cfg.mode_names[-1]
+    mode = resume_mode(cfg.mode_names, persisted, cfg.initial_mode, ceiling)
+    if mode != persisted:
+        set_auto_mode(conn, cfg, HOST, mode, [f"resumed at most at the ceiling ({ceiling})"], now)
+    return mode
 
 
 def is_pinned(conn: sqlite3.Connection, scope: str) -> bool:

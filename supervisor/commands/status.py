@@ -28,8 +28,9 @@ Times are Unix seconds (float), durations are seconds (`*_s`); unknown values ar
         "unexpected_reboots_total": int,
         "observed_s": float|null,  # since the first boot the database saw
         "uptime_fraction_7d": float|null,  # supervisor-observed up time, last 7 days
-        "uptime_fraction_7d": float|null,  # supervisor-observed up time over the last 7 d
-        "mtbf_s": float|null,  # up time / (host reboots + supervisor crashes); null if none
+        "mtbf_s": float|null,  # mean time between failures: unexpected host reboots and
+                               # supervisor crashes (observed up time / their count);
+                               # null while there was none (db.mtbf_s)
         "cpu_pct": float|null, "ram_available_pct": float|null,
         "vitals_age_s": float|null,  # age of the supervisor's sample (null: read live now)
         "gpus": [{"index", "mem_used_mb", "mem_total_mb", "util_pct", "temp_c", "power_w"}]
@@ -248,7 +249,8 @@ def _host_boot_time() -> float | None:
 
 
 def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
-    """Unexpected reboots (host_reboot events) in 24 h / 7 d and MTBF, from db's helpers."""
+    """Unexpected reboots (host_reboot events) in 24 h / 7 d, from db's helpers, and MTBF:
+    mean time between failures: unexpected host reboots and supervisor crashes (db.mtbf_s)."""
     out: dict[str, Any] = {
         "unexpected_reboots_24h": 0,
         "unexpected_reboots_7d": 0,

@@ -1,7 +1,12 @@
 """A stand-in worker (no torch) that honours training.protocol, for fast daemon-loop tests.
 
 Heart-beats every 0.05 s, advances global_step by num_envs per beat, exits 0 at total_steps,
-75 on SIGTERM. `<run_dir>/fake.json` can script a failure: {"exit": 78, "message": "..."}.
+75 on SIGTERM. `<run_dir>/fake.json` can script a failure: {"exit": 78, "message": "..."};
+{"oom_above_envs": N}: exit 76 (OOM) when started with more than N envs;
+{"checkpoint_failures": N, "last_checkpoint_error": "..."}: report failed checkpoint writes;
+{"resume_from_checkpoints": true}: resume from the newest `checkpoints/ckpt-*` directory
+(like the real worker: none left but `.corrupt-*` ones -> exit 78 no_valid_checkpoint), and
+crash (exit 1) right after loading one that holds a file named POISON.
 """
 
 from __future__ import annotations
@@ -24,13 +29,22 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     script = json.loads((run / "fake.json").read_text()) if (run / "fake.json").exists() else {}
     if "exit" in script:
-        (run / ERROR_FILE).write_text(
-            json.dumps({"kind": script.get("kind", "config"), "message": script.get("message", "")})
-        )
-        return int(script["exit"])
+        return fail(run, int(script["exit"]), script.get("kind", "config"), script.get("message"))
+    if cfg.num_envs > script.get("oom_above_envs", cfg.num_envs):
+        return fail(run, 76, "oom", f"CUDA out of memory at {cfg.num_envs} envs")
     progress = run / "progress.txt"
     step = int(progress.read_text()) if progress.exists() else 0
-    resumed = step
+    resumed: int | None = step
+    last_ckpt: int | None = step
+    poisoned = False
+    if script.get("resume_from_checkpoints"):
+        ckpts = run / "checkpoints"
+        names = sorted(p.name for p in ckpts.glob("ckpt-*")) if ckpts.is_dir() else []
+        if not names and ckpts.is_dir() and any(ckpts.glob(".corrupt-*")):
+            return fail(run, 78, "no_valid_checkpoint", "checkpoints exist but none verifies")
+        resumed = last_ckpt = int(names[-1][5:]) if names else None
+        step = resumed or 0
+        poisoned = bool(names) and (ckpts / names[-1] / "POISON").exists()
     seq = 0
     while True:
         seq += 1
@@ -45,23 +59,32 @@ def main() -> int:
             "episodes": 0,
             "sps": 1.0,
             "mean_return": None,
-            "last_checkpoint_step": step,
+            "last_checkpoint_step": last_ckpt if script.get("resume_from_checkpoints") else step,
             "resumed_from_step": resumed,
             "num_envs": cfg.num_envs,
             "batch_size": cfg.batch_size,
             "device": "cpu",
             "gpu_mem_mb": None,
             "threads": cfg.threads,
+            "checkpoint_failures": script.get("checkpoint_failures", 0),
+            "last_checkpoint_error": script.get("last_checkpoint_error"),
         }
         tmp = run / "hb.tmp"
         tmp.write_text(json.dumps(hb))
         os.replace(tmp, run / HEARTBEAT_FILE)
         progress.write_text(str(step))
+        if poisoned:
+            return 1  # crashed right after loading the checkpoint
         if step >= cfg.total_steps:
             return 0
         if stop:
             return 75
         time.sleep(0.05)
+
+
+def fail(run: Path, code: int, kind: str, message: str | None) -> int:
+    (run / ERROR_FILE).write_text(json.dumps({"kind": kind, "message": message or ""}))
+    return code
 
 
 if __name__ == "__main__":

@@ -96,11 +96,13 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Super
 
 
 class FakeGpu:
+    """`gpugate.NvmlLike`, faked at the NVML seam."""
+
     def __init__(self, free: float | None) -> None:
         self.free = free
         self.polls = 0
 
-    def free_mb(self) -> float | None:
+    def free_mb(self, index: int) -> float | None:
         self.polls += 1
         return self.free
 

@@ -1,0 +1,158 @@
+"""The stability policy wired to the state database: the daemon's `PolicyStep`.
+
+`stability.decide` is pure; this module feeds it and applies what it decides:
+
+- incidents: the `events` table within `stability.window_s` (wall clock, so they outlive
+  reboots), each through `stability.incident_from_event`;
+- scopes: '*' and every configured game. A scope's mode is its pin (`desired`, pinned) or its
+  `modes` row; a game without a row passes the host's mode and the host's last change.
+  `last_change` is the persisted `modes.since`, never reset by a supervisor start;
+- vitals: the sampler's latest reading.
+
+Each 'down' / 'up' goes through `modes.set_auto_mode`, which writes `modes` and emits
+scale_down / scale_up naming the scope, the rungs and the causes. 'stay' decisions are logged
+only when their causes change. The step runs every `every_s` (wall clock) and at once after
+`request()` (the daemon calls it when a worker fails, so an early OOM steps its game down
+before the restart, and the restart happens at the new size).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from supervisor import db, modes
+from supervisor.config import Config
+from supervisor.stability import (
+    HOST,
+    Decision,
+    Incident,
+    PolicyConfig,
+    ScopeState,
+    Vitals,
+    decide,
+    incident_from_event,
+)
+
+log = structlog.get_logger("rlsup.scaling")
+
+INCIDENT_KINDS = ["host_reboot", "worker_crash", "worker_oom", "worker_hang"]
+MAX_EVERY_S = 5.0
+
+
+def policy_config(cfg: Config) -> PolicyConfig:
+    s = cfg.stability
+    return PolicyConfig(
+        ceiling=s.ceiling or cfg.mode_names[-1],
+        window_s=s.window_s,
+        calm_s=s.calm_s,
+        cooldown_s=s.cooldown_s,
+        min_ram_available_pct=s.min_ram_available_pct,
+        max_gpu_temp_c=s.max_gpu_temp_c,
+    )
+
+
+def policy_every_s(cfg: Config) -> float:
+    """How often the policy runs: every 5 s, sooner when the cooldown is test-sized."""
+    return max(cfg.tick_s, min(MAX_EVERY_S, cfg.stability.cooldown_s / 4))
+
+
+def incidents(conn: sqlite3.Connection, now: float, window_s: float) -> list[Incident]:
+    out = []
+    for e in db.events(conn, since=now - window_s, kind=INCIDENT_KINDS):
+        incident = incident_from_event(e.ts, e.kind, e.game, e.detail)
+        if incident is not None:
+            out.append(incident)
+    return out
+
+
+def _scope_state(
+    conn: sqlite3.Connection, cfg: Config, scope: str, fallback: ScopeState | None
+) -> ScopeState:
+    desired = db.get_desired(conn, scope)
+    row = db.get_mode(conn, scope)
+    row_mode = row[0] if row and row[0] in cfg.mode_names else None
+    if desired and desired[1] and desired[0] in cfg.mode_names:
+        since = row[1] if row else (fallback.last_change if fallback else None)
+        return ScopeState(scope, desired[0], True, since)
+    if row_mode is not None:
+        assert row is not None
+        return ScopeState(scope, row_mode, False, row[1])
+    if fallback is not None:  # a game without a row passes the host's mode
+        return ScopeState(scope, fallback.mode, False, fallback.last_change)
+    return ScopeState(scope, cfg.initial_mode, False, None)
+
+
+def scope_states(conn: sqlite3.Connection, cfg: Config) -> list[ScopeState]:
+    """'*' first, then every configured game."""
+    host = _scope_state(conn, cfg, HOST, None)
+    unpinned_host = host
+    if host.pinned:  # games without their own row follow the host's automatic mode
+        row = db.get_mode(conn, HOST)
+        mode = row[0] if row and row[0] in cfg.mode_names else cfg.initial_mode
+        unpinned_host = ScopeState(HOST, mode, False, host.last_change)
+    return [host, *(_scope_state(conn, cfg, g.name, unpinned_host) for g in cfg.games)]
+
+
+def step(
+    conn: sqlite3.Connection, cfg: Config, vitals: Vitals | None, now: float
+) -> list[Decision]:
+    """One policy step: decide, then apply every down/up. Returns all decisions."""
+    pcfg = policy_config(cfg)
+    decisions = decide(
+        cfg.mode_names,
+        scope_states(conn, cfg),
+        incidents(conn, now, pcfg.window_s),
+        vitals,
+        pcfg,
+        now,
+    )
+    for d in decisions:
+        if d.action in ("down", "up"):
+            changed = modes.set_auto_mode(conn, cfg, d.scope, d.to_mode, list(d.causes), now)
+            if changed:
+                log.warning(
+                    "scale_down" if d.action == "down" else "scale_up",
+                    scope=d.scope,
+                    from_mode=d.from_mode,
+                    to_mode=d.to_mode,
+                    causes=list(d.causes),
+                )
+    return decisions
+
+
+class StabilityPolicy:
+    """The daemon's policy step (`PolicyStep`): `policy(conn, cfg, now_wall)` once a tick."""
+
+    def __init__(
+        self,
+        latest_vitals: Callable[[], Vitals | None],
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.latest_vitals = latest_vitals
+        self.every_s = every_s
+        self.clock = clock
+        self._next = 0.0
+        self._stay_causes: dict[str, tuple[str, ...]] = {}
+        self.last_decisions: Sequence[Decision] = ()
+
+    def request(self) -> None:
+        """Run at the next call (a worker just failed)."""
+        self._next = 0.0
+
+    def __call__(self, conn: sqlite3.Connection, cfg: Config, now: float) -> None:
+        mono = self.clock()
+        if mono < self._next:
+            return
+        self._next = mono + (self.every_s if self.every_s is not None else policy_every_s(cfg))
+        self.last_decisions = step(conn, cfg, self.latest_vitals(), now)
+        for d in self.last_decisions:
+            if d.action != "stay":
+                self._stay_causes.pop(d.scope, None)
+            elif self._stay_causes.get(d.scope) != d.causes:
+                self._stay_causes[d.scope] = d.causes
+                log.info("policy_stay", scope=d.scope, mode=d.from_mode, causes=list(d.causes))

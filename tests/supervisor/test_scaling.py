@@ -1,0 +1,326 @@
+"""The stability policy wired into the daemon (scaling.StabilityPolicy), the GPU gate at the
+NVML seam with a fake clock, the persisted mode across a reboot, and the crash-right-after-load
+quarantine: real (torch-free) stand-in worker processes, fakes only at NVML and the clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoints import CheckpointStore
+from supervisor import db, modes, scaling
+from supervisor.config import load_config
+from supervisor.daemon import Supervisor
+from supervisor.gpugate import ALLOC_CONF
+from supervisor.launcher import Launcher
+from supervisor.states import WorkerState as S
+from tests.supervisor.helpers import REPO
+
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = """\
+state_dir = "state"
+stop_grace_s = 5
+tick_s = 0.05
+initial_mode = "{initial}"
+[modes.light]
+num_envs = 2
+batch_size = 2
+n_steps = 4
+max_concurrent = 4
+[modes.heavy]
+num_envs = 4
+batch_size = 4
+n_steps = 4
+max_concurrent = 4
+{games}
+[restart]
+backoff_base_s = 0.05
+backoff_max_s = 0.1
+budget = 5
+budget_window_s = 60
+[stability]
+cooldown_s = 4
+calm_s = 3600
+{stability}
+[gpu]
+min_free_mb = 1000
+poll_s = 30
+timeout_s = 600
+"""
+
+
+def game(name: str, device: str = "cpu", steps: int = 10**9) -> str:
+    return (
+        f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\ntotal_steps = {steps}\n'
+        f'device = "{device}"\n'
+    )
+
+
+class FakeNvml:
+    """`gpugate.NvmlLike` at the NVML seam."""
+
+    def __init__(self, free: float | None) -> None:
+        self.free = free
+        self.polls = 0
+
+    def free_mb(self, index: int) -> float | None:
+        self.polls += 1
+        return self.free
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.fixture
+def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Supervisor]]:
+    (tmp_path / "boot").write_text("boot-1")
+    monkeypatch.setenv("RLSUP_BOOT_ID_PATH", str(tmp_path / "boot"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    made: list[Supervisor] = []
+
+    def factory(games: str, initial: str = "heavy", stability: str = "", **kw: Any) -> Supervisor:
+        path = tmp_path / "rlsup.toml"
+        path.write_text(CONFIG.format(games=games, initial=initial, stability=stability))
+        sup = Supervisor(
+            load_config(path),
+            launcher=Launcher(python=sys.executable, module="tests.supervisor.fake_worker"),
+            cores=4,
+            gpu_probe=kw.pop("gpu", None) or FakeNvml(None),
+            **kw,
+        )
+        sup.start()
+        made.append(sup)
+        return sup
+
+    yield factory
+    for sup in made:
+        for rt in sup._all():
+            if rt.proc is not None:
+                sup.launcher.kill(rt.proc)
+                rt.proc.popen.wait()
+        sup.close()
+
+
+def spin(sup: Supervisor, until: Callable[[], object], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, {
+            n: (rt.state, rt.reason) for n, rt in sup.games.items()
+        }
+        sup.safe_tick()
+        sup.wait(0.05)
+
+
+def fake_script(sup: Supervisor, name: str, script: dict[str, Any]) -> None:
+    run = sup.cfg.run_dir(name)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "fake.json").write_text(json.dumps(script))
+
+
+def evs(sup: Supervisor, kind: str, game: str | None = None) -> list[db.Event]:
+    assert sup.conn is not None
+    return db.events(sup.conn, kind=kind, game=game)
+
+
+# ---- the policy in the loop -----------------------------------------------------------------
+
+
+def test_early_oom_steps_the_game_down_before_its_restart(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a") + game("b"))
+    fake_script(sup, "a", {"oom_above_envs": 2})
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.games["b"].state is S.RUNNING)
+    # One OOM at heavy, then straight back at light: never retried at the same size.
+    assert sup.games["a"].mode.name == "light" and sup.games["a"].heartbeat.num_envs == 2
+    assert sup.games["b"].mode.name == "heavy", "only the failing game steps down"
+    ooms = evs(sup, "worker_oom", "a")
+    assert len(ooms) == 1 and 0 <= ooms[0].detail["uptime_s"] < 30
+    down = evs(sup, "scale_down", "a")
+    assert len(down) == 1 and down[0].detail["scope"] == "a"
+    assert (down[0].detail["from"], down[0].detail["to"]) == ("heavy", "light")
+    assert "OOM" in down[0].detail["reasons"][0]
+    assert [e.detail["mode"] for e in evs(sup, "worker_start", "a")] == ["heavy"]
+    assert [e.detail["mode"] for e in evs(sup, "restart", "a")] == ["light"]
+
+
+def test_kernel_oom_kill_steps_the_host_down_and_a_supervisor_kill_does_not(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a"))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    os.kill(sup.games["a"].proc.pid, signal.SIGKILL)  # not sent by the supervisor
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.games["a"].mode.name == "light")
+    crash = evs(sup, "worker_crash", "a")[-1].detail
+    assert crash["returncode"] == -9 and "uptime_s" in crash
+    assert "killed_by_supervisor" not in crash
+    down = evs(sup, "scale_down")
+    assert down[-1].detail["scope"] == "*" and "kernel OOM" in down[-1].detail["reasons"][0]
+    # The incident of a kill we sent ourselves is not a kernel OOM.
+    from supervisor.stability import incident_from_event
+
+    ours = incident_from_event(
+        0, "worker_crash", "a", {"returncode": -9, "killed_by_supervisor": 1}
+    )
+    assert ours is not None and ours.kind == "worker_crash"
+
+
+def test_calm_steps_back_up_and_stay_decisions_are_applied_nowhere(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a"), stability="", initial="heavy")
+    assert sup.conn is not None
+    modes.set_auto_mode(sup.conn, sup.cfg, "*", "light", ["test"], time.time() - 7200)
+    db.set_mode(sup.conn, "*", "light", time.time() - 7200, "test")  # long calm
+    sup.sampler.sample_once()
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.games["a"].mode.name == "heavy")
+    up = evs(sup, "scale_up")
+    assert up[-1].detail["to"] == "heavy" and "calm" in up[-1].detail["reasons"][0]
+    assert isinstance(sup.policy, scaling.StabilityPolicy)
+    assert {d.scope for d in sup.policy.last_decisions} == {"*", "a"}
+
+
+def test_checkpoint_failures_in_the_heartbeat_become_one_event_each(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a"))
+    fake_script(sup, "a", {"checkpoint_failures": 2, "last_checkpoint_error": "ENOSPC"})
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    for _ in range(10):
+        sup.safe_tick()
+        sup.wait(0.05)
+    failed = evs(sup, "checkpoint_failed", "a")
+    assert len(failed) == 1, "one event per increase of the counter"
+    assert failed[0].detail["error"] == "ENOSPC" and failed[0].detail["failures"] == 2
+    assert failed[0].detail["step"] > 0
+
+
+def test_vitals_samples_are_persisted_as_json(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a"))
+    assert sup.conn is not None
+    spin(sup, lambda: sup.conn.execute("SELECT count(*) FROM samples").fetchone()[0] >= 1)
+    data = json.loads(sup.conn.execute("SELECT data FROM samples").fetchone()[0])
+    assert 0 < data["ram_available_pct"] <= 100 and data["gpus"] == []
+
+
+# ---- GPU gate at the NVML seam, with a fake monotonic clock ------------------------------
+
+
+def test_gpu_gate_waits_then_falls_back_one_rung_after_the_timeout(make, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(ALLOC_CONF, raising=False)
+    clock, nvml = FakeClock(), FakeNvml(100.0)
+    sup = make(game("a", "cuda") + game("c", "auto"), gpu=nvml, clock=clock, policy=None)
+    assert os.environ[ALLOC_CONF] == "expandable_segments:True"
+    sup.safe_tick()  # t = 1000: both wait
+    for _ in range(2):
+        clock.t += 100
+        sup.safe_tick()
+    assert sup.games["a"].state is S.WAITING and sup.games["c"].state is S.WAITING
+    waits = evs(sup, "gpu_wait", "a")
+    assert len(waits) == 1, "one gpu_wait event per wait"
+    assert "100 MB free < 1000 MB needed" in waits[0].detail["reason"]
+    polls = nvml.polls
+    sup.safe_tick()
+    assert nvml.polls == polls, "NVML is read at most every poll_s"
+    # Memory frees for one of them: a starts and holds its need; c still waits.
+    nvml.free = 1500.0
+    clock.t = 1500  # a's reservation lasts reserve_s (120 s): past c's timeout below
+    sup.safe_tick()
+    assert sup.games["a"].state is S.STARTING and sup.games["a"].mode.name == "heavy"
+    assert sup.games["c"].state is S.WAITING, "a's reservation is not free memory for c"
+    # Past the timeout: c starts now, one rung lower, and says why.
+    clock.t = 1000 + 601
+    sup.safe_tick()
+    assert sup.games["c"].state is S.STARTING and sup.games["c"].mode.name == "light"
+    last = evs(sup, "gpu_wait", "c")[-1].detail
+    assert last["timed_out"] and (last["from"], last["to"]) == ("heavy", "light")
+    down = evs(sup, "scale_down", "c")
+    assert len(down) == 1 and "timeout" in down[0].detail["reasons"][0]
+    assert sup.games["a"].mode.name == "heavy"
+
+
+# ---- the host mode across a reboot --------------------------------------------------------
+
+
+def test_mode_persisted_across_a_reboot_is_resumed_never_above_the_ceiling(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a"), initial="heavy", policy=None)
+    assert sup.conn is not None
+    modes.set_auto_mode(sup.conn, sup.cfg, "*", "light", ["2 unexpected reboots"])
+    since = db.get_mode(sup.conn, "*")[1]  # type: ignore[index]
+    sup.close()  # no clean stop: a power loss
+    (tmp_path / "boot").write_text("boot-2")
+    sup2 = make(game("a"), initial="heavy", policy=None)
+    assert sup2.conn is not None
+    assert evs(sup2, "host_reboot")
+    assert modes.host_mode(sup2.conn, sup2.cfg).name == "light", "not initial_mode"
+    assert db.get_mode(sup2.conn, "*")[1] == since, "the calm clock survives the reboot"  # type: ignore[index]
+    assert evs(sup2, "supervisor_start")[-1].detail["host_mode"] == "light"
+    spin(sup2, lambda: sup2.games["a"].state is S.RUNNING)
+    assert sup2.games["a"].heartbeat.num_envs == 2
+    # A persisted mode above a lowered ceiling resumes at the ceiling.
+    modes.set_auto_mode(sup2.conn, sup2.cfg, "*", "heavy", ["x"])
+    proc = sup2.games["a"].proc
+    assert proc is not None
+    sup2.launcher.kill(proc)
+    proc.popen.wait()
+    sup2.games["a"].proc = None
+    sup2.close()
+    sup3 = make(game("a"), initial="heavy", stability='ceiling = "light"', policy=None)
+    assert sup3.conn is not None
+    assert modes.host_mode(sup3.conn, sup3.cfg).name == "light"
+
+
+# ---- a crash right after loading a checkpoint counts against it ---------------------------
+
+
+def _checkpoint(run: Path, step: int, poison: bool = False) -> None:
+    store = CheckpointStore(run / "checkpoints")
+    with store.begin(step, {"game": "CartPole-v1", "algo": "ppo"}) as w:
+        w.write_bytes("learner.pt", b"x" * 64)
+        if poison:
+            w.write_bytes("POISON", b"")
+        w.commit()
+
+
+def test_two_crashes_right_after_loading_quarantine_that_checkpoint(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a") + game("solo"), policy=None)
+    for name in ("a", "solo"):
+        fake_script(sup, name, {"resume_from_checkpoints": True})
+    run_a, run_solo = sup.cfg.run_dir("a"), sup.cfg.run_dir("solo")
+    _checkpoint(run_a, 100)
+    _checkpoint(run_a, 200, poison=True)
+    _checkpoint(run_solo, 300, poison=True)
+    spin(
+        sup,
+        lambda: (
+            sup.games["a"].state is S.RUNNING
+            and sup.games["a"].heartbeat.resumed_from_step == 100
+            and sup.games["solo"].state is S.FATAL
+        ),
+    )
+    assert len(evs(sup, "worker_crash", "a")) == 2, "quarantined after the second crash"
+    [corrupt] = evs(sup, "checkpoint_corrupt", "a")
+    assert corrupt.detail["reason"] == "worker crashed twice right after loading it"
+    assert corrupt.detail["step"] == 200 and corrupt.detail["resume_from_step"] == 100
+    assert [p.name[:26] for p in (run_a / "checkpoints").glob(".corrupt-*")] == [
+        ".corrupt-ckpt-000000000200"
+    ]
+    # The only checkpoint: quarantined all the same, loudly; the worker then refuses to start.
+    solo = [e.detail for e in evs(sup, "checkpoint_corrupt", "solo")]
+    assert solo[0]["only_checkpoint"] is True and "only checkpoint" in solo[0]["warning"]
+    assert "no_valid_checkpoint" in solo[0]["warning"]
+    assert "configuration error" in sup.games["solo"].reason
