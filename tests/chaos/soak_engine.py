@@ -1045,11 +1045,17 @@ class Soak:
             exits = [
                 e for e in events if e["kind"] == "worker_exit" and e["detail"].get("pid") == vpid
             ]
-            if not exits:
-                return False
+            if not exits:  # a leftover of a killed supervisor: its successor stopped it
+                return any(
+                    vpid in (e["detail"].get("leftover_workers_stopped") or [])
+                    for e in events
+                    if e["kind"] == "supervisor_start"
+                )
             ex = exits[0]
             if ex["detail"].get("returncode") != -9:
                 f.problems.append(f"victim pid {vpid} exited {ex['detail'].get('returncode')}")
+            if ex["detail"].get("from") == "stopping":
+                return True  # already being stopped (hang, mode change): the exit records it
             return any(
                 e["kind"] in kinds and e["game"] == g and ex["id"] < e["id"] <= ex["id"] + 3
                 for e in events
