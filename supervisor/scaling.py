@@ -11,13 +11,14 @@
 
 Each 'down' / 'up' goes through `modes.set_auto_mode`, which writes `modes` and emits
 scale_down / scale_up naming the scope, the rungs and the causes. 'stay' decisions are logged
-only when their causes change. The step runs every `every_s` (wall clock) and at once after
-`request()` (the daemon calls it when a worker fails, so an early OOM steps its game down
-before the restart, and the restart happens at the new size).
+only when their causes change (numbers aside: ages tick on). The step runs every `every_s`
+(monotonic) and at once after `request()` (the daemon calls it when a worker fails, so an
+early OOM steps its game down before the restart, and the restart happens at the new size).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,12 @@ log = structlog.get_logger("rlsup.scaling")
 
 INCIDENT_KINDS = ["host_reboot", "worker_crash", "worker_oom", "worker_hang"]
 MAX_EVERY_S = 5.0
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _gist(causes: Sequence[str]) -> tuple[str, ...]:
+    """Causes without their numbers ("last change 12s ago" ticks on): what a change is."""
+    return tuple(_NUMBER.sub("#", c) for c in causes)
 
 
 def policy_config(cfg: Config) -> PolicyConfig:
@@ -153,6 +160,6 @@ class StabilityPolicy:
         for d in self.last_decisions:
             if d.action != "stay":
                 self._stay_causes.pop(d.scope, None)
-            elif self._stay_causes.get(d.scope) != d.causes:
-                self._stay_causes[d.scope] = d.causes
+            elif self._stay_causes.get(d.scope) != _gist(d.causes):
+                self._stay_causes[d.scope] = _gist(d.causes)
                 log.info("policy_stay", scope=d.scope, mode=d.from_mode, causes=list(d.causes))
