@@ -56,7 +56,13 @@ def worker_rate(game: str, num_envs: int, seconds: float, threads: int) -> dict[
         proc.wait(timeout=120)
         wall = time.monotonic() - t_start
         rows = list(csv.DictReader((run_dir / "progress.csv").open()))
-    first, last = rows[1], rows[-1]  # rows[0] is written after the first rollout
+    # The first row comes after the first rollout (start-up excluded); the last one written at
+    # the stop repeats the step before it.
+    first = rows[0]
+    moved = [r for r in rows if int(r["global_step"]) > int(first["global_step"])]
+    if not moved:
+        raise SystemExit(f"the worker made no progress past its first rollout in {seconds}s")
+    last = moved[-1]
     steps = int(last["global_step"]) - int(first["global_step"])
     secs = float(last["time"]) - float(first["time"])
     return {
