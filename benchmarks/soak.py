@@ -13,12 +13,13 @@ import importlib.util
 import os
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _engine():  # type: ignore[no-untyped-def]
+def _engine() -> types.ModuleType:
     sys.path.insert(0, str(REPO))
     path = REPO / "tests" / "chaos" / "soak_engine.py"
     spec = importlib.util.spec_from_file_location("soak_engine", path)
