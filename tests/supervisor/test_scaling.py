@@ -48,7 +48,7 @@ backoff_max_s = 0.1
 budget = 5
 budget_window_s = 60
 [stability]
-cooldown_s = 4
+cooldown_s = 1
 calm_s = 3600
 {stability}
 [gpu]
