@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from pickle import UnpicklingError  # raised by torch.load(weights_only=True)
 from typing import Any
 
 import structlog
@@ -39,6 +40,12 @@ class NoValidCheckpointError(ConfigError):
     """Checkpoints exist but none verifies: refusing to start from zero."""
 
     kind = "no_valid_checkpoint"
+
+
+class FinalCheckpointFailed(RuntimeError):
+    """The last checkpoint before an exit failed: work since the previous one is lost."""
+
+    kind = "checkpoint_failed"
 
 
 def append_progress(run_dir: Path, row: dict[str, Any]) -> None:
@@ -118,7 +125,7 @@ class TrainingSession:
             self.step = loaded.step
             self.hb.update(global_step=loaded.step, last_checkpoint_step=loaded.step)
             return ExitCode.DONE
-        counters = self._build_learner(device, loaded)
+        loaded, counters = self._restore(device, store, loaded)
         checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint)
         return self._train(stop, checkpointer, counters, loaded)
 
@@ -143,8 +150,33 @@ class TrainingSession:
         if loaded is not None and loaded.quarantined:
             names = [f"{name} ({reason})" for name, reason in loaded.quarantined]
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
-            self.hb.update(quarantined=names)
+            self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
         return loaded
+
+    def _restore(
+        self, device: torch.device, store: CheckpointStore, loaded: LoadedCheckpoint | None
+    ) -> tuple[LoadedCheckpoint | None, dict[str, Any]]:
+        """Build the learner from the newest checkpoint that also *loads* safely.
+
+        A checkpoint can verify (its bytes are the ones that were written) and still be refused
+        by the weights-only loader: one crafted to run code on load, say. That is a corrupt
+        checkpoint, not a crash to retry: quarantine it and fall back to the previous one.
+        """
+        while True:
+            try:
+                return loaded, self._build_learner(device, loaded)
+            except UnpicklingError as exc:
+                if loaded is None:
+                    raise
+                reason = f"refused by the weights-only loader: {exc}"[:300]
+                store.quarantine(loaded.step, reason)
+                self.log.warning("checkpoint_refused", path=str(loaded.path), reason=reason)
+                name = f"{loaded.path.name} ({reason})"
+                self.hb.update(quarantined=[*self.hb.current.quarantined, name])
+                if self.learner is not None:
+                    self.learner.close()
+                    self.learner = None
+                loaded = self._load_newest(store)
 
     def _build_learner(
         self, device: torch.device, loaded: LoadedCheckpoint | None
@@ -231,8 +263,16 @@ class TrainingSession:
         self.log.info("stop_requested", reason=reason, step=self.step)
         self.hb.set_phase(Phase.STOPPING, STOPPING_DEADLINE_S + self._replay_bytes() / 20e6)
         checkpointer.wait()
-        if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
-            checkpointer.save_sync(self.learner, self._counters(counters))
+        committed = max(saved, self.hb.current.last_checkpoint_step or -1)
+        if self.step > committed:
+            result = checkpointer.save_sync(self.learner, self._counters(counters))
+            if not result.ok:
+                # Exit 75 would tell the supervisor that nothing was lost: say what was.
+                raise FinalCheckpointFailed(
+                    f"stopped on request ({reason}) but the final checkpoint at step "
+                    f"{self.step} failed: {result.error}; a restart resumes from step "
+                    f"{committed} and redoes {self.step - max(committed, 0)} steps"
+                )
         return ExitCode.STOPPED
 
     def _finish(self, checkpointer: Checkpointer, counters: dict[str, Any], saved: int) -> int:
@@ -241,7 +281,10 @@ class TrainingSession:
         if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
             result = checkpointer.save_sync(self.learner, self._counters(counters))
             if not result.ok:
-                raise OSError(f"final checkpoint at step {self.step} failed: {result.error}")
+                raise FinalCheckpointFailed(
+                    f"total_steps reached but the final checkpoint at step {self.step} "
+                    f"failed: {result.error}"
+                )
         self._evaluate()
         self.log.info("done", step=self.step, total_steps=self.cfg.total_steps)
         return ExitCode.DONE

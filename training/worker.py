@@ -129,7 +129,8 @@ class Worker:
         except Exception as exc:
             if _is_cuda_oom(exc):
                 return self._error_exit(ExitCode.OOM, "cuda_oom", f"CUDA out of memory: {exc}")
-            return self._error_exit(1, "crash", f"{type(exc).__name__}: {exc}")
+            kind = getattr(exc, "kind", "crash")
+            return self._error_exit(1, kind, f"{type(exc).__name__}: {exc}")
 
     def _error_exit(self, code: int, kind: str, message: str) -> int:
         detail = {

@@ -1,8 +1,9 @@
 """A stop request while the disk is full: the worker's final checkpoint fails, so it must not
 exit 75 ("stopped on request after a checkpoint", protocol.ExitCode.STOPPED): the supervisor
-takes 75 as a clean stop and restarts it from an older checkpoint without any event, silently
-throwing away everything trained since (seen in the soak: 40,192 CartPole steps after a
-`rlsup scale` during a full disk)."""
+would take 75 as a clean stop and restart it from an older checkpoint without any event,
+silently throwing away everything trained since (the soak once lost 40,192 CartPole steps that
+way after a `rlsup scale` during a full disk). It writes error.json (checkpoint_failed) and
+exits 1 instead."""
 
 from __future__ import annotations
 
@@ -22,11 +23,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
-@pytest.mark.xfail(
-    strict=True,
-    reason="training/session.py TrainingSession._stop ignores save_sync()'s failed result and "
-    "returns ExitCode.STOPPED (75); no error.json, so no checkpoint_failed event either",
-)
 def test_stop_on_a_full_disk_is_not_reported_as_a_clean_checkpointed_stop(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
