@@ -5,7 +5,8 @@
 1. Floor: a fresh interpreter importing torch, envpool and gymnasium, making the env, building
    the network and taking the first optimizer step (what any restart must pay).
 2. Worker recovery: SIGKILL a training worker -> the first heartbeat of its replacement in phase
-   `training` with a moving global_step (median and worst over --kills kills).
+   `training` (median and worst over --kills kills; the worker enters that phase only once it
+   has loaded its checkpoint and built its learner, right before its first step).
 3. Reboot recovery: SIGKILL the supervisor and every worker, a new boot id, a fresh
    `rlsup run` -> every game training again.
 Ends with one JSON line of the figures.
@@ -103,20 +104,15 @@ def heartbeat(run_dir: Path) -> dict[str, Any]:
 def wait_training(
     run_dir: Path, not_pid: int | None, sup: subprocess.Popen[bytes], timeout_s: float = 180
 ) -> float:
-    """Seconds until a worker other than `not_pid` reports phase training with steps moving."""
+    """Seconds until a worker other than `not_pid` reports phase training."""
     t0 = time.monotonic()
-    first_step: int | None = None
     while time.monotonic() - t0 < timeout_s:
         if sup.poll() is not None:
             raise RuntimeError(f"rlsup run exited with {sup.returncode}")
         hb = heartbeat(run_dir)
         if hb.get("pid") != not_pid and hb.get("phase") == "training":
-            step = int(hb.get("global_step", 0))
-            if first_step is None:
-                first_step = step
-            elif step > first_step:
-                return time.monotonic() - t0
-        time.sleep(0.02)
+            return time.monotonic() - t0
+        time.sleep(0.01)
     raise TimeoutError(f"{run_dir.name}: no training heartbeat within {timeout_s}s")
 
 

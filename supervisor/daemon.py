@@ -43,7 +43,6 @@ from training import protocol
 
 log = structlog.get_logger("rlsup.supervisor")
 S = WorkerState
-_NO_PROGRESS_PHASES = frozenset({"starting", "training"})
 VITALS_EVERY_S = 5.0
 SAMPLES_EVERY_S = 60.0
 SAMPLES_KEEP_S = 7 * 24 * 3600.0
@@ -681,21 +680,29 @@ class Supervisor:
         rt.heartbeat = hb
 
     def _hang_reason(self, rt: GameRuntime, now: float) -> str | None:
-        """Hung = no heartbeat change or no step progress past the phase's deadline."""
+        """Hung = a frozen process, or no step progress past the phase's deadline.
+
+        The heartbeat thread publishes about once a second whatever the worker is doing, so a
+        `seq` that stops means the process is frozen (SIGSTOP, the GIL held): the configured
+        limit applies. Step progress may legitimately pause longer (a big PPO update, loading a
+        large replay buffer, an evaluation): then the worker's own `phase_deadline_s`, measured
+        from its iterations, extends the limit.
+        """
         wd, hb = self.cfg.watchdog, rt.heartbeat
         limit = wd.hang_timeout_s if rt.progressed else wd.startup_grace_s
-        if hb is not None and hb.phase not in _NO_PROGRESS_PHASES:
-            limit = max(limit, float(hb.phase_deadline_s or 0))
         seq_idle = now - rt.seq_at
-        step_idle = now - max(rt.step_at, rt.phase_at)
         if hb is None and seq_idle > limit:
             return f"no heartbeat within {limit:g} s of start"
         if seq_idle > limit:
             return f"heartbeat seq unchanged for {seq_idle:.1f} s (limit {limit:g} s)"
-        if step_idle > limit:
+        step_limit = limit
+        if hb is not None and hb.phase != "starting":
+            step_limit = max(limit, float(hb.phase_deadline_s or 0))
+        step_idle = now - max(rt.step_at, rt.phase_at)
+        if step_idle > step_limit:
             return (
                 f"global_step stuck at {hb.global_step if hb else None} for {step_idle:.1f} s "
-                f"in phase {hb.phase if hb else None} (limit {limit:g} s)"
+                f"in phase {hb.phase if hb else None} (limit {step_limit:g} s)"
             )
         return None
 

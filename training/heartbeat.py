@@ -58,6 +58,9 @@ class HeartbeatWriter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self.rate = StepRate()
+        # Read by the publishing thread so that steps show within a long iteration too.
+        self.live_step: Callable[[], int] | None = None
+        self._fresh_phase = True
 
     def start(self) -> None:
         self.publish()
@@ -69,12 +72,17 @@ class HeartbeatWriter:
 
     def set_phase(self, phase: Phase, deadline_s: float) -> None:
         self.update(phase=str(phase), phase_deadline_s=float(deadline_s))
+        self._fresh_phase = True
         self.publish()
 
     def progress(self, global_step: int, **fields: object) -> None:
         now = time.monotonic()
         self.rate.add(now, global_step)
         self.update(global_step=global_step, sps=round(self.rate.rate(), 2), **fields)
+        if self._fresh_phase:
+            # The supervisor waits for the first progress after a (re)start: say it now.
+            self._fresh_phase = False
+            self.publish()
 
     @property
     def current(self) -> Heartbeat:
@@ -99,6 +107,8 @@ class HeartbeatWriter:
         while not self._stop.wait(self._interval_s):
             if self._on_tick is not None:
                 self._on_tick()
+            if self.live_step is not None:
+                self.update(global_step=self.live_step())
             self.publish()
 
 

@@ -32,7 +32,7 @@ from training.protocol import (
 
 STARTING_DEADLINE_S = 300.0
 STOPPING_DEADLINE_S = 120.0
-MIN_TRAINING_DEADLINE_S = 60.0
+MIN_TRAINING_DEADLINE_S = 10.0  # the supervisor's hang_timeout_s is the operator's floor
 PROGRESS_EVERY_S = 2.0
 
 
@@ -199,6 +199,8 @@ class TrainingSession:
                 ) from exc
             self.log.info("resumed", step=loaded.step, resume_count=resume_count)
         self.step = self.learner.global_step
+        learner = self.learner
+        self.hb.live_step = lambda: int(learner.global_step)  # steps move within an iteration
         self.hb.update(
             global_step=self.step,
             resumed_from_step=loaded.step if loaded is not None else None,
