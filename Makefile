@@ -35,8 +35,11 @@ test: $(VENV)/.installed-test lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-run
-	$(PY) benchmarks/replay_save.py --size-gib 2
 	$(PY) benchmarks/worker_throughput.py
+	$(PY) benchmarks/replay_save.py --size-gib 2 --method all
+	$(PY) benchmarks/recovery.py
+	$(PY) benchmarks/supervision_overhead.py
+	$(PY) benchmarks/status_latency.py
 
 clean-venv:
 	rm -rf $(VENV)
