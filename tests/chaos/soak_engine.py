@@ -208,13 +208,15 @@ class Monitor(threading.Thread):
 
     def supervisor_pids(self) -> list[int]:
         cfg = str(self.state.parent / "rlsup.toml")
-        out = []
-        for p in psutil.process_iter(["cmdline", "status"]):
+        found: dict[int, int] = {}
+        for p in psutil.process_iter(["cmdline", "status", "ppid"]):
             cmd = p.info["cmdline"] or []
             alive = p.info["status"] != psutil.STATUS_ZOMBIE
             if "supervisor.cli" in cmd and "run" in cmd and cfg in cmd and alive:
-                out.append(p.pid)
-        return out
+                found[p.pid] = p.info["ppid"]
+        # A worker being spawned carries its supervisor's command line between fork and exec:
+        # it is that supervisor's child, not a second supervisor.
+        return [pid for pid, ppid in found.items() if ppid not in found]
 
     def _scan_checkpoints(self, game: str, now: float) -> None:
         root = self.run_dir(game) / "checkpoints"
@@ -326,6 +328,7 @@ class Soak:
         self.monitor = Monitor(self.state, self.game_names)
         self.sup: subprocess.Popen[bytes] | None = None
         self.sups: list[tuple[subprocess.Popen[bytes], bool]] = []  # (proc, killed by us)
+        self.stopped_pids: set[int] = set()  # SIGSTOPped by the schedule
         self.faults: list[Fault] = []
         self.skipped: dict[str, str] = {}
         self.tmpfs: Path | None = None
@@ -525,9 +528,29 @@ class Soak:
         time.sleep(self.rng.uniform(0.3, 1.2))
 
     def wait_disk(self) -> None:
-        """Global faults wait for space to return (a full disk + restart is its own scenario)."""
+        """Global faults wait for space to return and for the full game's next commit, and
+        for any SIGSTOPped worker to be detected and replaced: a restart during a full disk or
+        before a hang is seen are scenarios of their own (the redo bound and the worker_hang
+        check would not hold), not what this fault measures."""
         while self.disk_full_until:
             time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while not self._disk_recovered() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.wait_all_healthy(60)
+
+    def _disk_recovered(self) -> bool:
+        """No disk fault, or the full game has committed a checkpoint since space returned."""
+        fault = self._disk_fault
+        if fault is None:
+            return True
+        if fault.t_end is None:
+            return False  # still full
+        if self._done(self.tmpfs_game):
+            return True
+        with self.monitor.lock:
+            times = list(self.monitor.committed[self.tmpfs_game].values())
+        return any(t > fault.t_end for t in times)
 
     def all_done(self) -> bool:
         return all(self._done(g) for g in self.game_names)
@@ -541,7 +564,7 @@ class Soak:
         deadline = time.monotonic() + timeout
         games = games or self.game_names
         while time.monotonic() < deadline:
-            if all(self._done(g) or self.monitor.healthy(g) for g in games):
+            if all(self._done(g) or self._healthy_not_stopped(g) for g in games):
                 return True
             time.sleep(0.3)
         return False
@@ -557,12 +580,32 @@ class Soak:
                 and self.monitor.healthy(g) is not None
                 and len(self.monitor.committed_steps(g)) >= need_ckpts
                 and not (self.disk_full_until and g == self.tmpfs_game)  # its checkpoints fail now
+                and not (g == self.tmpfs_game and not self._disk_recovered())
+                and self._owned(g)
                 and not (avoid_tmpfs and g == self.tmpfs_game)
             ]
             if ok:
                 return self.rng.choice(sorted(ok))
             time.sleep(0.3)
         return None
+
+    def _healthy_not_stopped(self, game: str) -> bool:
+        """Training, and not a worker we SIGSTOPped: the supervisor SIGCONTs a hung worker to
+        stop it, and it trains for a moment while it does."""
+        life = self.monitor.healthy(game)
+        return life is not None and life.pid not in self.stopped_pids
+
+    def _owned(self, game: str) -> bool:
+        """Its worker is a child of the current supervisor and not one we stopped: a fault on a
+        leftover from a killed supervisor, or on a worker about to be replaced as hung, would
+        measure that replacement instead of the fault."""
+        life = self.monitor.current(game)
+        if life is None or self.sup is None or life.pid in self.stopped_pids:
+            return False
+        try:
+            return bool(psutil.Process(life.pid).ppid() == self.sup.pid)
+        except psutil.Error:
+            return False
 
     # ---- injections ----
     def inject(self, kind: str) -> Fault | None:
@@ -640,6 +683,8 @@ class Soak:
             return None
         t = time.monotonic()
         pid = self._kill_worker(game, signal.SIGSTOP)
+        if pid:
+            self.stopped_pids.add(pid)
         return Fault("sigstop", [game], t, {game: pid} if pid else {}, note="left stopped")
 
     def _f_corrupt_truncate(self) -> Fault | None:
