@@ -71,12 +71,16 @@ def _craft_checkpoint(run_dir: Path, step: int, marker: Path) -> Path:
 
 
 def test_the_payload_is_live_when_loaded_unsafely(tmp_path: Path) -> None:
-    # Guards the next test: the crafted file really runs code if anyone unpickles it.
-    import torch
+    # Guards the next test: the crafted file really runs code if anyone unpickles it (plain
+    # pickle on the archive's data.pkl, which is what an unsafe torch.load would run).
+    import pickle
+    import zipfile
 
     marker = tmp_path / "unsafe-marker"
     ckpt = _craft_checkpoint(tmp_path / "run", 4096, marker)
-    torch.load(ckpt / "learner.pt", weights_only=False)
+    with zipfile.ZipFile(ckpt / "learner.pt") as archive:
+        data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    pickle.loads(data)  # the point of this test: unsafe loading runs the payload
     assert marker.exists()
 
 
