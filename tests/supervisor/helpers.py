@@ -177,3 +177,27 @@ def worker_pids(state: Path, game: str) -> list[int]:
 def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+
+
+class FakeNvml:
+    """`gpugate.NvmlLike` faked at the NVML seam: free memory set by the test; counts reads so
+    tests can check the poll interval."""
+
+    def __init__(self, free: float | None) -> None:
+        self.free = free
+        self.reads = 0
+
+    def free_mb(self, index: int) -> float | None:
+        self.reads += 1
+        return self.free
+
+
+def spin(sup: Any, until: Callable[[], object], timeout: float = 20) -> None:
+    """Drive an in-process Supervisor's tick loop until `until()` holds."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, {
+            n: (rt.state, rt.reason) for n, rt in sup.games.items()
+        }
+        sup.safe_tick()
+        sup.wait(0.05)

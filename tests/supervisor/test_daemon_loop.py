@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from supervisor.config import load_config
 from supervisor.daemon import LockHeld, Supervisor, acquire_lock
 from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO
+from tests.supervisor.helpers import REPO, FakeNvml, spin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,7 +79,7 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Super
             launcher=launcher,
             cores=cores,
             exit_when_done=True,
-            gpu_probe=gpu or FakeGpu(None),  # type: ignore[arg-type]
+            gpu_probe=gpu or FakeNvml(None),  # type: ignore[arg-type]
         )
         sup.start()
         made.append(sup)
@@ -93,26 +92,6 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Super
                 sup.launcher.kill(rt.proc)
                 rt.proc.popen.wait()
         sup.close()
-
-
-class FakeGpu:
-    """`gpugate.NvmlLike`, faked at the NVML seam."""
-
-    def __init__(self, free: float | None) -> None:
-        self.free = free
-        self.polls = 0
-
-    def free_mb(self, index: int) -> float | None:
-        self.polls += 1
-        return self.free
-
-
-def spin(sup: Supervisor, until: Callable[[], object], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, {n: rt.state for n, rt in sup.games.items()}
-        sup.safe_tick()
-        sup.wait(0.05)
 
 
 def test_games_beyond_max_concurrent_wait_in_config_order(make) -> None:  # type: ignore[no-untyped-def]
@@ -225,7 +204,7 @@ GPU = "[gpu]\nmin_free_mb = 1000\npoll_s = 0.01\ntimeout_s = {timeout}\n"
 
 
 def test_gpu_game_waits_for_free_memory_then_starts(make) -> None:  # type: ignore[no-untyped-def]
-    gpu = FakeGpu(100.0)
+    gpu = FakeNvml(100.0)
     sup = make(game("a", 100_000), gpu=gpu, tail=GPU.format(timeout=3600))
     for _ in range(5):
         sup.safe_tick()
@@ -237,7 +216,7 @@ def test_gpu_game_waits_for_free_memory_then_starts(make) -> None:  # type: igno
 
 
 def test_gpu_wait_past_the_timeout_starts_one_rung_lower(make) -> None:  # type: ignore[no-untyped-def]
-    gpu = FakeGpu(100.0)
+    gpu = FakeNvml(100.0)
     extra = 'initial_mode = "heavy"'
     sup = make(game("a", 100_000), gpu=gpu, extra=extra, tail=GPU.format(timeout=0.2))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
@@ -252,10 +231,10 @@ def test_gpu_wait_past_the_timeout_starts_one_rung_lower(make) -> None:  # type:
 
 
 def test_cpu_games_skip_the_gpu_gate(make) -> None:  # type: ignore[no-untyped-def]
-    gpu = FakeGpu(0.0)
+    gpu = FakeNvml(0.0)
     sup = make(game("a", 100_000) + 'device = "cpu"\n', gpu=gpu, tail=GPU.format(timeout=3600))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
-    assert gpu.polls == 0
+    assert gpu.reads == 0
 
 
 def test_run_dirs_and_worker_logs_are_private(make, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -6,20 +6,9 @@ import pytest
 
 from supervisor.gpugate import GateConfig, GpuGate, need_mb, worker_env
 from supervisor.vitals import NvmlProbe
+from tests.supervisor.helpers import FakeNvml
 
 CFG = GateConfig(min_free_mb=2048, poll_s=30, timeout_s=7200)
-
-
-class FakeNvml:
-    """Free memory per GPU, set by the test; counts reads to check the poll interval."""
-
-    def __init__(self, free: float | None) -> None:
-        self.free = free
-        self.reads = 0
-
-    def free_mb(self, index: int) -> float | None:
-        self.reads += 1
-        return self.free
 
 
 def test_waits_while_memory_is_short() -> None:

@@ -22,7 +22,7 @@ from supervisor.daemon import Supervisor
 from supervisor.gpugate import ALLOC_CONF
 from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO
+from tests.supervisor.helpers import REPO, FakeNvml, spin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,18 +63,6 @@ def game(name: str, device: str = "cpu", steps: int = 10**9) -> str:
         f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\ntotal_steps = {steps}\n'
         f'device = "{device}"\n'
     )
-
-
-class FakeNvml:
-    """`gpugate.NvmlLike` at the NVML seam."""
-
-    def __init__(self, free: float | None) -> None:
-        self.free = free
-        self.polls = 0
-
-    def free_mb(self, index: int) -> float | None:
-        self.polls += 1
-        return self.free
 
 
 class FakeClock:
@@ -121,16 +109,6 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
                 sup.launcher.kill(rt.proc)
                 rt.proc.popen.wait()
         sup.close()
-
-
-def spin(sup: Supervisor, until: Callable[[], object], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        assert time.monotonic() < deadline, {
-            n: (rt.state, rt.reason) for n, rt in sup.games.items()
-        }
-        sup.safe_tick()
-        sup.wait(0.05)
 
 
 def fake_script(sup: Supervisor, name: str, script: dict[str, Any]) -> None:
@@ -233,9 +211,9 @@ def test_gpu_gate_waits_then_falls_back_one_rung_after_the_timeout(make, monkeyp
     waits = evs(sup, "gpu_wait", "a")
     assert len(waits) == 1, "one gpu_wait event per wait"
     assert "100 MB free < 1000 MB needed" in waits[0].detail["reason"]
-    polls = nvml.polls
+    polls = nvml.reads
     sup.safe_tick()
-    assert nvml.polls == polls, "NVML is read at most every poll_s"
+    assert nvml.reads == polls, "NVML is read at most every poll_s"
     # Memory frees for one of them: a starts and holds its need; c still waits.
     nvml.free = 1500.0
     clock.t = 1500  # a's reservation lasts reserve_s (120 s): past c's timeout below
