@@ -291,6 +291,11 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     path = Path(path).absolute()
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no configuration file at {path}: pass --config PATH, set ${CONFIG_ENV}, "
+            f"or create one with `rlsup init {path}`"
+        ) from None
     except OSError as exc:
         raise ConfigError(
             f"{path}: cannot read the configuration file: {exc.strerror or exc}"

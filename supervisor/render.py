@@ -43,28 +43,9 @@ class UsageError(Exception):
 # ---- arguments and configuration ----------------------------------------------------------
 
 
-def add_config_flag(parser: argparse.ArgumentParser) -> None:
-    """`--config PATH` on a subcommand, without clobbering one set by the main parser.
-
-    SUPPRESS keeps a subparser's default from overwriting the value a parent parser parsed.
-    """
-    parser.add_argument(
-        "--config",
-        metavar="PATH",
-        default=argparse.SUPPRESS,
-        help=f"configuration file (default: ${config_mod.CONFIG_ENV}, else "
-        f"./{config_mod.DEFAULT_CONFIG})",
-    )
-
-
 def load_config(args: argparse.Namespace) -> config_mod.Config:
     """The configuration named by --config / $RLSUP_CONFIG / ./rlsup.toml, or UsageError."""
     path = config_mod.resolve_config_path(getattr(args, "config", None))
-    if not path.exists():
-        raise UsageError(
-            f"no configuration file at {path}: pass --config PATH, set "
-            f"${config_mod.CONFIG_ENV}, or create one with `rlsup init {path}`"
-        )
     try:
         return config_mod.load_config(path)
     except config_mod.ConfigError as exc:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from supervisor import render
+from supervisor.commands._common import add_config_argument
 
 
 def register(subparsers: Any) -> None:
@@ -24,7 +25,7 @@ def register(subparsers: Any) -> None:
         help="the event log (reboots, crashes, restarts, mode changes, ...)",
         description="Print the supervisor's event log, newest last.",
     )
-    render.add_config_flag(p)
+    add_config_argument(p)
     p.add_argument(
         "--since",
         default="24h",

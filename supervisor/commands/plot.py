@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import render
+from supervisor.commands._common import add_config_argument
 
 MAX_POINTS = 4000  # per curve; a week of 2 s progress rows is thinned to this
 
@@ -41,7 +42,7 @@ def register(subparsers: Any) -> None:
         help="learning curves per game (PNG), with reboots/crashes/mode changes marked",
         description="Plot mean return and steps/s per game against steps and wall time.",
     )
-    render.add_config_flag(p)
+    add_config_argument(p)
     p.add_argument("--out", metavar="FILE.png", help="output file (default <state_dir>/plot.png)")
     p.add_argument(
         "--game",

@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import db, render
+from supervisor.commands._common import add_config_argument
 from supervisor.config import Config
 from training.protocol import ERROR_FILE, HEARTBEAT_FILE, read_json_file
 
@@ -94,7 +95,7 @@ def register(subparsers: Any) -> None:
         help="host, mode and per-game progress (works with or without the supervisor)",
         description="Show the host, the mode ladder and every game's progress.",
     )
-    render.add_config_flag(p)
+    add_config_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON document (see the schema)")
     p.add_argument(
         "--watch",

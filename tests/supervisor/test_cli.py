@@ -133,3 +133,19 @@ def test_unavailable_subcommand_exits_1(
     monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, ("ghost", "no_such_module")))
     assert cli.main(["ghost"]) == 1
     assert "not available in this build" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run"], ["stop"], ["scale", "--mode", "auto"], ["status"], ["events"], ["plot"]],
+)
+def test_every_command_says_how_to_create_a_missing_config(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "absent.toml"
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main([*argv, "--config", str(missing)]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"no configuration file at {missing}" in err and "rlsup init" in err
+    assert not (tmp_path / "var").exists()
