@@ -59,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
             return Worker(cfg, run_dir, stop).run()
     except RunDirLocked as exc:
         print(f"rlsup worker: {exc}", file=sys.stderr)
+        # The supervisor reads error.json to say why a worker died: give it the reason.
+        from checkpoints import write_json_atomic
+
+        with contextlib.suppress(OSError):
+            write_json_atomic(
+                run_dir / ERROR_FILE,
+                {"kind": "run_dir_locked", "message": str(exc), "exit_code": 1,
+                 "time": time.time(), "pid": os.getpid(), "step": None, "traceback": ""},
+            )  # fmt: skip
         return 1
 
 

@@ -162,6 +162,8 @@ def test_second_worker_on_same_run_dir_is_refused(tmp_path: Path, monkeypatch):
         )
         assert second.returncode == 1
         assert f"locked by another worker (pid {first.pid})" in second.stderr
+        error = json.loads((run_dir / "error.json").read_text())
+        assert error["kind"] == "run_dir_locked" and str(first.pid) in error["message"]
     finally:
         kill(first)
 
