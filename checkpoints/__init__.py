@@ -4,16 +4,24 @@ Stdlib + structlog + tenacity only: no numpy/torch, so the supervisor can import
 """
 
 from checkpoints.atomic import fsync_dir, write_file_atomic, write_json_atomic
-from checkpoints.errors import CheckpointError, CheckpointWriteFailed, NoValidCheckpoint
+from checkpoints.errors import (
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointUnreadable,
+    CheckpointWriteFailed,
+    NoValidCheckpoint,
+)
 from checkpoints.manifest import FileEntry
 from checkpoints.names import validate_name
 from checkpoints.store import CheckpointRef, CheckpointStore, LoadedCheckpoint
 from checkpoints.writer import CheckpointWriter, WriteStats
 
 __all__ = [
+    "CheckpointCorrupt",
     "CheckpointError",
     "CheckpointRef",
     "CheckpointStore",
+    "CheckpointUnreadable",
     "CheckpointWriteFailed",
     "CheckpointWriter",
     "FileEntry",

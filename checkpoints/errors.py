@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 
 class CheckpointError(Exception):
     """Base class: a checkpoint could not be written, read or verified."""
@@ -13,6 +16,36 @@ class CheckpointWriteFailed(CheckpointError):
     By the time this is raised the staging directory has been removed and the previous
     committed checkpoint is untouched, so the caller can keep training and try again later.
     """
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint's bytes do not match its manifest: proof of damage, not a read error.
+
+    `bad` maps every file that failed (MANIFEST.json included) to the reason, so a caller can
+    tell "only replay chunks rotted" from "the learner is gone"; each reason names its file.
+    `manifest` is the parsed
+    manifest when it was itself readable and valid, else None.
+    """
+
+    def __init__(self, path: Path, bad: dict[str, str], manifest: dict[str, Any] | None) -> None:
+        self.path = Path(path)
+        self.bad = dict(bad)
+        self.manifest = manifest
+        super().__init__("; ".join(reason for _, reason in sorted(bad.items())))
+
+
+class CheckpointUnreadable(CheckpointError):
+    """A checkpoint could not be read (EIO, EACCES, EMFILE, ESTALE, ...) after bounded retries.
+
+    Not evidence against its bytes: the checkpoint stays where it is, and a later attempt
+    (once the disk, the permissions or the file table recover) loads it as usual.
+    """
+
+    def __init__(self, path: Path, name: str, error: OSError) -> None:
+        self.path = Path(path)
+        self.name = name
+        self.errno = error.errno
+        super().__init__(f"cannot read {name} of {self.path}: {error}")
 
 
 class NoValidCheckpoint(CheckpointError):

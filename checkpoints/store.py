@@ -19,16 +19,21 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, TypeVar
 
 import structlog
 
 from checkpoints import _retry
 from checkpoints.atomic import as_byte_view, fsync_dir, make_dir
-from checkpoints.errors import CheckpointError, NoValidCheckpoint
+from checkpoints.errors import (
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointUnreadable,
+    NoValidCheckpoint,
+)
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
 from checkpoints.names import MANIFEST_NAME, validate_name
 from checkpoints.writer import REPLACED_PREFIX, STAGING_PREFIX, CheckpointWriter, _crash_point
@@ -43,6 +48,7 @@ _MAX_STEP = 10**12 - 1
 _READ_CHUNK = 1 << 20
 # A manifest lists file names and hashes; anything bigger than this is garbage, not a manifest.
 _MAX_MANIFEST_BYTES = 64 << 20
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,12 @@ class CheckpointRef:
 
 
 class LoadedCheckpoint:
-    """A checkpoint whose files all matched their manifest size and sha256 when loaded."""
+    """A checkpoint whose files matched their manifest size and sha256 when loaded.
+
+    `damaged` names the files that did not (with the reason) when the caller allowed them to be
+    salvaged (see CheckpointStore.load_latest): reading one raises CheckpointCorrupt.
+    Every read that fails for another reason than damage raises CheckpointUnreadable.
+    """
 
     def __init__(
         self,
@@ -60,16 +71,23 @@ class LoadedCheckpoint:
         step: int,
         manifest: dict[str, Any],
         quarantined: list[tuple[str, str]] | None = None,
+        damaged: Mapping[str, str] | None = None,
     ) -> None:
         self.path = path
         self.step = step
         self.manifest = manifest
         # (dir name, reason) of newer checkpoints moved aside before this one verified.
         self.quarantined: list[tuple[str, str]] = list(quarantined or [])
+        self.damaged: dict[str, str] = dict(damaged or {})
         self._entries = parse_file_entries(manifest["files"])
 
     def __repr__(self) -> str:
         return f"LoadedCheckpoint(path={str(self.path)!r}, step={self.step})"
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        meta = self.manifest.get("meta") or {}
+        return dict(meta) if isinstance(meta, dict) else {}
 
     def files(self) -> list[str]:
         return sorted(self._entries)
@@ -82,47 +100,57 @@ class LoadedCheckpoint:
         except KeyError:
             raise KeyError(f"{name!r} is not listed in the manifest of {self.path}") from None
 
-    def open(self, name: str) -> BinaryIO:
-        self.entry(name)
-        fd = _retry.open_read(self.path / name)
-        try:
-            return os.fdopen(fd, "rb")
-        except BaseException:
-            os.close(fd)
-            raise
-
     def read_bytes(self, name: str) -> bytes:
-        expected = self.entry(name).size
-        with self.open(name) as f:
-            data = f.read()
+        expected = self._readable_entry(name).size
+        data = self._read(name, _read_whole)
         if len(data) != expected:
-            raise CheckpointError(
-                f"{name} in {self.path} changed since it was verified: "
-                f"{len(data)} bytes, manifest says {expected}"
+            raise CheckpointCorrupt(
+                self.path,
+                {name: f"{name} changed since it was verified: {len(data)} != {expected} bytes"},
+                self.manifest,
             )
         return data
 
     def read_json(self, name: str) -> Any:
         return json.loads(self.read_bytes(name))
 
+    def open(self, name: str) -> io.BytesIO:
+        """The whole of `name` in memory, as a file object (for small files, e.g. learner
+        state for torch.load): a read error surfaces here, named, not inside a parser."""
+        return io.BytesIO(self.read_bytes(name))
+
     def read_into(self, name: str, buf: memoryview | bytearray) -> None:
         """Read `name` straight into the caller's buffer (e.g. a numpy array's memory), so
         loading a large replay chunk needs no intermediate copy. Sizes must match exactly."""
         view = as_byte_view(buf)
-        expected = self.entry(name).size
+        expected = self._readable_entry(name).size
         if view.readonly:
             raise ValueError(f"buffer for {name!r} is read-only")
         if len(view) != expected:
             raise ValueError(f"buffer for {name!r} is {len(view)} bytes, file is {expected}")
-        fd = _retry.open_read(self.path / name)
-        # Unbuffered: readinto goes from the kernel straight into `view`.
-        with io.FileIO(fd, "rb", closefd=True) as f:
-            filled = 0
-            while filled < expected:
-                n = f.readinto(view[filled:])
-                if not n:
-                    raise CheckpointError(f"{name} in {self.path} is shorter than its manifest")
-                filled += n
+        filled = self._read(name, lambda path: _read_exactly_into(path, view))
+        if filled != expected:
+            raise CheckpointCorrupt(
+                self.path,
+                {name: f"{name} is shorter than its manifest ({filled} < {expected})"},
+                None,
+            )
+
+    def _readable_entry(self, name: str) -> FileEntry:
+        entry = self.entry(name)
+        if name in self.damaged:
+            raise CheckpointCorrupt(self.path, {name: self.damaged[name]}, self.manifest)
+        return entry
+
+    def _read(self, name: str, read: Callable[[Path], _T]) -> _T:
+        try:
+            return read(self.path / name)
+        except OSError as exc:
+            if _retry.is_damage(exc):
+                raise CheckpointCorrupt(
+                    self.path, {name: f"cannot open {name}: {exc}"}, None
+                ) from exc
+            raise CheckpointUnreadable(self.path, name, exc) from exc
 
 
 class CheckpointStore:
@@ -201,24 +229,45 @@ class CheckpointStore:
     # ---- verification and loading -----------------------------------------------------
 
     def verify(self, ref: CheckpointRef) -> LoadedCheckpoint:
-        """Check manifest and every file's size and sha256; CheckpointError says what failed.
+        """Check the manifest and every file's size and sha256.
 
-        Files present but not in the manifest are ignored: only listed files are ever read.
+        Raises CheckpointCorrupt naming every file that failed (not just the first), or
+        CheckpointUnreadable when a file could not be read at all (after bounded retries of
+        transient errors). Files present but not in the manifest are ignored: only listed files
+        are ever read.
         """
         manifest = self._read_manifest(ref)
+        bad: dict[str, str] = {}
         for name, entry in sorted(parse_file_entries(manifest["files"]).items()):
-            _verify_file(ref.path, name, entry)
+            reason = _check_file(ref.path, name, entry)
+            if reason is not None:
+                bad[name] = reason
+        if bad:
+            raise CheckpointCorrupt(ref.path, bad, manifest)
         return LoadedCheckpoint(ref.path, ref.step, manifest)
 
-    def load_latest(self) -> LoadedCheckpoint | None:
-        """The newest checkpoint that verifies, quarantining newer bad ones on the way.
+    def load_latest(
+        self,
+        *,
+        salvage: Callable[[str], bool] | None = None,
+        before_step: int | None = None,
+    ) -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies, quarantining newer corrupt ones on the way.
 
+        salvage: files the caller can do without (e.g. replay chunks, whose transitions can be
+        dropped). When every file that failed is one of them, the checkpoint is returned with
+        `damaged` set instead of quarantined: the rest of it (the learner) is exact, and it is
+        the newest.
+
+        A read error is not corruption: CheckpointUnreadable propagates and nothing is moved.
         None only when there is nothing at all to resume from. Raises NoValidCheckpoint when
-        checkpoints exist (or were quarantined earlier) but none verifies: a corrupt store
-        must be a loud failure, never a silent restart from step 0.
+        checkpoints exist (or were quarantined earlier) but none verifies: a corrupt store must
+        be a loud failure, never a silent restart from step 0.
         """
         self._recover_replaced()
         refs = self.committed()
+        if before_step is not None:
+            refs = [ref for ref in refs if ref.step < before_step]
         if not refs:
             self._refuse_if_only_corrupt()
             return None
@@ -226,16 +275,36 @@ class CheckpointStore:
         for ref in reversed(refs):
             try:
                 loaded = self.verify(ref)
-            except CheckpointError as exc:
-                quarantined.append((ref.path.name, str(exc)))
-                self._quarantine(ref, str(exc))
-                continue
+            except CheckpointCorrupt as exc:
+                if exc.manifest is not None and salvage is not None and all(map(salvage, exc.bad)):
+                    loaded = LoadedCheckpoint(ref.path, ref.step, exc.manifest, damaged=exc.bad)
+                    self.log.warning(
+                        "checkpoint_salvaged", path=str(ref.path), damaged=sorted(exc.bad)
+                    )
+                else:
+                    quarantined.append((ref.path.name, str(exc)))
+                    self._quarantine(ref, str(exc))
+                    continue
             loaded.quarantined = quarantined
             return loaded
         tried = "; ".join(f"{name}: {reason}" for name, reason in quarantined)
         raise NoValidCheckpoint(
             f"no checkpoint in {self.root} verified (all quarantined as .corrupt-*): {tried}"
         )
+
+    def newest_meta(self) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """The newest committed checkpoint and its manifest's `meta` (nothing verified, nothing
+        moved): what the run in this store was trained for. None when there is none, or when
+        its manifest cannot be read or parsed."""
+        ref = self.latest()
+        if ref is None:
+            return None
+        try:
+            manifest = self._read_manifest(ref)
+        except CheckpointError:
+            return None
+        meta = manifest.get("meta") or {}
+        return ref, dict(meta)
 
     def _refuse_if_only_corrupt(self) -> None:
         corrupt = sorted(e.name for e in self._scan() if e.name.startswith(CORRUPT_PREFIX))
@@ -246,13 +315,19 @@ class CheckpointStore:
             )
 
     def _read_manifest(self, ref: CheckpointRef) -> dict[str, Any]:
+        path = ref.path / MANIFEST_NAME
         try:
-            raw = _read_small(ref.path / MANIFEST_NAME)
-        except FileNotFoundError as exc:
-            raise CheckpointError("missing MANIFEST.json") from exc
+            raw = _read_small(path)
         except OSError as exc:
-            raise CheckpointError(f"cannot read MANIFEST.json: {exc}") from exc
-        return parse_manifest(raw, ref.step)
+            if _retry.is_damage(exc):
+                raise CheckpointCorrupt(
+                    ref.path, {MANIFEST_NAME: "missing MANIFEST.json"}, None
+                ) from exc
+            raise CheckpointUnreadable(ref.path, MANIFEST_NAME, exc) from exc
+        try:
+            return parse_manifest(raw, ref.step)
+        except CheckpointError as exc:
+            raise CheckpointCorrupt(ref.path, {MANIFEST_NAME: str(exc)}, None) from exc
 
     def quarantine(self, step_or_ref: int | CheckpointRef, reason: str) -> Path:
         """Move a committed checkpoint aside as `.corrupt-<name>-<unix time>` (kept for
@@ -321,21 +396,27 @@ class CheckpointStore:
             # The first checkpoint is only durable if the root's own entry is.
             fsync_dir(self.root.parent)
 
-    def apply_retention(self) -> list[Path]:
+    def apply_retention(self, known_good: int | None = None) -> list[Path]:
         """Delete all but the newest `keep` committed checkpoints; return what was deleted.
 
-        If none of the kept ones even looks whole (manifest + file sizes), the newest older
-        one that does is kept too, so retention never deletes the last usable checkpoint.
+        Only ever on proof that a kept one is whole: `known_good` (the step just committed by
+        this process, every byte of which was hashed or compared as it was written or linked),
+        else the newest kept checkpoint that verifies in full. Sizes prove nothing (a flipped
+        bit keeps them), so when no kept checkpoint verifies nothing is deleted.
         """
         refs = self.committed()
         if len(refs) <= self.keep:
             return []
         kept, doomed = refs[-self.keep :], refs[: -self.keep]
-        if not any(self._looks_whole(ref) for ref in reversed(kept)):
-            for ref in reversed(doomed):
-                if self._looks_whole(ref):
-                    doomed.remove(ref)
-                    break
+        if known_good not in {ref.step for ref in kept} and not any(
+            self._verifies(ref) for ref in reversed(kept)
+        ):
+            self.log.warning(
+                "checkpoint_retention_held",
+                reason="no kept checkpoint verifies: older ones are kept too",
+                kept=[ref.path.name for ref in kept],
+            )
+            return []
         deleted = []
         for ref in doomed:
             try:
@@ -346,25 +427,20 @@ class CheckpointStore:
             deleted.append(ref.path)
         return deleted
 
-    def retain_after_commit(self) -> None:
+    def retain_after_commit(self, committed_step: int) -> None:
         """Retention after a successful commit: a failure here must not fail the commit."""
         try:
-            deleted = self.apply_retention()
+            deleted = self.apply_retention(known_good=committed_step)
         except OSError as exc:
             self.log.warning("checkpoint_retention_failed", path=str(self.root), error=str(exc))
             return
         if deleted:
             self.log.info("checkpoint_retention", deleted=[p.name for p in deleted])
 
-    def _looks_whole(self, ref: CheckpointRef) -> bool:
-        """Cheap check (no hashing): manifest parses and every file has its size."""
+    def _verifies(self, ref: CheckpointRef) -> bool:
         try:
-            manifest = self._read_manifest(ref)
-            for name, entry in parse_file_entries(manifest["files"]).items():
-                st = os.lstat(ref.path / name)
-                if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
-                    return False
-        except (OSError, CheckpointError):
+            self.verify(ref)
+        except CheckpointError:
             return False
         return True
 
@@ -382,29 +458,38 @@ class CheckpointStore:
             path.unlink()
 
 
-def _verify_file(directory: Path, name: str, entry: FileEntry) -> None:
+def _check_file(directory: Path, name: str, entry: FileEntry) -> str | None:
+    """None when the file matches its entry, else what is wrong with its bytes.
+    CheckpointUnreadable when it cannot be read at all."""
     try:
         size, digest = _size_and_digest(directory / name, entry.size)
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"missing file {name}") from exc
+    except NotARegularFile:
+        return f"{name} is not a regular file"
+    except FileNotFoundError:
+        return f"missing file {name}"
     except OSError as exc:
-        raise CheckpointError(f"cannot read {name}: {exc}") from exc
+        if _retry.is_damage(exc):
+            return f"{name} is not a regular file: {exc.strerror}"
+        raise CheckpointUnreadable(directory, name, exc) from exc
     if size != entry.size:
-        raise CheckpointError(
-            f"size mismatch for {name}: manifest says {entry.size} bytes, file has {size}"
-        )
+        return f"size mismatch for {name}: manifest says {entry.size} bytes, file has {size}"
     if digest != entry.sha256:
-        raise CheckpointError(f"checksum mismatch for {name}: sha256 {digest} != manifest")
+        return f"checksum mismatch for {name}: sha256 {digest} != manifest"
+    return None
 
 
-@_retry.transient_io
+class NotARegularFile(Exception):
+    pass
+
+
+@_retry.transient_read
 def _size_and_digest(path: Path, expected_size: int) -> tuple[int, str]:
     """Size and sha256 of a regular file; skips hashing when the size is already wrong."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = _retry.open_read(path)
     with io.FileIO(fd, "rb", closefd=True) as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"{path.name} is not a regular file")
+            raise NotARegularFile(path.name)
         if st.st_size != expected_size:
             return st.st_size, ""
         digest = hashlib.sha256()
@@ -417,8 +502,29 @@ def _size_and_digest(path: Path, expected_size: int) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-@_retry.transient_io
+@_retry.transient_read
 def _read_small(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = _retry.open_read(path)
     with io.FileIO(fd, "rb", closefd=True) as f:
         return f.read(_MAX_MANIFEST_BYTES)
+
+
+@_retry.transient_read
+def _read_whole(path: Path) -> bytes:
+    fd = _retry.open_read(path)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        return f.readall()
+
+
+@_retry.transient_read
+def _read_exactly_into(path: Path, view: memoryview) -> int:
+    """Unbuffered: readinto goes from the kernel straight into `view`. Returns bytes read."""
+    fd = _retry.open_read(path)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        filled = 0
+        while filled < len(view):
+            n = f.readinto(view[filled:])
+            if not n:
+                break
+            filled += n
+    return filled

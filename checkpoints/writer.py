@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,8 @@ class WriteStats:
     files_written: int = 0
     files_linked: int = 0
     seconds: float = 0.0
+    # Base files found rotten when about to link them ("ckpt-<step>/<name>"): rewritten.
+    bad_bases: list[str] = field(default_factory=list)
 
 
 class CheckpointWriter:
@@ -143,37 +146,46 @@ class CheckpointWriter:
         *,
         unchanged_since_step: int | None,
     ) -> FileEntry:
-        """Hard-link `name` from checkpoint `unchanged_since_step` if the caller says it is
-        unchanged and that checkpoint still holds a file of the same size; else write it.
+        """Hard-link `name` from checkpoint `unchanged_since_step` when its file there still
+        holds exactly `data`; else write `data`.
 
-        The caller vouches for "unchanged", so the data is not rehashed: the base manifest's
-        entry is reused. That is what makes an incremental checkpoint cost what changed.
+        The base file is compared byte for byte with `data` before it is linked (a read, no
+        write, no hashing): a hard link shares the inode, so linking a file whose bytes rotted
+        since it was written would put the damage into every checkpoint from now on. A base
+        that no longer matches is reported in `stats.bad_bases` and rewritten from memory.
         """
         view = as_byte_view(data)
         if unchanged_since_step is not None:
-            entry = self._try_link(name, len(view), unchanged_since_step)
+            entry = self._try_link(name, view, unchanged_since_step)
             if entry is not None:
                 return entry
         return self.write_bytes(name, view)
 
-    def _try_link(self, name: str, size: int, base_step: int) -> FileEntry | None:
+    def _try_link(self, name: str, view: memoryview, base_step: int) -> FileEntry | None:
         path = self._prepare(name)
         base_entry = self._base_entries(base_step).get(name)
-        if base_entry is None or base_entry.size != size:
+        if base_entry is None or base_entry.size != len(view):
             return None
         src = self._store.path_for(base_step) / name
         try:
-            # A cheap guard against propagating a truncated base file into new checkpoints.
-            st = os.lstat(src)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != size:
-                return None
-            _retry.link(src, path)
+            same = _same_bytes(src, view)
+            if same:
+                _retry.link(src, path)
         except OSError as exc:
-            # e.g. EXDEV/EPERM/EMLINK: linking is an optimisation, writing is always correct.
+            # e.g. EXDEV/EPERM/EMLINK/EIO: linking is an optimisation, writing is always correct.
             self._log.debug("checkpoint_link_fallback", name=name, reason=str(exc))
             return None
+        if not same:
+            self.stats.bad_bases.append(f"{src.parent.name}/{name}")
+            self._log.warning(
+                "checkpoint_base_mismatch",
+                base=str(src),
+                reason="its bytes no longer match what it was written with: rewritten from "
+                "memory; older checkpoints that share this file are damaged",
+            )
+            return None
         self._files[name] = base_entry
-        self.stats.bytes_linked += size
+        self.stats.bytes_linked += len(view)
         self.stats.files_linked += 1
         _crash_point(f"after_link:{name}")
         return base_entry
@@ -185,7 +197,7 @@ class CheckpointWriter:
         entries: dict[str, FileEntry] = {}
         manifest_path = self._store.path_for(base_step) / MANIFEST_NAME
         with contextlib.suppress(OSError, CheckpointError):
-            manifest = parse_manifest(manifest_path.read_bytes(), base_step)
+            manifest = parse_manifest(_read_all(manifest_path), base_step)
             entries = parse_file_entries(manifest["files"])
         self._base_entries_cache[base_step] = entries
         return entries
@@ -236,7 +248,7 @@ class CheckpointWriter:
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
         self.stats.seconds = time.monotonic() - self._started
-        self._store.retain_after_commit()
+        self._store.retain_after_commit(self.step)
         self._log.info(
             "checkpoint_committed",
             step=self.step,
@@ -323,3 +335,32 @@ class CheckpointWriter:
     def _ensure_open(self) -> None:
         if self._state != "open":
             raise CheckpointError(f"checkpoint writer for step {self.step} is {self._state}")
+
+
+_COMPARE_BLOCK = 1 << 20
+
+
+def _same_bytes(path: Path, view: memoryview) -> bool:
+    """Does the regular file at `path` hold exactly `view`? Reads it once, compares with memcmp
+    (a bytearray compared with a buffer), stops at the first difference."""
+    fd = _retry.open_read(path)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(view):
+            return False
+        block = bytearray(min(_COMPARE_BLOCK, len(view)))
+        offset = 0
+        while offset < len(view):
+            want = min(len(block), len(view) - offset)
+            if want < len(block):
+                block = bytearray(want)
+            if f.readinto(block) != want or block != view[offset : offset + want]:
+                return False
+            offset += want
+        return f.read(1) == b""
+
+
+def _read_all(path: Path) -> bytes:
+    fd = _retry.open_read(path)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        return f.readall()

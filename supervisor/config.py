@@ -412,6 +412,44 @@ def _parse_games(
     return tuple(games)
 
 
+def check_runs_match(cfg: Config) -> None:
+    """Refuse a configuration that would resume a game's run as another env id or algorithm.
+
+    The newest checkpoint of `runs/<name>/` records what it was trained for (its manifest's
+    `meta`); a changed `env_id` or `algo` under the same name is one ConfigError naming both
+    values and the two ways out. Reads manifests only: verifies nothing, moves nothing.
+    """
+    from checkpoints import CheckpointStore  # not needed by `rlsup status`
+
+    ctx = _Ctx(cfg.path, _read_or_empty(cfg.path))
+    for i, game in enumerate(cfg.games):
+        root = cfg.run_dir(game.name) / protocol.CHECKPOINT_DIR
+        newest = CheckpointStore(root).newest_meta()
+        if newest is None:
+            continue
+        ref, meta = newest
+        for key, have, trained in (
+            ("env_id", game.env_id, meta.get("game")),
+            ("algo", game.algo, meta.get("algo")),
+        ):
+            if trained is not None and trained != have:
+                raise ctx.fail(
+                    ["games", i, key],
+                    f"got {have!r}, but {root} holds a run of this game trained with "
+                    f"{key} = {trained!r} (newest: {ref.path.name}); a checkpoint of one game "
+                    f"or algorithm is never loaded for another. Set {key} back to {trained!r} "
+                    f"to continue that run, or move {root} aside (or give the game a new name) "
+                    "to start it fresh",
+                )
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
 def worker_config(
     game: GameSpec, mode: ModeSpec, run_dir: Path, checkpoint_every_s: float, threads: int | None
 ) -> protocol.WorkerConfig:

@@ -23,9 +23,16 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import structlog
 
-from checkpoints.store import CheckpointStore
 from supervisor import db, modes, scaling, vitals
-from supervisor.config import Config, ConfigError, GameSpec, ModeSpec, load_config, worker_config
+from supervisor.config import (
+    Config,
+    ConfigError,
+    GameSpec,
+    ModeSpec,
+    check_runs_match,
+    load_config,
+    worker_config,
+)
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
 from supervisor.launcher import Launcher, WorkerProcess, find_leftover, stop_leftovers
 from supervisor.restart import (
@@ -47,7 +54,6 @@ VITALS_EVERY_S = 5.0
 SAMPLES_EVERY_S = 60.0
 SAMPLES_KEEP_S = 7 * 24 * 3600.0
 SAMPLES_MAX_ROWS = 10_080  # a week at one row a minute
-LOAD_CRASHES_TO_QUARANTINE = 2
 
 
 class LockHeld(RuntimeError):
@@ -100,8 +106,7 @@ class GameRuntime:
     gpu_peak_mb: dict[tuple[int, int | str, int], float] = field(default_factory=dict)
     checkpoint_failures: int = 0  # the current worker's heartbeat counter, as last seen
     killed: bool = False  # the supervisor sent the current worker SIGKILL
-    # checkpoint step -> crashes of workers that resumed from it and committed nothing newer
-    load_crashes: dict[int, int] = field(default_factory=dict)
+    seen_replay_damage: int = 0  # entries of the current worker's heartbeat replay_damage seen
 
 
 @dataclass
@@ -503,12 +508,9 @@ class Supervisor:
                         **({"killed_by_supervisor": True} if rt.killed else {}),
                     },
                 )
-            if info.kind is ExitKind.CRASH or (
-                info.kind is ExitKind.SIGNALED and info.returncode != -signal.SIGKILL
-            ):
-                # Not OOMs or SIGKILLs (the kernel's OOM killer, an operator): size and
-                # memory problems, no evidence against the checkpoint.
-                self._count_load_crash(rt)
+            # A crash right after a resume is no evidence against the checkpoint (an env that
+            # failed to build, a signal from outside, an error in evaluation): the next start
+            # resumes from the same newest one, and the budget ends a real crash loop.
             self._poke_policy()  # an OOM right after start steps down before the restart
             self._failure(rt, f"{cause}: {info.description}", uptime, now)
 
@@ -532,59 +534,14 @@ class Supervisor:
             rt, S.BACKOFF, why, delay_s=round(delay, 3), failures=len(rt.failures), budget=r.budget
         )
 
-    def _count_load_crash(self, rt: GameRuntime) -> None:
-        """A crash right after loading a checkpoint counts against that checkpoint: after
-        LOAD_CRASHES_TO_QUARANTINE such crashes it is quarantined, so the next start resumes
-        from the previous one (ARCHITECTURE §2). "Right after" = the worker committed nothing
-        newer than the checkpoint it resumed from (and no checkpoint write had failed, which
-        would explain that instead)."""
-        hb = rt.heartbeat
-        if hb is None:
-            return
-        step = hb.resumed_from_step
-        if step is None and hb.phase == "loading":
-            step = latest_checkpoint_step(self.cfg.run_dir(rt.spec.name))  # died loading it
-        if step is None or step < 0 or hb.checkpoint_failures:
-            return
-        if hb.last_checkpoint_step is not None and hb.last_checkpoint_step > step:
-            return
-        rt.load_crashes[step] = rt.load_crashes.get(step, 0) + 1
-        if rt.load_crashes[step] >= LOAD_CRASHES_TO_QUARANTINE:
-            self._quarantine_checkpoint(rt, step, rt.load_crashes.pop(step))
-
-    def _quarantine_checkpoint(self, rt: GameRuntime, step: int, crashes: int) -> None:
-        name = rt.spec.name
-        store = CheckpointStore(self.cfg.run_dir(name) / protocol.CHECKPOINT_DIR)
-        others = [r.step for r in store.committed() if r.step != step]
-        reason = "worker crashed twice right after loading it"
-        detail: dict[str, Any] = {"step": step, "reason": reason, "crashes": crashes}
-        try:
-            moved = store.quarantine(step, reason)
-        except OSError as exc:
-            detail["error"] = f"could not quarantine it: {exc}"
-            self.event("checkpoint_corrupt", name, detail)
-            log.error("checkpoint_quarantine_failed", game=name, step=step, error=str(exc))
-            return
-        detail["checkpoint"] = protocol.CHECKPOINT_DIR + "/" + moved.name
-        if others:
-            detail["resume_from_step"] = max(others)
-            log.warning("checkpoint_quarantined", game=name, step=step, moved_to=str(moved))
-        else:
-            detail["only_checkpoint"] = True
-            detail["warning"] = (
-                "it was the only checkpoint: the worker will refuse to start "
-                "(no_valid_checkpoint) rather than silently start from zero; remove "
-                f"{moved} to deliberately start over"
-            )
-            log.error("checkpoint_quarantined_only_one", game=name, step=step, moved_to=str(moved))
-        self.event("checkpoint_corrupt", name, detail)
-
     def _checkpoint_events(self, rt: GameRuntime, error: dict[str, Any] | None) -> None:
         """The worker's error.json, when it is about checkpoints, becomes its own event."""
         kind = str((error or {}).get("kind") or "")
         if kind in ("no_valid_checkpoint", "checkpoint_corrupt"):
             event = "checkpoint_corrupt"
-        elif kind.startswith("checkpoint"):
+        elif kind == "checkpoint_unreadable":
+            event = "checkpoint_unreadable"
+        elif kind.startswith("checkpoint") and kind != "checkpoint_mismatch":
             event = "checkpoint_failed"
         else:
             return
@@ -667,12 +624,10 @@ class Supervisor:
                 },
             )
             log.warning("checkpoint_failed", game=rt.spec.name, error=hb.last_checkpoint_error)
-        if (
-            hb.resumed_from_step is not None
-            and hb.last_checkpoint_step is not None
-            and hb.last_checkpoint_step > hb.resumed_from_step
-        ):
-            rt.load_crashes.clear()  # it got past its checkpoint: that one is fine
+        for damage in hb.replay_damage[rt.seen_replay_damage :]:
+            self.event("replay_damaged", rt.spec.name, dict(damage))
+            log.warning("replay_damaged", game=rt.spec.name, **damage)
+        rt.seen_replay_damage = max(rt.seen_replay_damage, len(hb.replay_damage))
         if hb.gpu_mem_mb is not None and rt.mode is not None:
             sizes = rt.mode.sizes()
             rt.gpu_peak_mb[sizes] = max(rt.gpu_peak_mb.get(sizes, 0.0), hb.gpu_mem_mb)
@@ -870,7 +825,7 @@ class Supervisor:
         rt.proc, rt.mode, rt.heartbeat = proc, mode, None
         rt.seq_at = rt.step_at = rt.phase_at = now
         rt.first_step, rt.progressed, rt.stop_reason, rt.kill_at = None, False, None, None
-        rt.checkpoint_failures, rt.killed = 0, False
+        rt.checkpoint_failures, rt.killed, rt.seen_replay_damage = 0, False, 0
         rt.spawn_wall = self.wall()
         self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
         self._set(
@@ -889,6 +844,7 @@ class Supervisor:
     def reload(self, now: float) -> None:
         try:
             new = load_config(self.cfg.path)
+            check_runs_match(_replace_state_dir(new, self.cfg.state_dir))
         except ConfigError as exc:
             log.error("config_error", error=str(exc), kept="previous configuration")
             self.event("config_error", None, {"message": str(exc), "kept": "previous"})

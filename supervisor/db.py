@@ -33,6 +33,8 @@ EVENT_KINDS = frozenset(
         "fatal",
         "checkpoint_corrupt",
         "checkpoint_failed",
+        "checkpoint_unreadable",
+        "replay_damaged",
         "gpu_wait",
         "scale_down",
         "scale_up",

@@ -39,6 +39,8 @@ class CheckpointResult:
     bytes_written: int = 0
     bytes_linked: int = 0
     error: str | None = None
+    # Base files that no longer matched their bytes when about to be linked (rewritten).
+    bad_bases: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +61,16 @@ def serialise_learner(learner: Any) -> bytes:
     return buf.getvalue()
 
 
+def checkpoint_meta(cfg: WorkerConfig) -> dict[str, Any]:
+    """What a checkpoint was trained for (MANIFEST.json `meta`): a run is tied to its game."""
+    return {"game": cfg.game, "algo": cfg.algo}
+
+
 def restore_learner(loaded: LoadedCheckpoint, learner: Any, device: torch.device) -> dict[str, Any]:
-    """Load learner state + RNGs (weights only: no code runs) and return the saved counters."""
+    """Load learner state + RNGs (weights only: no code runs) and return the saved counters.
+
+    Replay chunks listed in `loaded.damaged` are left out of the buffer (see
+    ReplayBuffer.load); everything else is restored exactly."""
     with loaded.open(LEARNER_FILE) as f:
         blob = torch.load(f, map_location=device, weights_only=True)
     learner.load_state_dict(blob["learner"])
@@ -122,7 +132,7 @@ class Checkpointer:
             self._thread.join(timeout_s)
 
     def _write(self, cap: Capture, pause_s: float | None) -> CheckpointResult:
-        meta = {"game": self.cfg.game, "algo": self.cfg.algo}
+        meta = checkpoint_meta(self.cfg)
         try:
             with self.store.begin(cap.step, meta) as writer:
                 writer.write_bytes(LEARNER_FILE, cap.learner_blob)
@@ -141,6 +151,7 @@ class Checkpointer:
                 seconds=seconds,
                 bytes_written=writer.stats.bytes_written,
                 bytes_linked=writer.stats.bytes_linked,
+                bad_bases=tuple(writer.stats.bad_bases),
             )
         except (CheckpointWriteFailed, OSError) as exc:
             result = self._failed(cap, pause_s, exc)

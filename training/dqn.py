@@ -110,7 +110,7 @@ class DQNLearner:
         else:
             frame_shape, frame_dtype, stack = self.obs_shape, np.dtype(np.float32), 1
         self._replay: ReplayBuffer | None = ReplayBuffer(
-            cfg.buffer_size, frame_shape, frame_dtype, stack
+            cfg.buffer_size, frame_shape, frame_dtype, stack, chunk_bytes=cfg.replay_chunk_kib << 10
         )
 
     # ---- replay and envs -------------------------------------------------------------------

@@ -137,6 +137,9 @@ class WorkerConfig:
     )
     # DQN
     buffer_size: int = _f(100_000, "DQN: replay capacity in transitions")
+    replay_chunk_kib: int = _f(
+        16_384, "DQN: replay chunk file size in KiB, the unit of incremental checkpoints"
+    )
     learning_starts: int = _f(10_000, "DQN: agent steps before learning starts")
     train_frequency: int = _f(4, "DQN: agent steps per gradient step (per env step batch)")
     target_update_interval: int = _f(1_000, "DQN: agent steps between target network syncs")
@@ -299,7 +302,7 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_game(cfg.game)
     for name in ("num_envs", "total_steps", "keep_checkpoints", "n_steps", "epochs", "buffer_size"):
         _check_positive(name, getattr(cfg, name))
-    for name in ("train_frequency", "target_update_interval", "lr_step_size"):
+    for name in ("train_frequency", "target_update_interval", "lr_step_size", "replay_chunk_kib"):
         _check_positive(name, getattr(cfg, name))
     if cfg.learning_starts < 0:
         raise ConfigError(f"--learning-starts {cfg.learning_starts}: must be >= 0")
@@ -401,6 +404,10 @@ class Heartbeat:
     quarantined: list[str] = dataclasses.field(default_factory=list)
     checkpoint_failures: int = 0
     last_checkpoint_error: str | None = None
+    # Replay chunks found damaged, newest last: on load (`when` "load": left out, their
+    # transitions dropped) or when about to link them into a new checkpoint ("checkpoint":
+    # rewritten from memory). Each: checkpoint, files, when, and transitions_dropped on load.
+    replay_damage: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

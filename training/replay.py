@@ -33,6 +33,7 @@ training loop); save() may run in another thread concurrently with them; mark_co
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -78,6 +79,7 @@ class _Writer(Protocol):
 
 class _Loaded(Protocol):
     step: int
+    damaged: dict[str, str]
 
     def read_json(self, name: str) -> Any: ...
 
@@ -86,6 +88,14 @@ class _Loaded(Protocol):
 
 def chunk_file(array: str, chunk: int) -> str:
     return f"replay/{array}-{chunk:06d}.bin"
+
+
+_CHUNK_FILE_RE = re.compile(r"replay/(?:frames|slots)-\d{6}\.bin")
+
+
+def is_chunk_file(name: str) -> bool:
+    """A replay chunk file: one the buffer can do without (its transitions are dropped)."""
+    return _CHUNK_FILE_RE.fullmatch(name) is not None
 
 
 def _byte_view(a: np.ndarray) -> memoryview:
@@ -185,6 +195,8 @@ class ReplayBuffer:
         self._base_epoch = -1
         self._lock = threading.Lock()  # guards _base_* and _active
         self._active: tuple[ReplaySnapshot, ...] = ()
+        # Set by load() when damaged chunks were left out: what was lost, for the operator.
+        self.load_damage: dict[str, Any] | None = None
 
     # ---- sizes --------------------------------------------------------------------------
 
@@ -515,6 +527,19 @@ class ReplayBuffer:
         )
         writer.link_or_write(chunk_file("slots", c), _byte_view(slots), unchanged_since_step=since)
 
+    def _drop_chunks(self, chunks: list[int], files: list[str]) -> None:
+        """After a load that left damaged chunks empty: recount, and mark them dirty so the next
+        checkpoint writes them from memory instead of linking the damaged files."""
+        before = self._n_transitions
+        self._n_transitions = int(self._slots["valid"].sum())
+        self._chunk_gen[chunks] = self._epoch
+        self.load_damage = {
+            "chunks": chunks,
+            "files": files,
+            "transitions_dropped": before - self._n_transitions,
+            "transitions_kept": self._n_transitions,
+        }
+
     def mark_committed(self, snapshot: ReplaySnapshot, step: int) -> None:
         """The committed checkpoint of `step` holds `snapshot`: link unchanged chunks from it."""
         if snapshot._buffer is not self:
@@ -549,7 +574,11 @@ class ReplayBuffer:
         if buf.chunk_slots != chunk_slots or buf.num_chunks != int(meta["num_chunks"]):
             raise ValueError("replay chunk layout in the checkpoint is inconsistent")
         t = int(meta["t"])
+        damaged = set(loaded.damaged)
+        bad = [c for c in buf._save_order(t) if damaged & {chunk_file(a, c) for a in ARRAYS}]
         for c in buf._save_order(t):
+            if c in bad:
+                continue  # left empty (widx -1): no chain can pass through it
             lo, hi = buf.chunk_bounds(c)
             loaded.read_into(chunk_file("frames", c), _byte_view(buf._frames[lo:hi]))
             loaded.read_into(chunk_file("slots", c), _byte_view(buf._slots[lo:hi]))
@@ -560,4 +589,6 @@ class ReplayBuffer:
         # Everything equals the loaded checkpoint: generation 0 <= base epoch 0.
         buf._epoch = 1
         buf._base_step, buf._base_epoch = int(loaded.step), 0
+        if bad:
+            buf._drop_chunks(bad, sorted(damaged))
         return buf

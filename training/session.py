@@ -14,9 +14,21 @@ from typing import Any
 import structlog
 import torch
 
-from checkpoints import CheckpointStore, LoadedCheckpoint, NoValidCheckpoint, write_json_atomic
+from checkpoints import (
+    CheckpointCorrupt,
+    CheckpointStore,
+    CheckpointUnreadable,
+    LoadedCheckpoint,
+    NoValidCheckpoint,
+    write_json_atomic,
+)
 from training import rng
-from training.checkpointing import Checkpointer, CheckpointResult, restore_learner
+from training.checkpointing import (
+    Checkpointer,
+    CheckpointResult,
+    checkpoint_meta,
+    restore_learner,
+)
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
 from training.protocol import (
     CHECKPOINT_DIR,
@@ -29,6 +41,7 @@ from training.protocol import (
     WorkerConfig,
     read_json_file,
 )
+from training.replay import is_chunk_file
 
 STARTING_DEADLINE_S = 300.0
 STOPPING_DEADLINE_S = 120.0
@@ -40,6 +53,33 @@ class NoValidCheckpointError(ConfigError):
     """Checkpoints exist but none verifies: refusing to start from zero."""
 
     kind = "no_valid_checkpoint"
+
+
+class CheckpointMismatch(ConfigError):
+    """The run dir's checkpoints were trained for another env id or algorithm."""
+
+    kind = "checkpoint_mismatch"
+
+
+class CheckpointUnreadableError(RuntimeError):
+    """The newest checkpoint could not be read (EIO, EACCES, ...): it is kept, not quarantined,
+    and the supervisor retries after a backoff."""
+
+    kind = "checkpoint_unreadable"
+
+
+_OOM_TEXTS = (
+    "CUDA out of memory",
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA or host out of memory, however torch or numpy spells it (exit 76, not a crash)."""
+    if isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_TEXTS)
 
 
 class FinalCheckpointFailed(RuntimeError):
@@ -112,10 +152,15 @@ class TrainingSession:
         store = CheckpointStore(
             self.run_dir / CHECKPOINT_DIR, keep=self.cfg.keep_checkpoints, log=self.log
         )
-        swept = store.sweep()
-        if swept:
-            self.log.info("staging_swept", paths=[str(p) for p in swept])
-        loaded = self._load_newest(store)
+        try:
+            swept = store.sweep()
+            if swept:
+                self.log.info("staging_swept", paths=[str(p) for p in swept])
+            loaded = self._load_newest(store)
+        except OSError as exc:  # listing or sweeping the store itself failed: not corruption
+            raise CheckpointUnreadableError(
+                f"cannot read the checkpoints in {store.root}: {exc}; nothing was moved"
+            ) from exc
         if (
             loaded is not None
             and loaded.step >= self.cfg.total_steps
@@ -136,22 +181,47 @@ class TrainingSession:
 
     # ---- loading -------------------------------------------------------------------------
     def _load_newest(self, store: CheckpointStore) -> LoadedCheckpoint | None:
+        # Before anything is verified or moved: a run is never resumed as another game.
+        newest = store.newest_meta()
+        if newest is not None:
+            self._check_same_run(store, newest[0].path.name, newest[1])
         latest = store.latest()
         self.hb.set_phase(
             Phase.LOADING, loading_deadline_s(_dir_bytes(latest.path if latest else None))
         )
         try:
-            loaded = store.load_latest()
+            loaded = store.load_latest(salvage=is_chunk_file)
         except NoValidCheckpoint as exc:
             raise NoValidCheckpointError(
                 f"checkpoints exist in {store.root} but none verifies; refusing to start from "
                 f"zero: {exc}"
             ) from exc
-        if loaded is not None and loaded.quarantined:
+        except CheckpointUnreadable as exc:
+            raise CheckpointUnreadableError(
+                f"{exc}; it was not moved (a read error is not corruption): the next start "
+                "tries it again"
+            ) from exc
+        if loaded is None:
+            return None
+        self._check_same_run(store, loaded.path.name, loaded.meta)
+        if loaded.quarantined:
             names = [f"{name} ({reason})" for name, reason in loaded.quarantined]
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
         return loaded
+
+    def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:
+        want = checkpoint_meta(self.cfg)
+        if all(meta.get(key) in (None, value) for key, value in want.items()):
+            return
+        was = f"{meta.get('game')} / {meta.get('algo')}"
+        now = f"{want['game']} / {want['algo']}"
+        raise CheckpointMismatch(
+            f"{store.root} holds checkpoints of {was} ({name}), but this worker is configured "
+            f"for {now}: a checkpoint of one game or algorithm is never loaded for another. To "
+            f"continue that run, set env_id/algo back to {was}; to start this game fresh, move "
+            f"{store.root} aside (or give the game a new name)"
+        )
 
     def _restore(
         self, device: torch.device, store: CheckpointStore, loaded: LoadedCheckpoint | None
@@ -160,23 +230,46 @@ class TrainingSession:
 
         A checkpoint can verify (its bytes are the ones that were written) and still be refused
         by the weights-only loader: one crafted to run code on load, say. That is a corrupt
-        checkpoint, not a crash to retry: quarantine it and fall back to the previous one.
+        checkpoint, not a crash to retry: quarantine it and fall back to the previous one. A
+        read error while loading is not: the checkpoint stays and the worker exits
+        `checkpoint_unreadable`.
         """
         while True:
             try:
-                return loaded, self._build_learner(device, loaded)
-            except UnpicklingError as exc:
+                counters = self._build_learner(device, loaded)
+            except (UnpicklingError, CheckpointCorrupt) as exc:
                 if loaded is None:
                     raise
-                reason = f"refused by the weights-only loader: {exc}"[:300]
-                store.quarantine(loaded.step, reason)
-                self.log.warning("checkpoint_refused", path=str(loaded.path), reason=reason)
-                name = f"{loaded.path.name} ({reason})"
-                self.hb.update(quarantined=[*self.hb.current.quarantined, name])
-                if self.learner is not None:
-                    self.learner.close()
-                    self.learner = None
+                self._quarantine_refused(store, loaded, exc)
                 loaded = self._load_newest(store)
+                continue
+            except CheckpointUnreadable as exc:
+                raise CheckpointUnreadableError(
+                    f"{exc}; it was not moved: the next start tries it again"
+                ) from exc
+            self._report_replay_damage(loaded)
+            return loaded, counters
+
+    def _quarantine_refused(
+        self, store: CheckpointStore, loaded: LoadedCheckpoint, exc: Exception
+    ) -> None:
+        what = "refused by the weights-only loader" if isinstance(exc, UnpicklingError) else ""
+        reason = f"{what or 'changed since it was verified'}: {exc}"[:300]
+        store.quarantine(loaded.step, reason)
+        self.log.warning("checkpoint_refused", path=str(loaded.path), reason=reason)
+        name = f"{loaded.path.name} ({reason})"
+        self.hb.update(quarantined=[*self.hb.current.quarantined, name])
+        if self.learner is not None:
+            self.learner.close()
+            self.learner = None
+
+    def _report_replay_damage(self, loaded: LoadedCheckpoint | None) -> None:
+        damage = getattr(getattr(self.learner, "replay", None), "load_damage", None)
+        if loaded is None or not damage:
+            return
+        entry = {"checkpoint": loaded.path.name, "when": "load", **damage}
+        self.log.warning("replay_damaged", **entry)
+        self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
 
     def _build_learner(
         self, device: torch.device, loaded: LoadedCheckpoint | None
@@ -193,6 +286,8 @@ class TrainingSession:
             try:
                 prior = restore_learner(loaded, self.learner, device)
             except (RuntimeError, KeyError, ValueError) as exc:
+                if is_out_of_memory(exc):
+                    raise  # exit 76: the policy steps down, the checkpoint is fine
                 raise ConfigError(
                     f"checkpoint {loaded.path} does not fit this configuration "
                     f"(changed network or algorithm?): {exc}"
@@ -369,6 +464,15 @@ class TrainingSession:
             "bytes_written": result.bytes_written,
             "bytes_linked": result.bytes_linked,
         }
+        if result.bad_bases:
+            entry = {
+                "checkpoint": ", ".join(sorted({b.split("/", 1)[0] for b in result.bad_bases})),
+                "files": list(result.bad_bases),
+                "when": "checkpoint",
+                "rewritten_in": f"ckpt-{result.step:012d}" if result.ok else None,
+            }
+            self.log.warning("replay_damaged", **entry)
+            self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
         if result.ok:
             self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())
             self.log.info("checkpoint", **fields)

@@ -136,8 +136,12 @@ class Worker:
         except MemoryError as exc:
             return self._error_exit(ExitCode.OOM, "host_oom", f"host out of memory: {exc}")
         except Exception as exc:
-            if _is_cuda_oom(exc):
-                return self._error_exit(ExitCode.OOM, "cuda_oom", f"CUDA out of memory: {exc}")
+            from training.session import is_out_of_memory
+
+            if is_out_of_memory(exc):
+                cuda = "CUDA" in str(exc) or "cuda" in type(exc).__module__
+                kind, where = ("cuda_oom", "CUDA") if cuda else ("host_oom", "host")
+                return self._error_exit(ExitCode.OOM, kind, f"{where} out of memory: {exc}")
             kind = getattr(exc, "kind", "crash")
             return self._error_exit(1, kind, f"{type(exc).__name__}: {exc}")
 
@@ -172,12 +176,6 @@ class Worker:
     def _watch_parent(self) -> None:
         if os.getppid() != self.parent_pid:
             self.stop.set("parent_gone")
-
-
-def _is_cuda_oom(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in str(exc)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,12 @@ import argparse
 import os
 import sys
 
-from supervisor.commands._common import EXIT_FAIL, add_config_argument, load_config_or_exit
+from supervisor.commands._common import (
+    EXIT_FAIL,
+    EXIT_USAGE,
+    add_config_argument,
+    load_config_or_exit,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,9 +33,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
     from supervisor import db
+    from supervisor.config import ConfigError, check_runs_match
     from supervisor.daemon import LockHeld, Supervisor, acquire_lock
     from supervisor.logs import configure_logging
 
+    try:
+        check_runs_match(cfg)
+    except ConfigError as exc:
+        print(f"rlsup: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     configure_logging()
     os.umask(0o077)  # state, runs and logs are private to their owner (workers inherit it)
     db.make_private_dir(cfg.state_dir)

@@ -5,8 +5,9 @@ Heart-beats every 0.05 s, advances global_step by num_envs per beat, exits 0 at 
 {"oom_above_envs": N}: exit 76 (OOM) when started with more than N envs;
 {"checkpoint_failures": N, "last_checkpoint_error": "..."}: report failed checkpoint writes;
 {"resume_from_checkpoints": true}: resume from the newest `checkpoints/ckpt-*` directory
-(like the real worker: none left but `.corrupt-*` ones -> exit 78 no_valid_checkpoint), and
-crash (exit 1) right after loading one that holds a file named POISON.
+(like the real worker: none left but `.corrupt-*` ones -> exit 78 no_valid_checkpoint);
+{"crash_after_resume": true}: crash (exit 1) right after resuming, for a cause outside the
+checkpoint (an env that fails to build, say).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> int:
     step = int(progress.read_text()) if progress.exists() else 0
     resumed: int | None = step
     last_ckpt: int | None = step
-    poisoned = False
+    crash_now = False
     if script.get("resume_from_checkpoints"):
         ckpts = run / "checkpoints"
         names = sorted(p.name for p in ckpts.glob("ckpt-*")) if ckpts.is_dir() else []
@@ -44,7 +45,7 @@ def main() -> int:
             return fail(run, 78, "no_valid_checkpoint", "checkpoints exist but none verifies")
         resumed = last_ckpt = int(names[-1][5:]) if names else None
         step = resumed or 0
-        poisoned = bool(names) and (ckpts / names[-1] / "POISON").exists()
+        crash_now = bool(names) and bool(script.get("crash_after_resume"))
     seq = 0
     while True:
         seq += 1
@@ -73,8 +74,8 @@ def main() -> int:
         tmp.write_text(json.dumps(hb))
         os.replace(tmp, run / HEARTBEAT_FILE)
         progress.write_text(str(step))
-        if poisoned:
-            return 1  # crashed right after loading the checkpoint
+        if crash_now:
+            return fail(run, 1, "crash", "RuntimeError: envpool failed to build the envs")
         if step >= cfg.total_steps:
             return 0
         if stop:
