@@ -16,7 +16,8 @@ from tenacity import (
     retry,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
     wait_random_exponential,
 )
 
@@ -63,7 +64,7 @@ transient_io = retry(
 transient_read = retry(
     stop=stop_after_attempt(5),
     # 0.05, 0.1, 0.2, 0.4 s (+ up to 0.05 s jitter): about 0.8 s before giving up.
-    wait=wait_exponential_jitter(initial=0.05, max=1.0, jitter=0.05),
+    wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
     retry=retry_if_exception(is_transient_read),
     reraise=True,
 )

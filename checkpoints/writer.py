@@ -176,7 +176,7 @@ class CheckpointWriter:
             self._log.debug("checkpoint_link_fallback", name=name, reason=str(exc))
             return None
         if not same:
-            self.stats.bad_bases.append(f"{src.parent.name}/{name}")
+            self.stats.bad_bases.append(f"{self._store.path_for(base_step).name}/{name}")
             self._log.warning(
                 "checkpoint_base_mismatch",
                 base=str(src),

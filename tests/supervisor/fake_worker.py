@@ -7,7 +7,8 @@ Heart-beats every 0.05 s, advances global_step by num_envs per beat, exits 0 at 
 {"resume_from_checkpoints": true}: resume from the newest `checkpoints/ckpt-*` directory
 (like the real worker: none left but `.corrupt-*` ones -> exit 78 no_valid_checkpoint);
 {"crash_after_resume": true}: crash (exit 1) right after resuming, for a cause outside the
-checkpoint (an env that fails to build, say).
+checkpoint (an env that fails to build, say); {"replay_damage": [...]}: report damaged replay
+chunks in the heartbeat.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> int:
             "threads": cfg.threads,
             "checkpoint_failures": script.get("checkpoint_failures", 0),
             "last_checkpoint_error": script.get("last_checkpoint_error"),
+            "replay_damage": script.get("replay_damage", []),
         }
         tmp = run / "hb.tmp"
         tmp.write_text(json.dumps(hb))

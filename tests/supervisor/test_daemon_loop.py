@@ -179,6 +179,69 @@ def test_bad_reload_keeps_the_old_config(make) -> None:  # type: ignore[no-untyp
     assert errors and "not valid TOML" in errors[0].detail["message"]
 
 
+def _trained_for(run: Path, env_id: str, algo: str = "ppo") -> None:
+    from checkpoints import CheckpointStore
+
+    with CheckpointStore(run / "checkpoints").begin(64, {"game": env_id, "algo": algo}) as w:
+        w.write_bytes("learner.pt", b"x")
+        w.commit()
+
+
+def test_reload_that_changes_a_games_env_id_is_refused_naming_both(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    _trained_for(sup.cfg.run_dir("a"), "CartPole-v1")
+    pid, old = sup.games["a"].proc.pid, sup.cfg
+    text = sup.cfg.path.read_text().replace('env_id = "CartPole-v1"', 'env_id = "Acrobot-v1"')
+    sup.cfg.path.write_text(text)
+    sup.flags.reload = True
+    sup.safe_tick()
+    assert sup.cfg is old and sup.games["a"].proc.pid == pid, "old config kept, worker untouched"
+    [error] = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    message = error.detail["message"]
+    assert "games[0].env_id" in message and "'Acrobot-v1'" in message
+    assert "env_id = 'CartPole-v1'" in message and "move" in message
+
+
+def test_rlsup_run_refuses_a_changed_algo_with_exit_2(tmp_path: Path) -> None:
+    import subprocess
+
+    path = tmp_path / "rlsup.toml"
+    path.write_text(CONFIG.format(cap=1, games=game("a", 100), extra="", tail=""))
+    _trained_for(tmp_path / "state" / "runs" / "a", "CartPole-v1", algo="dqn")
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "run", "--config", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "games[0].algo: got 'ppo'" in done.stderr and "algo = 'dqn'" in done.stderr
+    assert not (tmp_path / "state" / "rlsup.db").exists(), "refused before anything was written"
+
+
+def test_worker_reports_become_events_and_unreadable_checkpoints_back_off(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    damage = {"checkpoint": "ckpt-000000000064", "when": "load", "chunks": [3],
+              "files": ["replay/frames-000003.bin"], "transitions_dropped": 61}  # fmt: skip
+    for name, script in (
+        ("rot", {"replay_damage": [damage]}),
+        ("eio", {"exit": 1, "kind": "checkpoint_unreadable", "message": "cannot read x: EIO"}),
+    ):
+        run = tmp_path / "state" / "runs" / name
+        run.mkdir(parents=True)
+        (run / "fake.json").write_text(json.dumps(script))
+    sup = make(game("rot", 100_000) + game("eio", 100), cap=2)
+    spin(sup, lambda: sup.games["eio"].state is S.FATAL and sup.games["rot"].state is S.RUNNING)
+    [event] = db.events(sup.conn, kind="replay_damaged", game="rot")  # type: ignore[arg-type]
+    assert event.detail == damage
+    unreadable = db.events(sup.conn, kind="checkpoint_unreadable", game="eio")  # type: ignore[arg-type]
+    assert len(unreadable) == 2 and "EIO" in unreadable[0].detail["message"]
+    assert db.events(sup.conn, kind="backoff", game="eio"), "retried after a backoff"
+    assert "restart budget spent" in sup.games["eio"].reason
+    assert not db.events(sup.conn, kind="checkpoint_corrupt")  # type: ignore[arg-type]
+
+
 def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a", 100_000))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
