@@ -70,7 +70,7 @@ def default_games(fault_phase_s: float) -> list[GameDef]:
             "dqn",
             int(STEPS_PER_FAULT_S["cartpole_dqn"] * scale),
             "{ eval_episodes = 0, buffer_size = 20000, learning_starts = 1000, "
-            "target_update_interval = 500 }",
+            "target_update_interval = 500, replay_chunk_kib = 16 }",
         ),
         GameDef(
             "cartpole_ppo",
@@ -124,6 +124,7 @@ class WorkerLife:
     last_seen: float = 0.0
     checkpoint_failures: int = 0
     steps: list[tuple[float, int]] = field(default_factory=list)
+    replay_damage: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class Fault:
     corrupted: dict[str, int] = field(default_factory=dict)  # game -> step made corrupt
     expect_resume: dict[str, int] = field(default_factory=dict)
     t_end: float | None = None  # disk_full: when space returned
+    damaged_file: str | None = None  # replay_rot*: the chunk file flipped
     inflight_from: dict[str, int] = field(
         default_factory=dict
     )  # game -> step when killed mid-write
@@ -144,6 +146,9 @@ class Fault:
     redone_steps: int | None = None
     survived: bool = True
     problems: list[str] = field(default_factory=list)
+    # crash_storm: the replacements killed right after their resume (not "the replacement")
+    storm: dict[int, int] = field(default_factory=dict)  # pid -> signal
+    t_storm_end: float | None = None
 
 
 class Monitor(threading.Thread):
@@ -156,6 +161,9 @@ class Monitor(threading.Thread):
         self.lives: dict[tuple[str, int], WorkerLife] = {}
         self.committed: dict[str, dict[int, float]] = {g: {} for g in games}  # step -> first seen
         self.corrupt_dirs: dict[str, set[str]] = {g: set() for g in games}
+        self.present: dict[str, set[int]] = {g: set() for g in games}
+        # (step, newer steps present when it went) for committed checkpoints that disappeared
+        self.deleted: dict[str, list[tuple[int, list[int]]]] = {g: [] for g in games}
         self.most_workers: dict[str, int] = dict.fromkeys(games, 0)
         self.duplicates: list[str] = []
         self.most_supervisors = 0
@@ -224,17 +232,23 @@ class Monitor(threading.Thread):
             entries = list(os.scandir(root))
         except OSError:
             return
+        present: set[int] = set()
         for e in entries:
             if e.name.startswith("ckpt-") and e.name[5:].isdigit():
                 step = int(e.name[5:])
-                if step not in self.committed[game] and os.path.exists(
-                    os.path.join(e.path, "MANIFEST.json")
-                ):
-                    with self.lock:
-                        self.committed[game][step] = now
+                if os.path.exists(os.path.join(e.path, "MANIFEST.json")):
+                    present.add(step)
+                    if step not in self.committed[game]:
+                        with self.lock:
+                            self.committed[game][step] = now
             elif e.name.startswith(".corrupt-"):
                 with self.lock:
                     self.corrupt_dirs[game].add(e.name)
+        with self.lock:
+            quarantined = {int(n[14:26]) for n in self.corrupt_dirs[game] if n[14:26].isdigit()}
+            for step in self.present[game] - present - quarantined:
+                self.deleted[game].append((step, sorted(s for s in present if s > step)))
+            self.present[game] = present
 
     def _read_heartbeat(self, game: str, now: float) -> None:
         try:
@@ -268,6 +282,7 @@ class Monitor(threading.Thread):
             life.checkpoint_failures = max(
                 life.checkpoint_failures, int(hb.get("checkpoint_failures") or 0)
             )
+            life.replay_damage = list(hb.get("replay_damage") or [])
             if not life.steps or life.steps[-1][1] != step:
                 life.steps.append((now, step))
 
@@ -322,6 +337,7 @@ class Soak:
         self.state = self.dir / "state"
         self.config = self.dir / "rlsup.toml"
         self.boot_file = self.dir / "boot_id"
+        self.read_faults = self.dir / "read-faults"
         self.boot_n = 1
         self.game_names = [g.name for g in settings.games]
         self.env = self._env()
@@ -348,6 +364,7 @@ class Soak:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO)
         env["RLSUP_BOOT_ID_PATH"] = str(self.boot_file)
+        env["RLSUP_FAULT_READ_ERRORS"] = str(self.read_faults)  # checkpoints/_faults.py
         env["PYTHONWARNINGS"] = "ignore"
         for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RLSUP_CONFIG"):
             env.pop(key, None)
@@ -379,6 +396,7 @@ class Soak:
     def setup(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.boot_file.write_text("soak-boot-1\n")
+        self.read_faults.write_text("")
         self.write_config()
         for g in self.game_names:
             (self.state / "runs" / g).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -470,6 +488,11 @@ class Soak:
             "oom",
             "kill",
             "kill_staging",
+            "replay_rot",
+            "replay_rot_live",
+            "read_eio",
+            "crash_storm",
+            "env_id_change",
         ]
         self.rng.shuffle(kinds)
         # the mode pin goes early, `auto` well later
@@ -478,6 +501,7 @@ class Soak:
         per_fault_s = 7.0
         n = max(self.s.min_faults, int(self.s.fault_phase_s / per_fault_s))
         filler = ["kill", "kill", "kill_staging", "sigstop", "corrupt_truncate", "corrupt_bitflip"]
+        filler += ["replay_rot", "replay_rot_live", "read_eio", "crash_storm"]
         if n > 40:  # long runs: the global faults recur too
             filler += ["supervisor_kill", "host_reboot", "oom", "disk_full"]
         while len(kinds) < n:
@@ -734,6 +758,237 @@ class Soak:
         self.corrupted[game].add(steps[-1])
         return fault
 
+    # ---- checkpoint faults real hosts produce (issue 9) ----
+    DQN_GAME = "cartpole_dqn"
+
+    def _newest(self, game: str) -> Path | None:
+        root = self.monitor.run_dir(game) / "checkpoints"
+        dirs = sorted(
+            p
+            for p in root.glob("ckpt-*")
+            if p.name[5:].isdigit() and (p / "MANIFEST.json").exists()
+        )
+        return dirs[-1] if dirs else None
+
+    def _shared_chunk(self, newest: Path, behind_cursor: bool) -> Path | None:
+        """A replay chunk of `newest` hard-linked by other checkpoints too (nlink >= 2).
+        behind_cursor: the most recently written such chunk (the live worker links it again at
+        its next checkpoint); else the most widely shared one."""
+        chunks = []
+        for p in (newest / "replay").glob("frames-*.bin"):
+            with contextlib.suppress(OSError):
+                chunks.append((os.stat(p).st_nlink, int(p.stem.split("-")[1]), p))
+        shared = [c for c in chunks if c[0] >= 2]
+        if not shared:
+            return None
+        if not behind_cursor:
+            return max(shared)[2]
+        meta = json.loads((newest / "replay" / "meta.json").read_text())
+        cursor = (int(meta["t"]) % int(meta["capacity"])) // int(meta["chunk_slots"])
+        n = int(meta["num_chunks"])
+        by_chunk = {c: p for _, c, p in shared}
+        for back in range(1, n):
+            c = (cursor - back) % n
+            if c in by_chunk:
+                return by_chunk[c]
+        return None
+
+    @staticmethod
+    def _flip_bit(path: Path, rng: random.Random) -> str:
+        size = path.stat().st_size
+        off = rng.randrange(size)
+        with open(path, "r+b") as f:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+        return f"{path.parent.parent.name}/replay/{path.name} bit flipped at byte {off}"
+
+    def _f_replay_rot(self) -> Fault | None:
+        """Kill the DQN worker, flip one bit in a replay chunk that several checkpoints share
+        (one inode): the replacement must resume the newest learner exactly, drop only that
+        chunk's transitions, report it, and quarantine nothing."""
+        game = self.DQN_GAME
+
+        def ready() -> bool:
+            newest = self._newest(game)
+            return (
+                self._healthy_not_stopped(game)
+                and self._owned(game)
+                and newest is not None
+                and self._shared_chunk(newest, behind_cursor=False) is not None
+            )
+
+        if self._done(game) or not self._wait_for(ready, 60):
+            return None
+        t = time.monotonic()
+        pid = self._kill_worker(game)
+        if pid is None:
+            return None
+        self._wait_gone(pid)
+        fault = Fault("replay_rot", [game], t, {game: pid})
+        newest = self._newest(game)
+        chunk = self._shared_chunk(newest, behind_cursor=False) if newest else None
+        if chunk is None:
+            fault.kind, fault.note = "kill", "no shared replay chunk yet: plain kill"
+            return fault
+        fault.note = self._flip_bit(chunk, self.rng) + f" (nlink {os.stat(chunk).st_nlink})"
+        fault.damaged_file = f"replay/{chunk.name}"
+        return fault
+
+    def _f_replay_rot_live(self) -> Fault | None:
+        """Flip one bit in a shared replay chunk under the running DQN worker: its next
+        checkpoint must find the base no longer matching, rewrite the chunk from memory, say
+        so, and commit a checkpoint that verifies in full."""
+        game = self.DQN_GAME
+        if self._done(game):
+            return None
+        self._wait_for(lambda: self._healthy_not_stopped(game) and self._owned(game), 60)
+        newest = self._newest(game)
+        chunk = self._shared_chunk(newest, behind_cursor=True) if newest else None
+        life = self.monitor.current(game)
+        if chunk is None or newest is None or life is None:
+            return None
+        t = time.monotonic()
+        fault = Fault("replay_rot_live", [game], t, note=self._flip_bit(chunk, self.rng))
+        fault.damaged_file = f"replay/{chunk.name}"
+        after = int(newest.name[5:])
+        deadline = t + 4 * self.s.checkpoint_every_s + 20
+        while time.monotonic() < deadline and not self._done(game):
+            later = [s for s in self.monitor.committed_steps(game) if s > after]
+            if later:
+                self._verify_committed(game, later[0], fault)
+                return fault
+            time.sleep(0.1)
+        if not self._done(game):
+            fault.problems.append(f"{game}: no checkpoint committed after the bit flip")
+        return fault
+
+    def _verify_committed(self, game: str, step: int, fault: Fault) -> None:
+        from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
+
+        path = self.monitor.run_dir(game) / "checkpoints" / f"ckpt-{step:012d}"
+        try:
+            CheckpointStore(path.parent).verify(CheckpointRef(path, step))
+        except FileNotFoundError:
+            return  # already retired by retention: nothing to check
+        except CheckpointError as exc:
+            fault.problems.append(f"{game}: ckpt-{step:012d}, committed after the flip: {exc}")
+
+    def _f_read_eio(self) -> Fault | None:
+        """Reads of one game's checkpoints fail with EIO for a while (the store's read seam),
+        and its worker is killed: replacements must exit `checkpoint_unreadable` and back off,
+        nothing may be quarantined, and once reads work the newest checkpoint is resumed."""
+        game = self.pick_game(need_ckpts=1)
+        if game is None:
+            return None
+        root = self.monitor.run_dir(game) / "checkpoints"
+        t = time.monotonic()
+        self.read_faults.write_text(f"EIO {root}/\n")
+        pid = self._kill_worker(game)
+        fault = Fault("read_eio", [game], t, {game: pid} if pid else {})
+        # Until a replacement has run into it (and backed off), plus a little.
+        seen = self._wait_for(lambda: self._event_since("checkpoint_unreadable", t), 60)
+        time.sleep(1.0)
+        self.read_faults.write_text("")
+        eio_s = time.monotonic() - t
+        fault.note = f"EIO on every read under {root}/ for {eio_s:.1f} s"
+        if not seen:
+            fault.note += " (no replacement read in that time)"
+        return fault
+
+    def _f_crash_storm(self) -> Fault | None:
+        """Signals other than SIGKILL, from outside, right after each of three resumes: none
+        of it is evidence against the checkpoint, which must stay and be resumed."""
+        game = self.pick_game(need_ckpts=1)
+        if game is None:
+            return None
+        sigs = [signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL]
+        life = self.monitor.current(game)
+        if life is None:
+            return None
+        t = time.monotonic()
+        fault = Fault("crash_storm", [game], t, {game: life.pid})
+        sig = self.rng.choice(sigs)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(life.pid, sig)
+        fault.storm[life.pid] = sig
+        for _ in range(2):
+            self._wait_gone(life.pid)
+            nxt = self._wait_for(lambda: self._resumed_after(game, fault), 60)
+            if nxt is None:
+                break
+            sig = self.rng.choice(sigs)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(nxt.pid, sig)
+            fault.storm[nxt.pid] = sig
+            life = nxt
+        self._wait_gone(life.pid)
+        fault.t_storm_end = time.monotonic()
+        fault.note = "signals " + ", ".join(signal.Signals(s).name for s in fault.storm.values())
+        return fault
+
+    def _resumed_after(self, game: str, fault: Fault) -> WorkerLife | None:
+        life = self.monitor.current(game)
+        if life is None or life.pid in fault.storm or life.first_step is None:
+            return None
+        return life
+
+    def _f_env_id_change(self) -> Fault | None:
+        """The operator changes a running game's env_id and reloads: the reload must be refused
+        naming both values, the worker left alone; reverting and reloading is accepted."""
+        game = self.pick_game(need_ckpts=1)
+        if game is None or self.sup is None:
+            return None
+        gdef = next(g for g in self.s.games if g.name == game)
+        other = "Acrobot-v1" if gdef.env_id != "Acrobot-v1" else "CartPole-v1"
+        life = self.monitor.current(game)
+        original = self.config.read_text()
+        marker = f'name = "{game}"\nenv_id = "{gdef.env_id}"'
+        t = time.monotonic()
+        fault = Fault("env_id_change", [game], t, note=f"{gdef.env_id} -> {other}, then back")
+        self.config.write_text(original.replace(marker, f'name = "{game}"\nenv_id = "{other}"'))
+        os.kill(self.sup.pid, signal.SIGHUP)
+        refused = self._wait_for(lambda: self._event_since("config_error", t), 30)
+        self.config.write_text(original)
+        t_back = time.monotonic()
+        os.kill(self.sup.pid, signal.SIGHUP)
+        reloaded = self._wait_for(lambda: self._event_since("config_reload", t_back), 30)
+        if refused is None:
+            fault.problems.append("no config_error event for the changed env_id")
+        elif not (gdef.env_id in refused and other in refused):
+            fault.problems.append(f"the refusal does not name both env ids: {refused[:300]}")
+        if reloaded is None:
+            fault.problems.append("the reverted config was not reloaded")
+        now = self.monitor.current(game)
+        if life is not None and (now is None or now.pid != life.pid):
+            fault.problems.append(f"{game}: its worker was restarted by a refused reload")
+        return fault
+
+    def _event_since(self, kind: str, t_mono: float) -> str | None:
+        since = time.time() - (time.monotonic() - t_mono) - 1.0
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                row = conn.execute(
+                    "SELECT detail FROM events WHERE kind = ? AND ts >= ? ORDER BY id DESC",
+                    (kind, since),
+                ).fetchone()
+            finally:
+                conn.close()
+            return str(row[0]) if row else None
+        return None
+
+    @staticmethod
+    def _wait_for(pred: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = pred()
+            if got:
+                return got
+            time.sleep(0.1)
+        return None
+
     def _f_supervisor_kill(self) -> Fault | None:
         self.wait_disk()
         self.wait_all_healthy(40)
@@ -951,7 +1206,12 @@ class Soak:
     def _replacement(self, game: str, f: Fault) -> WorkerLife | None:
         victim = f.victims.get(game)
         for life in self.monitor.lives_of(game):
-            if life.first_seen > f.t and life.pid != victim and life.first_step is not None:
+            if (
+                life.first_seen > f.t
+                and life.pid != victim
+                and life.pid not in f.storm  # killed right after its resume by the storm
+                and life.first_step is not None
+            ):
                 return life
         return None
 
@@ -996,8 +1256,16 @@ class Soak:
                     continue
                 f.problems.append(f"{game}: no replacement worker ever trained after {f.kind}")
                 continue
+            if f.damaged_file is not None and not any(
+                d.get("when") == "load" and f.damaged_file in (d.get("files") or [])
+                for d in rep.replay_damage
+            ):
+                f.problems.append(
+                    f"{game}: heartbeat replay_damage={rep.replay_damage} does not report "
+                    f"{f.damaged_file} dropped at load"
+                )
             if rep.moving_at is not None:
-                recoveries.append(rep.moving_at - f.t)
+                recoveries.append(rep.moving_at - (f.t_storm_end or f.t))
             elif not (rep.first_step is not None and rep.first_step >= gdef.total_steps):
                 f.problems.append(f"{game}: replacement pid {rep.pid} never moved global_step")
             resumed = rep.resumed_from_step
@@ -1120,8 +1388,43 @@ class Soak:
                 for e in events
             )
 
+        def when_is(when: str) -> Any:
+            return lambda e: (
+                e["detail"].get("when") == when
+                and f.damaged_file in (e["detail"].get("files") or [])
+            )
+
+        def storm_crashes() -> bool:
+            for pid, sig in f.storm.items():
+                exits = [
+                    e
+                    for e in events
+                    if e["kind"] == "worker_exit" and e["detail"].get("pid") == pid
+                ]
+                if not exits or exits[0]["detail"].get("returncode") != -sig:
+                    f.problems.append(f"storm victim pid {pid}: exit {exits[:1]} (want -{sig})")
+                    return False
+                if not any(
+                    e["kind"] == "worker_crash" and exits[0]["id"] < e["id"] <= exits[0]["id"] + 3
+                    for e in events
+                ):
+                    return False
+            return True
+
         if f.kind in ("kill", "kill_staging"):
             want.append(("worker_crash (of the victim pid)", crash_of_victim(("worker_crash",))))
+        elif f.kind == "replay_rot":
+            want.append(("worker_crash (of the victim pid)", crash_of_victim(("worker_crash",))))
+            want.append(("replay_damaged(when=load)", has("replay_damaged", g, when_is("load"))))
+        elif f.kind == "replay_rot_live":
+            want.append(
+                ("replay_damaged(when=checkpoint)", has("replay_damaged", g, when_is("checkpoint")))
+            )
+        elif f.kind == "read_eio":
+            want.append(("worker_crash (of the victim pid)", crash_of_victim(("worker_crash",))))
+            want.append(("checkpoint_unreadable", has("checkpoint_unreadable", g)))
+        elif f.kind == "crash_storm":
+            want.append(("worker_exit + worker_crash for every storm signal", storm_crashes()))
         elif f.kind == "oom":
             want.append(
                 ("worker_crash|worker_oom", crash_of_victim(("worker_crash", "worker_oom")))
@@ -1212,6 +1515,27 @@ class Soak:
         counts, pids = self.monitor.worker_processes()
         if counts:
             out.append(f"worker processes left running after the end: {pids}")
+        out += self._verified_checkpoints_kept()
+        return out
+
+    def _verified_checkpoints_kept(self) -> list[str]:
+        """No checkpoint whose bytes verify is ever quarantined, or deleted but by retention
+        behind `keep` (3) newer ones."""
+        from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
+
+        out = []
+        for g in self.game_names:
+            root = self.monitor.run_dir(g) / "checkpoints"
+            store = CheckpointStore(root)
+            for path in sorted(root.glob(".corrupt-ckpt-*")):
+                ref = CheckpointRef(path, int(path.name[14:26]))
+                with contextlib.suppress(CheckpointError):
+                    store.verify(ref)
+                    out.append(f"{g}: {path.name} was quarantined, yet every byte verifies")
+            final = self.monitor.present[g]
+            for step, newer in self.monitor.deleted[g]:
+                if step not in final and len(newer) < 3:
+                    out.append(f"{g}: ckpt-{step:012d} deleted with only {newer} newer")
         return out
 
     def _log_count(self, word: str) -> int:
