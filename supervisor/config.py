@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -181,7 +182,7 @@ _GAME: dict[str, Field] = {
     "env_id": ((str,), None, None, "an envpool task id"),
     "algo": ((str,), "ppo", lambda v: v in protocol.ALGOS, " | ".join(protocol.ALGOS)),
     "total_steps": ((int,), None, _positive, "a positive integer"),
-    "seed": ((int,), 1, None, "an integer"),
+    "seed": ((int,), 1, lambda v: 0 <= v < 2**63, "an integer >= 0"),
     "device": ((str,), "auto", lambda v: v in protocol.DEVICES, " | ".join(protocol.DEVICES)),
     "args": ((dict,), {}, None, "a table of worker hyper-parameters"),
 }
@@ -275,6 +276,8 @@ def _values(
             continue
         value = data[key]
         ok = isinstance(value, types) and not isinstance(value, bool)
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            raise ctx.fail([*where, key], f"got {value!r}; expected a finite number ({expect})")
         if ok and check is not None:
             try:
                 ok = bool(check(value))
@@ -383,7 +386,7 @@ def _parse_games(
                 f"envpool task id (Atari *-v5, CartPole-v1, Acrobot-v1, MountainCar-v0){hint}",
             )
         args = v["args"]
-        for key in args:
+        for key, value in args.items():
             if key not in protocol.HYPERPARAMETER_FIELDS:
                 close = difflib.get_close_matches(key, sorted(protocol.HYPERPARAMETER_FIELDS), n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -392,6 +395,10 @@ def _parse_games(
                     f"unknown hyper-parameter{hint} "
                     f"(allowed: {', '.join(sorted(protocol.HYPERPARAMETER_FIELDS))})",
                 )
+            try:
+                protocol.check_value(key, value)
+            except protocol.ConfigError as exc:
+                raise ctx.fail(["games", i, "args", key], str(exc)) from None
         game = GameSpec(
             name=v["name"],
             env_id=v["env_id"],

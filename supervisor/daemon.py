@@ -7,6 +7,7 @@ injected monotonic clock) reads exits, heartbeats and the desired mode, then dec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -34,7 +35,15 @@ from supervisor.config import (
     worker_config,
 )
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
-from supervisor.launcher import Launcher, WorkerProcess, find_leftover, stop_leftovers
+from supervisor.journal import Journal
+from supervisor.launcher import (
+    Launcher,
+    WorkerProcess,
+    find_leftover,
+    start_ticks,
+    stop_leftovers,
+)
+from supervisor.oomwatch import KernelOomWatch, OomVerdict
 from supervisor.restart import (
     ExitInfo,
     ExitKind,
@@ -60,10 +69,15 @@ class LockHeld(RuntimeError):
     """Another supervisor holds the state directory."""
 
 
+class StartFailed(RuntimeError):
+    """The supervisor could not start (its state database could not be opened or read)."""
+
+
 def acquire_lock(state_dir: Path) -> int:
     """Exclusive flock on <state_dir>/supervisor.lock; returns the fd (kept open)."""
     path = state_dir / "supervisor.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # O_NOFOLLOW: a symlink planted as the lock must not make us write through it.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -107,6 +121,7 @@ class GameRuntime:
     checkpoint_failures: int = 0  # the current worker's heartbeat counter, as last seen
     killed: bool = False  # the supervisor sent the current worker SIGKILL
     seen_replay_damage: int = 0  # entries of the current worker's heartbeat replay_damage seen
+    seen_write_failures: dict[str, int] = field(default_factory=dict)  # as last reported
 
 
 @dataclass
@@ -142,11 +157,17 @@ class Supervisor:
         gpu_probe: NvmlLike | None = None,
         policy: PolicyStep | str | None = _DEFAULT,
         sampler: vitals.VitalsSampler | None = None,
+        oom_watch: KernelOomWatch | None = None,
     ) -> None:
         self.cfg = cfg
         self.launcher = launcher or Launcher()
         self.clock = clock
         self.wall = wall
+        # The step-free clock: the wall clock once, then monotonic. Incident windows,
+        # cooldowns (events.mono, modes.since) and vitals run on it, so a wall-clock step of
+        # minutes neither hides an incident nor delays a step down; `ts` stays the wall clock.
+        self._anchor = (wall(), clock())
+        self.oom_watch = oom_watch or KernelOomWatch()
         self.exit_when_done = exit_when_done
         self.notifier = notifier or Notifier()
         self.cores = cores or len(os.sched_getaffinity(0))
@@ -157,6 +178,7 @@ class Supervisor:
             cfg.state_dir,
             VITALS_EVERY_S,
             probe=self.probe if isinstance(self.probe, vitals.NvmlProbe) else None,
+            clock=self.steady,
         )
         self.gate = GpuGate(self.probe, gate_config(cfg))
         # policy: the stability policy by default; None turns automatic scaling off.
@@ -168,6 +190,8 @@ class Supervisor:
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}
         self.conn: sqlite3.Connection | None = None
+        self.journal: Journal | None = None
+        self.mode_view: modes.ModeView | None = None
         self.boot_id = ""
         self.stopping = False
         self.stop_deadline = 0.0
@@ -182,7 +206,14 @@ class Supervisor:
     # ---- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> int:
-        self.start()
+        try:
+            self.start()
+        except (OSError, sqlite3.Error) as exc:
+            # Before the loop the state database must open and be read (the boot ledger, the
+            # leftovers to stop): say so plainly; every write after that is journaled.
+            self.close()
+            where = self.cfg.state_dir
+            raise StartFailed(f"cannot open the state database in {where}: {exc}") from exc
         try:
             while not self.finished:
                 self.safe_tick()
@@ -192,59 +223,66 @@ class Supervisor:
             self.close()
         return 0
 
+    def steady(self) -> float:
+        """Seconds since the epoch, read from the wall clock once and then kept by the
+        monotonic clock: immune to wall-clock steps for this supervisor's life."""
+        wall0, mono0 = self._anchor
+        return wall0 + (self.clock() - mono0)
+
     def start(self) -> None:
         self._install_signals()
-        self.conn = db.connect(self.cfg.state_dir)
+        self.conn = db.connect(self.cfg.state_dir, busy_timeout_ms=db.SUPERVISOR_BUSY_TIMEOUT_MS)
+        self.journal = Journal(self.conn, clock=self.clock, wall=self.wall, rng=self.rng)
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
-        outcome = db.record_boot(self.conn, self.boot_id, now_wall, psutil.boot_time())
+        outcome = db.classify_boot(self.conn, self.boot_id, now_wall)
+        boot_time = psutil.boot_time()
+        self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time))
         leftovers = self._stop_leftovers() if outcome.same_boot else []
-        host_mode = modes.resume_host_mode(self.conn, self.cfg, now_wall)
+        host_mode = modes.resume_host_mode(
+            self.conn, self.cfg, self.steady(), write=self.journal.write
+        )
         if any(g.device != "cpu" for g in self.cfg.games):
             # CUDA workers: expandable segments (less fragmentation) unless the operator chose.
             # The launcher passes the supervisor's environment on.
             os.environ.update(worker_env(os.environ))
         self.sampler.start()
         me = psutil.Process()
-        with db.transaction(self.conn):
-            db.set_supervisor(
-                self.conn,
-                pid=os.getpid(),
-                pid_create_time=me.create_time(),
-                boot_id=self.boot_id,
-                started=now_wall,
-                last_tick=now_wall,
-                config_path=str(self.cfg.path),
-                state="running",
-            )
-            if outcome.kind == "host_reboot":
-                db.add_event(
-                    self.conn,
-                    "host_reboot",
-                    None,
-                    {
-                        "boot_id": self.boot_id,
-                        "previous_boot_id": outcome.previous_boot_id,
-                        "downtime_s": outcome.downtime_s,
-                        "unexpected": True,
-                    },
-                    now_wall,
-                )
-            db.add_event(
-                self.conn,
-                "supervisor_start",
+        supervisor_row = {
+            "pid": os.getpid(),
+            "pid_create_time": me.create_time(),
+            "pid_start_ticks": start_ticks(os.getpid()),
+            "boot_id": self.boot_id,
+            "started": now_wall,
+            "last_tick": now_wall,
+            "config_path": str(self.cfg.path),
+            "state": "running",
+        }
+        self.journal.write(lambda c: db.set_supervisor(c, **supervisor_row))
+        if outcome.kind == "host_reboot":
+            self.event(
+                "host_reboot",
                 None,
                 {
-                    "pid": os.getpid(),
                     "boot_id": self.boot_id,
-                    "after": outcome.kind,
+                    "previous_boot_id": outcome.previous_boot_id,
                     "downtime_s": outcome.downtime_s,
-                    "leftover_workers_stopped": leftovers,
-                    "config": str(self.cfg.path),
-                    "host_mode": host_mode,
+                    "unexpected": True,
                 },
-                now_wall,
             )
+        self.event(
+            "supervisor_start",
+            None,
+            {
+                "pid": os.getpid(),
+                "boot_id": self.boot_id,
+                "after": outcome.kind,
+                "downtime_s": outcome.downtime_s,
+                "leftover_workers_stopped": leftovers,
+                "config": str(self.cfg.path),
+                "host_mode": host_mode,
+            },
+        )
         log.info(
             "supervisor_start",
             after=outcome.kind,
@@ -254,6 +292,7 @@ class Supervisor:
             games=list(self.games),
         )
         self._restore_states()
+        self.refresh_modes()
         now = self.clock()
         for rt in self.games.values():
             if rt.state is S.STOPPED:
@@ -267,7 +306,8 @@ class Supervisor:
         procs = [
             p
             for row in db.workers(self.conn)
-            if (p := find_leftover(row["pid"], row["pid_create_time"])) is not None
+            if (p := find_leftover(row["pid"], row.get("pid_start_ticks"), row["pid_create_time"]))
+            is not None
         ]
         if not procs:
             return []
@@ -299,6 +339,12 @@ class Supervisor:
         self.selector.close()
         self.notifier.close()
         self.sampler.stop()
+        if self.journal is not None and not self.journal.flush(force=True):
+            log.error(
+                "state_db_unflushed",
+                pending=self.journal.pending,
+                reason="the state database still fails; these writes are lost",
+            )
         if self.conn is not None:
             self.conn.close()
 
@@ -349,6 +395,7 @@ class Supervisor:
             self.observe(now)
             self.record_vitals(now)
             self.run_policy()
+            self.refresh_modes()
             self.apply_modes(now)
             self.schedule(now)
         self.escalate(now)
@@ -366,12 +413,34 @@ class Supervisor:
     def run_policy(self) -> None:
         if self.policy is None:
             return
-        assert self.conn is not None
+        assert self.conn is not None and self.journal is not None
+        if not self.journal.healthy:
+            # Its decisions must persist (they survive reboots): automatic scaling waits for
+            # the state database to take writes again; supervision goes on.
+            return
         try:
-            self.policy(self.conn, self.cfg, self.wall())
+            self.policy(self.conn, self.cfg, self.steady())
+        except sqlite3.Error as exc:
+            log.warning("policy_skipped", reason=f"state database: {exc}")
         except Exception:
             # A policy bug must not stop supervision: keep the modes as they are.
             log.exception("policy_failed")
+
+    def refresh_modes(self) -> None:
+        """Read the modes in force once a tick (operators' pins arrive through the database);
+        when the database cannot be read, keep supervising with the last view."""
+        assert self.conn is not None
+        try:
+            self.mode_view = modes.view(self.conn, self.cfg)
+        except sqlite3.Error as exc:
+            if self.mode_view is None:
+                raise
+            log.warning("modes_unreadable", error=str(exc), kept="the modes last read")
+
+    @property
+    def view(self) -> modes.ModeView:
+        assert self.mode_view is not None
+        return self.mode_view
 
     def _poke_policy(self) -> None:
         request = getattr(self.policy, "request", None)
@@ -387,12 +456,16 @@ class Supervisor:
             return
         self._next_sample = now + SAMPLES_EVERY_S
         self._last_sample_ts = latest.ts
-        assert self.conn is not None
+        assert self.journal is not None
         data = json.dumps(vitals.to_json(latest), allow_nan=False)
-        with db.transaction(self.conn):
-            self.conn.execute("INSERT INTO samples(ts, data) VALUES (?, ?)", (latest.ts, data))
-            self.conn.execute(vitals.prune_older_sql(), (latest.ts - SAMPLES_KEEP_S,))
-            self.conn.execute(vitals.prune_sql(SAMPLES_MAX_ROWS))
+
+        def write_sample(c: sqlite3.Connection) -> None:
+            c.execute("INSERT INTO samples(ts, data) VALUES (?, ?)", (latest.ts, data))
+            c.execute(vitals.prune_older_sql(), (latest.ts - SAMPLES_KEEP_S,))
+            c.execute(vitals.prune_sql(SAMPLES_MAX_ROWS))
+
+        # Keyed: while the database fails, only the newest sample waits (samples are history).
+        self.journal.write(write_sample, key="samples")
 
     def _all(self) -> list[GameRuntime]:
         return [*self.games.values(), *self.removed.values()]
@@ -425,8 +498,9 @@ class Supervisor:
         return tr
 
     def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
-        assert self.conn is not None
-        db.add_event(self.conn, kind, game, detail, self.wall())
+        assert self.journal is not None
+        ts, mono = self.wall(), self.steady()
+        self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
 
     # ---- exits ----------------------------------------------------------------------------
 
@@ -450,8 +524,13 @@ class Supervisor:
             "exit": str(info.kind),
             "uptime_s": round(uptime, 3),
         }
+        oom: OomVerdict | None = None
         if rt.killed:
             detail["killed_by_supervisor"] = True
+        elif info.returncode == -signal.SIGKILL:
+            # Not ours. An OOM kill only on the kernel's word (its log, or a cgroup counter).
+            oom = self.oom_watch.verdict(proc.pid, proc.start_ticks)
+            detail["kernel_oom"], detail["oom_evidence"] = oom.killed, oom.evidence
         if rt.heartbeat is not None:
             detail["global_step"] = rt.heartbeat.global_step
             detail["last_checkpoint_step"] = rt.heartbeat.last_checkpoint_step
@@ -464,7 +543,7 @@ class Supervisor:
         proc.close()
         rt.proc, rt.kill_at = None, None
         stop_reason, rt.stop_reason = rt.stop_reason, None
-        self._after_exit(rt, info, error, stop_reason, uptime, now)
+        self._after_exit(rt, info, error, stop_reason, uptime, now, oom)
         rt.killed = False
 
     def _after_exit(
@@ -475,6 +554,7 @@ class Supervisor:
         stop_reason: str | None,
         uptime: float,
         now: float,
+        oom: OomVerdict | None = None,
     ) -> None:
         name = rt.spec.name
         if info.kind is ExitKind.DONE:
@@ -486,17 +566,20 @@ class Supervisor:
             self._set(rt, S.FATAL, f"configuration error: {msg}")
         elif self.stopping:
             self._set(rt, S.STOPPED, "supervisor shutdown")
-        elif stop_reason in ("mode_change", "slots") or (
+        elif stop_reason in ("mode_change", "slots", "readded") or (
             info.kind is ExitKind.STOPPED and stop_reason != "hang"
         ):
             # Asked to stop (or stopped by someone else after a checkpoint): not a failure.
             self._set(rt, S.WAITING, stop_reason or "stopped after a checkpoint (exit 75)")
         else:
             cause = "hang" if stop_reason == "hang" else str(info.kind)
+            kernel_oom = oom is not None and oom.killed is True
+            if kernel_oom:
+                cause = "kernel OOM kill"
             if stop_reason != "hang":
-                kind = "worker_oom" if info.kind is ExitKind.OOM else "worker_crash"
+                oomed = info.kind is ExitKind.OOM or kernel_oom
                 self.event(
-                    kind,
+                    "worker_oom" if oomed else "worker_crash",
                     name,
                     {
                         "returncode": info.returncode,
@@ -506,6 +589,11 @@ class Supervisor:
                         "traceback": (error or {}).get("traceback"),
                         "uptime_s": round(uptime, 3),
                         **({"killed_by_supervisor": True} if rt.killed else {}),
+                        **(
+                            {"kernel_oom": oom.killed, "oom_evidence": oom.evidence}
+                            if oom is not None
+                            else {}
+                        ),
                     },
                 )
             # A crash right after a resume is no evidence against the checkpoint (an env that
@@ -552,13 +640,12 @@ class Supervisor:
         )
 
     def _read_error(self, rt: GameRuntime) -> dict[str, Any] | None:
-        path = self.cfg.run_dir(rt.spec.name) / protocol.ERROR_FILE
-        try:
-            if path.stat().st_mtime < rt.spawn_wall - 1:
-                return None  # left over from an older run
-        except OSError:
+        """The exited worker's error.json: the one it wrote itself (by pid, not by file time,
+        which a wall-clock step makes meaningless); a leftover of another run is ignored."""
+        error = protocol.read_json_file(self.cfg.run_dir(rt.spec.name) / protocol.ERROR_FILE)
+        if error is None or rt.proc is None or error.get("pid") != rt.proc.pid:
             return None
-        return protocol.read_json_file(path)
+        return error
 
     # ---- heartbeats and hangs -------------------------------------------------------------
 
@@ -624,6 +711,13 @@ class Supervisor:
                 },
             )
             log.warning("checkpoint_failed", game=rt.spec.name, error=hb.last_checkpoint_error)
+        for kind, failures in sorted(hb.write_failures.items()):
+            if failures and not rt.seen_write_failures.get(kind):
+                # The first failed write of its kind in this worker's life (a full disk under
+                # the run dir or the log): survived by the worker, reported once here.
+                self.event("write_failed", rt.spec.name, {"file": kind, "failures": failures})
+                log.warning("worker_write_failed", game=rt.spec.name, file=kind)
+            rt.seen_write_failures[kind] = failures
         for damage in hb.replay_damage[rt.seen_replay_damage :]:
             self.event("replay_damaged", rt.spec.name, dict(damage))
             log.warning("replay_damaged", game=rt.spec.name, **damage)
@@ -697,14 +791,16 @@ class Supervisor:
                 self._set(rt, S.STOPPED, "supervisor shutdown")
 
     def finish_shutdown(self) -> None:
-        assert self.conn is not None
-        now = self.wall()
-        with db.transaction(self.conn):
-            db.mark_clean_stop(self.conn, self.boot_id, now)
-            db.set_supervisor(self.conn, state="stopped", last_tick=now)
-            db.add_event(
-                self.conn, "supervisor_stop", None, {"pid": os.getpid(), "clean": True}, now
-            )
+        assert self.journal is not None
+        now, boot_id = self.wall(), self.boot_id
+
+        def stopped(c: sqlite3.Connection) -> None:
+            db.mark_clean_stop(c, boot_id, now)
+            db.set_supervisor(c, state="stopped", last_tick=now)
+
+        self.journal.write(stopped)
+        self.event("supervisor_stop", None, {"pid": os.getpid(), "clean": True})
+        self.journal.flush(force=True)  # close() tries once more and says what was lost
         log.info("supervisor_stop", clean=True)
         self.finished = True
 
@@ -712,14 +808,13 @@ class Supervisor:
 
     def apply_modes(self, now: float) -> None:
         """Restart workers whose effective mode changed; stop the ones over the cap."""
-        assert self.conn is not None
         for rt in self.games.values():
             if rt.state in (S.STARTING, S.RUNNING) and rt.mode is not None:
-                want = modes.effective_mode(self.conn, self.cfg, rt.spec.name)
+                want = self.view.game(rt.spec.name)
                 if want.sizes() != rt.mode.sizes():
                     log.info("mode_change", game=rt.spec.name, old=rt.mode.name, new=want.name)
                     self.request_stop(rt, "mode_change", now + self.cfg.stop_grace_s)
-        cap = modes.host_mode(self.conn, self.cfg).max_concurrent
+        cap = self.view.host.max_concurrent
         holding = [
             rt
             for rt in self.games.values()
@@ -732,8 +827,7 @@ class Supervisor:
                 self.request_stop(rt, "slots", now + self.cfg.stop_grace_s)
 
     def schedule(self, now: float) -> None:
-        assert self.conn is not None
-        cap = modes.host_mode(self.conn, self.cfg).max_concurrent
+        cap = self.view.host.max_concurrent
         active = sum(1 for rt in self.games.values() if rt.state in ACTIVE)
         due = [
             rt for rt in self.games.values() if rt.state is S.BACKOFF and now >= rt.backoff_until
@@ -755,11 +849,11 @@ class Supervisor:
         driver the gate always says start."""
         if rt.spec.device == "cpu":
             return True
-        assert self.conn is not None
+        assert self.conn is not None and self.journal is not None
         name = rt.spec.name
-        current = modes.effective_mode(self.conn, self.cfg, name)
+        current = self.view.game(name)
         lighter = modes.one_rung_lower(self.cfg, current)
-        pinned = modes.is_pinned(self.conn, name) or modes.is_pinned(self.conn, modes.HOST)
+        pinned = bool({name, modes.HOST} & self.view.pinned)
         need = need_mb(self.gate.cfg, rt.gpu_peak_mb.get(current.sizes()))
         result = self.gate.check(name, need, now, at_floor=lighter is None or pinned)
         if result.action == "start":
@@ -796,29 +890,26 @@ class Supervisor:
                 "to": lighter.name,
             },
         )
-        modes.set_auto_mode(self.conn, self.cfg, name, lighter.name, [result.reason])
+        modes.set_auto_mode(
+            self.conn, self.cfg, name, lighter.name, [result.reason], self.steady(),
+            write=self.journal.write,
+        )  # fmt: skip
+        self.mode_view = dataclasses.replace(
+            self.view, games={**self.view.games, name: lighter}
+        )  # in force now, whether or not the database has taken it yet
         rt.gpu_wait_since = None
         return True
 
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
-        assert self.conn is not None
         name = rt.spec.name
-        mode = modes.effective_mode(self.conn, self.cfg, name)
-        run_dir = db.make_private_dir(self.cfg.run_dir(name))
-        logs_dir = db.make_private_dir(self.cfg.state_dir / "logs")
-        rotate_log(logs_dir / f"{name}.log")
-        wcfg = worker_config(rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads)
-        for stale in (protocol.HEARTBEAT_FILE,):
-            with contextlib.suppress(FileNotFoundError):
-                (run_dir / stale).unlink()
+        mode = self.view.game(name)
         restarting = rt.state is S.BACKOFF
         try:
-            proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now)
+            proc = self._launch(rt, mode, threads, now)
         except OSError as exc:
-            if rt.state is S.WAITING:
-                self._set(rt, S.FATAL, f"cannot spawn the worker: {exc}")
-            else:
-                self._failure(rt, f"spawn failed: {exc}", 0.0, now)
+            # A full disk, a full process table, a failed pidfd: no child is left running
+            # (the launcher kills what it cannot track); retried after a backoff.
+            self._failure(rt, f"cannot spawn the worker: {exc}", 0.0, now)
             return
         if restarting:
             rt.restarts += 1
@@ -826,8 +917,8 @@ class Supervisor:
         rt.seq_at = rt.step_at = rt.phase_at = now
         rt.first_step, rt.progressed, rt.stop_reason, rt.kill_at = None, False, None, None
         rt.checkpoint_failures, rt.killed, rt.seen_replay_damage = 0, False, 0
+        rt.seen_write_failures = {}
         rt.spawn_wall = self.wall()
-        self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
         self._set(
             rt,
             S.STARTING,
@@ -838,6 +929,24 @@ class Supervisor:
             n_steps=mode.n_steps,
             threads=threads,
         )
+
+    def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float) -> WorkerProcess:
+        name = rt.spec.name
+        run_dir = db.make_private_dir(self.cfg.run_dir(name))
+        logs_dir = db.make_private_dir(self.cfg.state_dir / "logs")
+        rotate_log(logs_dir / f"{name}.log")
+        wcfg = worker_config(rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads)
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / protocol.HEARTBEAT_FILE).unlink()
+        proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now)
+        try:
+            self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
+        except (OSError, ValueError) as exc:
+            self.launcher.kill(proc)
+            proc.popen.wait()
+            proc.close()
+            raise OSError(f"cannot watch the new worker's pidfd: {exc}") from exc
+        return proc
 
     # ---- reload -----------------------------------------------------------------------------
 
@@ -858,6 +967,11 @@ class Supervisor:
         for g in new.games:
             if g.name in self.games:
                 self.games[g.name].spec = g
+            elif g.name in self.removed:
+                # Re-added while its old worker still stops: the same runtime takes it back,
+                # so its next worker starts only once this one has exited (never two).
+                rt = self.games[g.name] = self.removed.pop(g.name)
+                rt.spec, rt.stop_reason = g, "readded"
             else:
                 self.games[g.name] = GameRuntime(g, state_since=self.wall())
                 self._set(self.games[g.name], S.WAITING, "added by config reload")
@@ -867,44 +981,51 @@ class Supervisor:
                 self.removed[name] = rt
                 self.request_stop(rt, "removed", now + new.stop_grace_s)
         self.games = {g.name: self.games[g.name] for g in new.games}
-        assert self.conn is not None
-        modes.resume_host_mode(self.conn, new, self.wall())
+        assert self.conn is not None and self.journal is not None
+        modes.resume_host_mode(self.conn, new, self.steady(), write=self.journal.write)
+        self.refresh_modes()
         self.event("config_reload", None, {"path": str(new.path), "games": list(self.games)})
         log.info("config_reload", games=list(self.games))
 
     # ---- persistence and systemd ------------------------------------------------------------
 
     def _write_worker(self, rt: GameRuntime) -> None:
-        assert self.conn is not None
+        assert self.journal is not None
         hb = rt.heartbeat
-        db.upsert_worker(
-            self.conn,
-            rt.spec.name,
-            state=str(rt.state),
-            pid=rt.proc.pid if rt.proc else None,
-            pid_create_time=rt.proc.create_time if rt.proc else None,
-            mode=rt.mode.name if rt.mode else None,
-            num_envs=rt.mode.num_envs if rt.mode else None,
-            batch_size=(
+        row = {
+            "state": str(rt.state),
+            "pid": rt.proc.pid if rt.proc else None,
+            "pid_create_time": rt.proc.create_time if rt.proc else None,
+            "pid_start_ticks": rt.proc.start_ticks if rt.proc else None,
+            "mode": rt.mode.name if rt.mode else None,
+            "num_envs": rt.mode.num_envs if rt.mode else None,
+            "batch_size": (
                 rt.mode.batch_size
                 if rt.mode and isinstance(rt.mode.batch_size, int)
                 else (hb.batch_size if hb else None)
             ),
-            restarts=rt.restarts,
-            state_since=rt.state_since,
-            reason=rt.reason,
-            heartbeat=json.dumps(hb.to_json()) if hb else None,
-            updated=self.wall(),
-        )
+            "restarts": rt.restarts,
+            "state_since": rt.state_since,
+            "reason": rt.reason,
+            "heartbeat": json.dumps(hb.to_json()) if hb else None,
+            "updated": self.wall(),
+        }
+        name = rt.spec.name
+        # Keyed: while the database fails, only a game's newest row waits to be written.
+        self.journal.write(lambda c: db.upsert_worker(c, name, **row), key=f"worker:{name}")
 
     def persist(self) -> None:
-        assert self.conn is not None
-        now = self.wall()
-        with db.transaction(self.conn):
-            for rt in self._all():
-                self._write_worker(rt)
-            db.touch_boot(self.conn, self.boot_id, now)
-            db.set_supervisor(self.conn, last_tick=now)
+        assert self.journal is not None
+        self.journal.flush()  # retry what an outage left queued (after its backoff)
+        for rt in self._all():
+            self._write_worker(rt)
+        now, boot_id = self.wall(), self.boot_id
+
+        def ticked(c: sqlite3.Connection) -> None:
+            db.touch_boot(c, boot_id, now)
+            db.set_supervisor(c, last_tick=now)
+
+        self.journal.write(ticked, key="tick")
 
     def summary(self) -> str:
         counts: dict[str, int] = {}
@@ -927,8 +1048,6 @@ def _round(x: float | None) -> int | None:
 
 
 def _replace_state_dir(cfg: Config, state_dir: Path) -> Config:
-    import dataclasses
-
     return dataclasses.replace(cfg, state_dir=state_dir)
 
 

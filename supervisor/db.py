@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpoints import manifest
+
 DB_NAME = "rlsup.db"
 BUSY_TIMEOUT_MS = 10_000
+# The supervisor's own connection waits less: its writes are journaled (supervisor/journal.py)
+# and retried, and a tick must not stall behind an operator's long write lock.
+SUPERVISOR_BUSY_TIMEOUT_MS = 1_000
 EVENT_KINDS = frozenset(
     {
         "supervisor_start",
@@ -42,6 +47,8 @@ EVENT_KINDS = frozenset(
         "game_done",
         "config_reload",
         "config_error",
+        "state_db_unavailable",
+        "write_failed",
     }
 )
 
@@ -65,8 +72,15 @@ CREATE TABLE supervisor(id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER,
                         pid_create_time REAL, boot_id TEXT, started REAL, last_tick REAL,
                         config_path TEXT, state TEXT);
 """
+# v2: a process is identified by pid + start ticks since boot (/proc/<pid>/stat), which no
+# wall-clock step moves; events carry the supervisor's step-free clock (`mono`) for the policy.
+_V2 = """
+ALTER TABLE workers ADD COLUMN pid_start_ticks INTEGER;
+ALTER TABLE supervisor ADD COLUMN pid_start_ticks INTEGER;
+ALTER TABLE events ADD COLUMN mono REAL;
+"""
 # Forward migrations: MIGRATIONS[i] takes user_version i to i+1. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -82,7 +96,9 @@ def _make_private_file(path: Path) -> None:
     os.chmod(path, 0o600)
 
 
-def connect(state_dir: Path, *, create: bool = True) -> sqlite3.Connection:
+def connect(
+    state_dir: Path, *, create: bool = True, busy_timeout_ms: int = BUSY_TIMEOUT_MS
+) -> sqlite3.Connection:
     """Open (and create or migrate) the database; FileNotFoundError if absent and not create."""
     path = Path(state_dir) / DB_NAME
     if not path.exists():
@@ -90,9 +106,9 @@ def connect(state_dir: Path, *, create: bool = True) -> sqlite3.Connection:
             raise FileNotFoundError(f"no state database at {path}")
         make_private_dir(Path(state_dir))
         _make_private_file(path)
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    conn = sqlite3.connect(path, timeout=busy_timeout_ms / 1000, isolation_level=None)
     conn.row_factory = sqlite3.Row
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     migrate(conn)
@@ -119,13 +135,23 @@ def migrate(conn: sqlite3.Connection) -> int:
 
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE … COMMIT; on any error the transaction is rolled back and the error
+    re-raised, and the connection is left outside any transaction whatever happened (SQLite
+    may already have rolled back by itself, e.g. after SQLITE_FULL, and a failed COMMIT may
+    leave it open): the next transaction on it can always begin."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
+        conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)
         raise
-    conn.execute("COMMIT")
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 # ---- events -------------------------------------------------------------------------------
@@ -137,10 +163,19 @@ def add_event(
     game: str | None = None,
     detail: dict[str, Any] | None = None,
     ts: float | None = None,
+    mono: float | None = None,
 ) -> int:
+    """One event. `ts` is the system's wall clock (what operators read); `mono`, when the
+    supervisor writes, its step-free clock (what the stability policy measures windows in)."""
     cur = conn.execute(
-        "INSERT INTO events(ts, kind, game, detail) VALUES (?, ?, ?, ?)",
-        (time.time() if ts is None else ts, kind, game, json.dumps(detail or {}, default=str)),
+        "INSERT INTO events(ts, kind, game, detail, mono) VALUES (?, ?, ?, ?, ?)",
+        (
+            time.time() if ts is None else ts,
+            kind,
+            game,
+            json.dumps(detail or {}, default=str),
+            mono,
+        ),
     )
     return int(cur.lastrowid or 0)
 
@@ -152,6 +187,7 @@ class Event:
     kind: str
     game: str | None
     detail: dict[str, Any]
+    mono: float | None = None  # the writing supervisor's step-free clock, when it wrote it
 
 
 def events(
@@ -160,13 +196,18 @@ def events(
     game: str | None = None,
     kind: str | list[str] | None = None,
     limit: int | None = None,
+    since_mono: float | None = None,
 ) -> list[Event]:
-    """Events oldest first, filtered by time (ts >= since), game and kind(s)."""
+    """Events oldest first, filtered by time (ts >= since; or the step-free clock, where the
+    row has one, >= since_mono), game and kind(s)."""
     where: list[str] = []
     params: list[Any] = []
     if since is not None:
         where.append("ts >= ?")
         params.append(since)
+    if since_mono is not None:
+        where.append("COALESCE(mono, ts) >= ?")
+        params.append(since_mono)
     if game is not None:
         where.append("game = ?")
         params.append(game)
@@ -174,7 +215,7 @@ def events(
         kinds = [kind] if isinstance(kind, str) else list(kind)
         where.append(f"kind IN ({','.join('?' * len(kinds))})")
         params += kinds
-    sql = "SELECT id, ts, kind, game, detail FROM events"
+    sql = "SELECT id, ts, kind, game, detail, mono FROM events"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY id"
@@ -182,19 +223,19 @@ def events(
         newest = sql.replace("ORDER BY id", "ORDER BY id DESC")
         sql = f"SELECT * FROM ({newest} LIMIT {int(limit)}) ORDER BY id"
     return [
-        Event(r["id"], r["ts"], r["kind"], r["game"], json.loads(r["detail"] or "{}"))
+        Event(r["id"], r["ts"], r["kind"], r["game"], json.loads(r["detail"] or "{}"), r["mono"])
         for r in conn.execute(sql, params)
     ]
 
 
 # ---- boots --------------------------------------------------------------------------------
 
-BOOT_ID_ENV = "RLSUP_BOOT_ID_PATH"
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+BOOT_ID_ENV = manifest.BOOT_ID_ENV
 
 
 def read_boot_id() -> str:
-    return Path(os.environ.get(BOOT_ID_ENV, BOOT_ID_PATH)).read_text().strip()
+    """This boot's identity (never empty); see checkpoints.manifest.read_boot_id."""
+    return manifest.read_boot_id()
 
 
 @dataclass(frozen=True)
@@ -216,31 +257,47 @@ class BootOutcome:
         return self.kind in ("supervisor_restart", "supervisor_crash")
 
 
+def classify_boot(conn: sqlite3.Connection, boot_id: str, now: float) -> BootOutcome:
+    """What this supervisor start means, judged from the ledger (reads only)."""
+    row = conn.execute("SELECT clean_stop FROM boots WHERE boot_id = ?", (boot_id,)).fetchone()
+    if row is not None:
+        return BootOutcome(
+            "supervisor_restart" if row["clean_stop"] else "supervisor_crash", boot_id
+        )
+    prev = conn.execute(
+        "SELECT boot_id, last_seen, clean_stop FROM boots ORDER BY last_seen DESC LIMIT 1"
+    ).fetchone()
+    if prev is None:
+        return BootOutcome("first", boot_id)
+    kind = "reboot" if prev["clean_stop"] else "host_reboot"
+    return BootOutcome(kind, boot_id, prev["boot_id"], max(0.0, now - prev["last_seen"]))
+
+
+def apply_boot(
+    conn: sqlite3.Connection, outcome: BootOutcome, now: float, boot_time: float | None
+) -> None:
+    """Record this start in the ledger (inside the caller's transaction)."""
+    if outcome.same_boot:
+        conn.execute(
+            "UPDATE boots SET clean_stop = 0, last_seen = ? WHERE boot_id = ?",
+            (now, outcome.boot_id),
+        )
+    else:
+        conn.execute(
+            "INSERT OR IGNORE INTO boots(boot_id, boot_time, first_seen, last_seen, clean_stop) "
+            "VALUES (?, ?, ?, ?, 0)",
+            (outcome.boot_id, boot_time, now, now),
+        )
+
+
 def record_boot(
     conn: sqlite3.Connection, boot_id: str, now: float, boot_time: float | None = None
 ) -> BootOutcome:
     """Record this start in the ledger and classify it (reboot / supervisor restart / crash)."""
     with transaction(conn):
-        row = conn.execute("SELECT clean_stop FROM boots WHERE boot_id = ?", (boot_id,)).fetchone()
-        if row is not None:
-            conn.execute(
-                "UPDATE boots SET clean_stop = 0, last_seen = ? WHERE boot_id = ?", (now, boot_id)
-            )
-            return BootOutcome(
-                "supervisor_restart" if row["clean_stop"] else "supervisor_crash", boot_id
-            )
-        prev = conn.execute(
-            "SELECT boot_id, last_seen, clean_stop FROM boots ORDER BY last_seen DESC LIMIT 1"
-        ).fetchone()
-        conn.execute(
-            "INSERT INTO boots(boot_id, boot_time, first_seen, last_seen, clean_stop) "
-            "VALUES (?, ?, ?, ?, 0)",
-            (boot_id, boot_time, now, now),
-        )
-        if prev is None:
-            return BootOutcome("first", boot_id)
-        kind = "reboot" if prev["clean_stop"] else "host_reboot"
-        return BootOutcome(kind, boot_id, prev["boot_id"], max(0.0, now - prev["last_seen"]))
+        outcome = classify_boot(conn, boot_id, now)
+        apply_boot(conn, outcome, now, boot_time)
+    return outcome
 
 
 def touch_boot(conn: sqlite3.Connection, boot_id: str, now: float) -> None:

@@ -17,14 +17,50 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER_MODULE = "training.worker"
 
 
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22), or None when
+    it is gone or a zombie. With the pid, the identity of a process: unlike psutil's
+    create_time (boot time + this, in wall-clock seconds), no wall-clock step moves it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    try:
+        return int(fields[19])
+    except ValueError:
+        return None
+
+
+def same_process(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
+    """Is `pid` alive and still the process recorded with these start ticks? Rows written
+    before start ticks were recorded fall back to psutil's create time (within 1 s)."""
+    if not pid:
+        return False
+    now = start_ticks(pid)
+    if now is None:
+        return False
+    if ticks is not None:
+        return now == ticks
+    if create_time is None:
+        return True
+    try:
+        return bool(abs(psutil.Process(pid).create_time() - create_time) <= 1.0)
+    except psutil.Error:
+        return False
+
+
 @dataclass
 class WorkerProcess:
-    """A spawned worker: its Popen, a pidfd (readable when it exits), its create time."""
+    """A spawned worker: its Popen, a pidfd (readable when it exits), its identity."""
 
     popen: subprocess.Popen[bytes]
     pidfd: int
-    create_time: float
+    create_time: float  # wall clock, for display
     started_mono: float
+    start_ticks: int | None = None  # identity: clock ticks since boot
 
     @property
     def pid(self) -> int:
@@ -56,7 +92,9 @@ class Launcher:
         env.pop("NOTIFY_SOCKET", None)  # only the supervisor talks to systemd
         env.pop("WATCHDOG_USEC", None)
         env.pop("WATCHDOG_PID", None)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(
+            log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
             popen = subprocess.Popen(
                 [self.python, "-m", self.module, *argv],
@@ -69,12 +107,24 @@ class Launcher:
             )
         finally:
             os.close(fd)
+        try:
+            return self._track(popen, now_mono)
+        except BaseException:
+            # Never leave a child running that nobody tracks: kill and reap it, then fail.
+            with contextlib.suppress(OSError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            popen.kill()
+            popen.wait()
+            raise
+
+    @staticmethod
+    def _track(popen: subprocess.Popen[bytes], now_mono: float) -> WorkerProcess:
         pidfd = os.pidfd_open(popen.pid)
         try:
             create_time = psutil.Process(popen.pid).create_time()
         except psutil.Error:
             create_time = 0.0
-        return WorkerProcess(popen, pidfd, create_time, now_mono)
+        return WorkerProcess(popen, pidfd, create_time, now_mono, start_ticks(popen.pid))
 
     def terminate(self, proc: WorkerProcess) -> None:
         """Ask to checkpoint and exit; SIGCONT too, since a stopped process cannot act on it."""
@@ -94,14 +144,16 @@ class Launcher:
             os.kill(pid, sig)
 
 
-def find_leftover(pid: int | None, create_time: float | None) -> psutil.Process | None:
-    """The process `pid` if it is still the worker we started (same create time, a worker)."""
-    if not pid or not create_time:
+def find_leftover(
+    pid: int | None, ticks: int | None, create_time: float | None = None
+) -> psutil.Process | None:
+    """The process `pid` if it is still the worker we started (same start, a worker)."""
+    if not pid or (ticks is None and not create_time):
+        return None
+    if not same_process(pid, ticks, create_time):
         return None
     try:
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - create_time) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
         if not any(WORKER_MODULE in part for part in proc.cmdline()):
             return None
         return proc

@@ -8,6 +8,8 @@ from typing import TextIO
 
 import structlog
 
+from training.streams import TolerantStream
+
 _configured = False
 
 
@@ -15,8 +17,10 @@ def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -
     global _configured
     if _configured:
         return
-    stream = stream or sys.stderr
-    tty = hasattr(stream, "isatty") and stream.isatty()
+    # A log line that cannot be written (a full disk under a redirected stderr) is dropped,
+    # never allowed to stop supervision.
+    tolerant = TolerantStream(stream or sys.stderr)
+    tty = tolerant.isatty()
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if tty else structlog.processors.JSONRenderer()
     )
@@ -29,7 +33,7 @@ def configure_logging(stream: TextIO | None = None, level: int = logging.INFO) -
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=structlog.PrintLoggerFactory(tolerant),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     _configured = True

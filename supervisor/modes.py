@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from supervisor import db
 from supervisor.config import Config, ModeSpec
 from supervisor.stability import resume_mode
+
+# How a writer hands over one database write: db.transaction at once (the CLI), or the
+# supervisor's journal (written in order, kept and retried while the database fails).
+Write = Callable[[Callable[[sqlite3.Connection], Any]], None]
 
 HOST = db.HOST_SCOPE
 AUTO = "auto"
@@ -64,16 +71,49 @@ def host_mode_unpinned(conn: sqlite3.Connection, cfg: Config) -> ModeSpec:
     return cfg.mode(cfg.initial_mode)
 
 
-def ensure_initial_mode(conn: sqlite3.Connection, cfg: Config, now: float | None = None) -> None:
+@dataclass(frozen=True)
+class ModeView:
+    """The modes in force, read once: the host's (its cap), each game's, and the pins."""
+
+    host: ModeSpec
+    games: dict[str, ModeSpec]
+    pinned: frozenset[str]  # scopes with a pin ('*' and/or game names)
+
+    def game(self, name: str) -> ModeSpec:
+        return self.games.get(name, self.host)
+
+
+def view(conn: sqlite3.Connection, cfg: Config) -> ModeView:
+    return ModeView(
+        host_mode(conn, cfg),
+        {g.name: effective_mode(conn, cfg, g.name) for g in cfg.games},
+        frozenset(s for s in (HOST, *(g.name for g in cfg.games)) if is_pinned(conn, s)),
+    )
+
+
+def _transaction(conn: sqlite3.Connection) -> Write:
+    def write(op: Callable[[sqlite3.Connection], Any]) -> None:
+        with db.transaction(conn):
+            op(conn)
+
+    return write
+
+
+def ensure_initial_mode(
+    conn: sqlite3.Connection, cfg: Config, now: float | None = None, write: Write | None = None
+) -> None:
     """Persist initial_mode for the host on first start (or when the persisted one vanished)."""
     current = db.get_mode(conn, HOST)
     if current is None or not _valid(cfg, current[0]):
-        db.set_mode(
-            conn, HOST, cfg.initial_mode, time.time() if now is None else now, "initial_mode"
+        since = time.time() if now is None else now
+        (write or _transaction(conn))(
+            lambda c: db.set_mode(c, HOST, cfg.initial_mode, since, "initial_mode")
         )
 
 
-def resume_host_mode(conn: sqlite3.Connection, cfg: Config, now: float | None = None) -> str:
+def resume_host_mode(
+    conn: sqlite3.Connection, cfg: Config, now: float | None = None, write: Write | None = None
+) -> str:
     """On (re)start, a reboot included: the persisted host mode, never above the ceiling.
 
     `initial_mode` applies only when nothing valid was persisted: a host stepped down because
@@ -81,13 +121,16 @@ def resume_host_mode(conn: sqlite3.Connection, cfg: Config, now: float | None = 
     policy's cooldown and calm clocks survive restarts) unless the mode has to change.
     """
     now = time.time() if now is None else now
-    ensure_initial_mode(conn, cfg, now)
     current = db.get_mode(conn, HOST)
-    persisted = current[0] if current else None
+    persisted = current[0] if current and _valid(cfg, current[0]) else None
+    if persisted is None:
+        ensure_initial_mode(conn, cfg, now, write)
+        persisted = cfg.initial_mode
     ceiling = cfg.stability.ceiling or cfg.mode_names[-1]
     mode = resume_mode(cfg.mode_names, persisted, cfg.initial_mode, ceiling)
     if mode != persisted:
-        set_auto_mode(conn, cfg, HOST, mode, [f"resumed at most at the ceiling ({ceiling})"], now)
+        reason = [f"resumed at most at the ceiling ({ceiling})"]
+        set_auto_mode(conn, cfg, HOST, mode, reason, now, write=write, current=persisted)
     return mode
 
 
@@ -103,31 +146,38 @@ def set_auto_mode(
     mode: str,
     reasons: list[str],
     now: float | None = None,
+    *,
+    write: Write | None = None,
+    current: str | None = None,
 ) -> bool:
     """The stability policy's seam: change the automatic mode of a scope ('*' or a game).
 
     Writes `modes` and emits scale_down / scale_up naming the reasons. Returns False (and
     changes nothing) when the mode is already in force. A pinned scope keeps its pin: the
-    automatic mode applies again after `rlsup scale --mode auto`.
+    automatic mode applies again after `rlsup scale --mode auto`. `current`: the scope's mode
+    as the caller knows it (else read from the database). `now` is also the event's `mono`
+    (the policy's clock) and `modes.since`; the event's `ts` is the wall clock.
     """
     if mode not in cfg.mode_names:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(cfg.mode_names)}")
     now = time.time() if now is None else now
-    current = db.get_mode(conn, scope)
-    old = current[0] if current else (host_mode_unpinned(conn, cfg).name)
+    if current is None:
+        row = db.get_mode(conn, scope)
+        current = row[0] if row else None
+    old = current if current is not None else host_mode_unpinned(conn, cfg).name
     if current is not None and old == mode:
         return False
     order = cfg.mode_names
     kind = "scale_down" if old in order and order.index(mode) < order.index(old) else "scale_up"
-    with db.transaction(conn):
-        db.set_mode(conn, scope, mode, now, "; ".join(reasons))
-        db.add_event(
-            conn,
-            kind,
-            None if scope == HOST else scope,
-            {"scope": scope, "from": old, "to": mode, "reasons": reasons},
-            now,
-        )
+    detail = {"scope": scope, "from": old, "to": mode, "reasons": reasons}
+    game = None if scope == HOST else scope
+    wall = time.time()
+
+    def op(c: sqlite3.Connection) -> None:
+        db.set_mode(c, scope, mode, now, "; ".join(reasons))
+        db.add_event(c, kind, game, detail, wall, mono=now)
+
+    (write or _transaction(conn))(op)
     return True
 
 

@@ -2,8 +2,11 @@
 
 `stability.decide` is pure; this module feeds it and applies what it decides:
 
-- incidents: the `events` table within `stability.window_s` (wall clock, so they outlive
-  reboots), each through `stability.incident_from_event`;
+- incidents: the `events` table within `stability.window_s`, each through
+  `stability.incident_from_event`, timed by the writing supervisor's step-free clock
+  (`events.mono`: a wall-clock step cannot move an incident out of its window or before a
+  mode change), or by `ts` for rows without it; an incident "in the future" (the wall clock
+  was stepped back between two supervisor lives) counts as now;
 - scopes: '*' and every configured game. A scope's mode is its pin (`desired`, pinned) or its
   `modes` row; a game without a row passes the host's mode and the host's last change.
   `last_change` is the persisted `modes.since`, never reset by a supervisor start;
@@ -69,8 +72,9 @@ def policy_every_s(cfg: Config) -> float:
 
 def incidents(conn: sqlite3.Connection, now: float, window_s: float) -> list[Incident]:
     out = []
-    for e in db.events(conn, since=now - window_s, kind=INCIDENT_KINDS):
-        incident = incident_from_event(e.ts, e.kind, e.game, e.detail)
+    for e in db.events(conn, since_mono=now - window_s, kind=INCIDENT_KINDS):
+        ts = min(now, e.mono if e.mono is not None else e.ts)
+        incident = incident_from_event(ts, e.kind, e.game, e.detail)
         if incident is not None:
             out.append(incident)
     return out

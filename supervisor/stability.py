@@ -1,7 +1,9 @@
 """The stability policy: a pure function from (incidents, vitals, modes, config, now) to decisions.
 
-One clock for everything passed in: incidents outlive reboots (they come from the `events`
-table), so `ts`, `last_change` and `now` are wall-clock seconds (`time.time()`), not monotonic.
+One clock for everything passed in: seconds since the epoch, as the supervisor's step-free clock
+keeps them (read from the wall clock once at its start, then monotonic: `Supervisor.steady`).
+Incidents outlive reboots (they come from the `events` table, timed by `events.mono`), and no
+wall-clock step during a supervisor's life moves one out of its window or before a change.
 
 Rules, per scope ('*' = the whole host, or one game), in this order:
 
@@ -48,7 +50,7 @@ class IncidentKind(enum.StrEnum):
     HOST_REBOOT = "host_reboot"
     WORKER_CRASH = "worker_crash"
     WORKER_OOM = "worker_oom"  # the worker exited 76 (CUDA or host OOM it caught itself)
-    KERNEL_OOM = "kernel_oom"  # SIGKILL we did not send: the kernel's OOM killer
+    KERNEL_OOM = "kernel_oom"  # the kernel's OOM killer, on the kernel's word
     WORKER_HANG = "worker_hang"
 
 
@@ -160,13 +162,13 @@ def incident_from_event(
 ) -> Incident | None:
     """An `events` row as a policy incident (None: not an incident).
 
-    A worker_crash by SIGKILL (returncode -9) that the supervisor did not send is the kernel's
-    OOM killer: the daemon marks kills it sent with detail `{"killed_by_supervisor": true}`.
+    A worker killed by the kernel's OOM killer is a kernel OOM only on the kernel's word: the
+    daemon sets detail `{"kernel_oom": true}` when the kernel log or the cgroup's oom_kill
+    counter says so, never for a SIGKILL merely because rlsup did not send it.
     `detail["uptime_s"]`, when present, lets an OOM right after start step its game down.
     """
     detail = detail or {}
-    sigkill = kind == "worker_crash" and detail.get("returncode") == -9
-    if sigkill and not detail.get("killed_by_supervisor"):
+    if detail.get("kernel_oom") is True:
         kind = IncidentKind.KERNEL_OOM
     if kind not in set(IncidentKind):
         return None

@@ -30,7 +30,8 @@ class WorkerState(enum.StrEnum):
     STARTING: spawned, no heartbeat from this pid yet. RUNNING: heart-beating.
     STOPPING: asked to stop (SIGTERM; SIGKILL after a grace). EXITED: the process is gone and
     its exit classified; the loop picks the next state in the same tick.
-    BACKOFF: waiting out a restart delay (keeps its slot). DONE: total_steps reached.
+    BACKOFF: waiting out a restart delay (keeps its slot); also after a spawn that failed
+    (a full disk, a failed pidfd). DONE: total_steps reached.
     FATAL: not restarted (restart budget spent, or a configuration error).
     The exact edges are `ALLOWED` below; `transition()` enforces them.
     """
@@ -49,7 +50,7 @@ class WorkerState(enum.StrEnum):
 S = WorkerState
 ALLOWED: dict[WorkerState, frozenset[WorkerState]] = {
     S.STOPPED: frozenset({S.WAITING, S.STARTING, S.DONE, S.FATAL}),
-    S.WAITING: frozenset({S.STARTING, S.STOPPED, S.FATAL}),
+    S.WAITING: frozenset({S.STARTING, S.BACKOFF, S.STOPPED, S.FATAL}),
     S.STARTING: frozenset({S.RUNNING, S.STOPPING, S.EXITED}),
     S.RUNNING: frozenset({S.STOPPING, S.EXITED}),
     S.STOPPING: frozenset({S.EXITED}),

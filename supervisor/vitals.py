@@ -117,17 +117,20 @@ def _gpu_vitals(index: int) -> GpuVitals:
 _DEFAULT_PROBE = NvmlProbe()
 
 
-def sample(state_dir: Path, probe: NvmlProbe | None = None) -> Vitals:
+def sample(
+    state_dir: Path, probe: NvmlProbe | None = None, clock: Callable[[], float] = time.time
+) -> Vitals:
     """One reading of the host. Cheap: no sleeping (CPU percent is since the previous call).
 
-    GPUs come from `probe` (default: one process-wide probe, so NVML is tried once).
+    GPUs come from `probe` (default: one process-wide probe, so NVML is tried once); `ts`
+    from `clock` (the supervisor passes its step-free clock, the one the policy measures in).
     """
     probe = _DEFAULT_PROBE if probe is None else probe
     vm = psutil.virtual_memory()
     swap = psutil.swap_memory()
     disk = shutil.disk_usage(_existing(state_dir))
     return Vitals(
-        ts=time.time(),
+        ts=clock(),
         ram_available_pct=100.0 * vm.available / vm.total,
         swap_used_pct=float(swap.percent) if swap.total else 0.0,
         disk_free_pct=100.0 * disk.free / disk.total,
@@ -155,10 +158,11 @@ class VitalsSampler:
         history: int = 720,
         probe: NvmlProbe | None = None,
         sample_fn: Callable[[], Vitals] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.interval_s = interval_s
         self.probe = probe if probe is not None else NvmlProbe()
-        self._sample = sample_fn or (lambda: sample(state_dir, self.probe))
+        self._sample = sample_fn or (lambda: sample(state_dir, self.probe, clock))
         self._history: collections.deque[Vitals] = collections.deque(maxlen=history)
         self._lock = threading.Lock()
         self._stop = threading.Event()

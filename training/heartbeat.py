@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -16,8 +17,18 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from checkpoints import write_json_atomic
+from checkpoints import write_file_atomic
+from training import logs
 from training.protocol import HEARTBEAT_FILE, Heartbeat, Phase
+
+# heartbeat.json is padded with spaces (still valid JSON) to a multiple of this, so that on a
+# full disk it can be rewritten in place: its blocks are already allocated.
+PAD_BYTES = 4096
+
+
+def encode_heartbeat(hb: Heartbeat) -> bytes:
+    raw = json.dumps(hb.to_json(), sort_keys=True).encode("utf-8") + b"\n"
+    return raw + b" " * (-len(raw) % PAD_BYTES)
 
 
 class StepRate:
@@ -89,13 +100,40 @@ class HeartbeatWriter:
         with self._lock:
             return self._hb
 
-    def publish(self) -> None:
+    def count_failure(self, kind: str, n: int = 1) -> None:
+        """A write that failed and was survived ("progress", "eval", ...): reported here."""
         with self._lock:
+            failures = dict(self._hb.write_failures)
+            failures[kind] = failures.get(kind, 0) + n
+            self._hb = dataclasses.replace(self._hb, write_failures=failures)
+
+    def publish(self) -> None:
+        lost_logs = logs.STDERR.failures
+        with self._lock:
+            if lost_logs != self._hb.write_failures.get("log", 0):
+                self._hb = dataclasses.replace(
+                    self._hb, write_failures={**self._hb.write_failures, "log": lost_logs}
+                )
             self._hb = dataclasses.replace(self._hb, seq=self._hb.seq + 1, time=time.time())
-            data = self._hb.to_json()
-        # A full disk must not kill training; the supervisor sees a stale heartbeat instead.
-        with contextlib.suppress(OSError):
-            write_json_atomic(self.path, data, durable=False)
+            data = encode_heartbeat(self._hb)
+        try:
+            write_file_atomic(self.path, data, durable=False)
+        except OSError:
+            # A full disk must neither kill training nor look like a hang: count it, and say
+            # so in place (the file's blocks are already there; see PAD_BYTES).
+            self.count_failure("heartbeat")
+            with contextlib.suppress(OSError):
+                self._write_in_place(encode_heartbeat(self.current))
+
+    def _write_in_place(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if len(data) > size:
+                raise OSError(28, "heartbeat outgrew its file", str(self.path))
+            os.pwrite(fd, data.ljust(size), 0)
+        finally:
+            os.close(fd)
 
     def stop(self) -> None:
         self._stop.set()

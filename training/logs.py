@@ -7,10 +7,15 @@ import sys
 
 import structlog
 
+from training.streams import TolerantStream
+
+# The worker's log sink: a full disk under the log file drops lines, never the worker.
+STDERR = TolerantStream(sys.stderr)
+
 
 def configure(**bind: object) -> structlog.stdlib.BoundLogger:
     renderer: structlog.typing.Processor
-    if sys.stderr.isatty():
+    if STDERR.isatty():
         renderer = structlog.dev.ConsoleRenderer()
     else:
         renderer = structlog.processors.JSONRenderer()
@@ -23,7 +28,7 @@ def configure(**bind: object) -> structlog.stdlib.BoundLogger:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=STDERR),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     log: structlog.stdlib.BoundLogger = structlog.get_logger("rlsup.worker").bind(**bind)

@@ -12,7 +12,9 @@ import argparse
 import dataclasses
 import enum
 import json
+import math
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -219,6 +221,7 @@ class WorkerConfig:
 
 
 WORKER_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkerConfig))
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(WorkerConfig)}
 # Hyper-parameters a config file may pass through `args = {...}`: everything but the
 # fields the supervisor itself decides.
 HYPERPARAMETER_FIELDS = WORKER_FIELDS - {
@@ -292,8 +295,73 @@ def config_from_namespace(ns: argparse.Namespace) -> WorkerConfig:
     return validate(WorkerConfig(**values))
 
 
+def check_value(name: str, value: Any) -> None:
+    """Is `value` of the type the worker's flag `name` takes (finite, for a number) and within
+    its range?
+
+    A config file's TOML has types of its own: `dueling = "yes"`, `learning_starts = 1.5`,
+    `net_arch = 5` or `lr_step_gamma = inf` must be refused where they are written, naming the
+    key, not found by a worker that crashes on them over and over.
+    """
+    kind = _FIELD_TYPES[name]
+    flag = "--" + name.replace("_", "-")
+    if value is None and kind.endswith("| None"):
+        return
+    base = kind.removesuffix(" | None")
+    if base == "bool":
+        ok, expect = isinstance(value, bool), "true or false"
+    elif base == "int":
+        ok, expect = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif base == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok, expect = ok and math.isfinite(value), "a finite number"
+    elif base == "str":
+        ok, expect = isinstance(value, str), "a string"
+    else:  # batch_size: an int or "auto", checked with the rollout size in _check_batch
+        ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool))
+        expect = 'an integer or "auto"'
+    if not ok:
+        optional = " (or none)" if kind.endswith("| None") else ""
+        raise ConfigError(f"{flag} {value!r}: expected {expect}{optional}")
+    _check_range(name, value)
+
+
+# flag -> (lowest, highest, lowest allowed): bounds of the numeric hyper-parameters.
+_RANGES: dict[str, tuple[float, float, bool]] = {
+    "gamma": (0.0, 1.0, True),
+    "gae_lambda": (0.0, 1.0, True),
+    "start_e": (0.0, 1.0, True),
+    "end_e": (0.0, 1.0, True),
+    "exploration_fraction": (0.0, 1.0, True),
+    "lr_step_gamma": (0.0, 1.0, False),
+    "min_lr": (0.0, math.inf, True),
+    "vf_coef": (0.0, math.inf, True),
+    "ent_coef": (0.0, math.inf, True),
+    "max_grad_norm": (0.0, math.inf, False),
+    "clip_coef": (0.0, math.inf, False),
+    "checkpoint_every_s": (0.0, math.inf, False),
+    "learning_rate": (0.0, math.inf, False),
+    "seed": (0, 2**63 - 1, True),
+}
+
+
+def _check_range(name: str, value: Any) -> None:
+    if name not in _RANGES or value is None:
+        return
+    low, high, low_ok = _RANGES[name]
+    above = value >= low if low_ok else value > low
+    if not (above and value <= high):
+        lo = "[" if low_ok else "("
+        top = f"{high:g}" if isinstance(high, float) else str(high)
+        hi = "inf)" if high == math.inf else f"{top}]"
+        flag = "--" + name.replace("_", "-")
+        raise ConfigError(f"{flag} {value!r}: must be within {lo}{low:g}, {hi}")
+
+
 def validate(cfg: WorkerConfig) -> WorkerConfig:
     """Check what can be checked without torch or envpool; raise ConfigError naming the flag."""
+    for f in dataclasses.fields(WorkerConfig):
+        check_value(f.name, getattr(cfg, f.name))
     _check_choice("algo", cfg.algo, ALGOS)
     _check_choice("device", cfg.device, DEVICES)
     _check_choice("lr-scheduler", cfg.lr_scheduler, LR_SCHEDULERS)
@@ -314,10 +382,6 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
         value = getattr(cfg, name)
         if value is not None:
             _check_positive(name, value)
-    if cfg.learning_rate is not None and not cfg.learning_rate > 0:
-        raise ConfigError(f"--learning-rate {cfg.learning_rate}: must be > 0")
-    if not 0.0 <= cfg.gamma <= 1.0:
-        raise ConfigError(f"--gamma {cfg.gamma}: must be within [0, 1]")
     _check_net_arch(cfg.net_arch)
     _check_batch(cfg)
     return cfg
@@ -408,6 +472,9 @@ class Heartbeat:
     # transitions dropped) or when about to link them into a new checkpoint ("checkpoint":
     # rewritten from memory). Each: checkpoint, files, when, and transitions_dropped on load.
     replay_damage: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Writes that failed and were survived (a full disk, an I/O error), per file kind:
+    # "heartbeat" (kept up in place), "progress" (rows kept and appended later), "eval", "log".
+    write_failures: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -418,18 +485,44 @@ class Heartbeat:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+MAX_STATE_FILE_BYTES = 4 << 20
+
+
+def read_regular_file(path: str | os.PathLike[str], limit: int = MAX_STATE_FILE_BYTES) -> bytes:
+    """The bytes of a small regular file, read without ever blocking or following a link.
+
+    Run-dir files are written by another process and can be replaced by anyone with access to
+    the directory: a FIFO planted as `heartbeat.json` must not block the supervisor's tick (a
+    plain open() of a FIFO waits for a writer), nor a symlink lead it elsewhere. OSError
+    (ELOOP, or EINVAL for anything but a regular file) otherwise.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(22, "not a regular file", str(path))
+        chunks, size = [], 0
+        while size < limit and (chunk := os.read(fd, min(1 << 20, limit - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_heartbeat(run_dir: str | os.PathLike[str]) -> Heartbeat | None:
     """The latest heartbeat, or None when there is none (yet) or it cannot be parsed."""
+    data = read_json_file(Path(run_dir) / HEARTBEAT_FILE)
+    if data is None:
+        return None
     try:
-        data = json.loads((Path(run_dir) / HEARTBEAT_FILE).read_text())
         return Heartbeat.from_json(data)
-    except (OSError, ValueError, TypeError):
+    except (TypeError, ValueError):
         return None
 
 
 def read_json_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_regular_file(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
+import io
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from pickle import UnpicklingError  # raised by torch.load(weights_only=True)
@@ -88,16 +91,50 @@ class FinalCheckpointFailed(RuntimeError):
     kind = "checkpoint_failed"
 
 
-def append_progress(run_dir: Path, row: dict[str, Any]) -> None:
-    """One row of `progress.csv` (append-only; the header once)."""
-    path = run_dir / PROGRESS_FILE
-    new = not path.exists()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+class ProgressLog:
+    """`progress.csv`, append-only, header once. A failed append (a full disk) keeps its rows
+    in memory (the newest `max_pending`) and appends them with the next one that succeeds; a
+    partial write is cut back, so the file never holds half a row."""
+
+    def __init__(self, run_dir: Path, on_failure: Callable[[], None], max_pending: int = 100_000):
+        self.path = run_dir / PROGRESS_FILE
+        self.on_failure = on_failure
+        self.pending: deque[dict[str, Any]] = deque(maxlen=max_pending)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.pending.append(row)
+        try:
+            self._write_pending()
+        except OSError:
+            self.on_failure()
+
+    def _write_pending(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
+            if size == 0:
+                writer.writeheader()
+            writer.writerows(self.pending)
+            data = text.getvalue().encode("utf-8")
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write to progress.csv")
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
+        self.pending.clear()
+
+
+class EvalWriteFailed(RuntimeError):
+    """total_steps reached and the final checkpoint committed, but eval.json could not be
+    written: exit non-zero so that the supervisor retries (a restart only re-evaluates)."""
+
+    kind = "eval_write_failed"
 
 
 def pick_device(requested: str) -> torch.device:
@@ -142,6 +179,7 @@ class TrainingSession:
         )
         self.hb.update(threads=self.threads, phase_deadline_s=STARTING_DEADLINE_S)
         self.hb.start()
+        self.progress = ProgressLog(run_dir, lambda: self.hb.count_failure("progress"))
         self.checkpoint_failures = 0
 
     # ---- the session ---------------------------------------------------------------------
@@ -337,7 +375,7 @@ class TrainingSession:
             self._publish_progress(max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
             if now - last_progress_t >= PROGRESS_EVERY_S:
                 last_progress_t = now
-                append_progress(self.run_dir, self._progress_row(counters))
+                self.progress.append(self._progress_row(counters))
             due_s = now - last_ckpt_t >= cfg.checkpoint_every_s
             due_steps = (
                 cfg.checkpoint_every_steps is not None
@@ -349,7 +387,7 @@ class TrainingSession:
                 self._evaluate()
                 next_eval = _next_multiple(self.step, cfg.eval_every_steps)
                 self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
-        append_progress(self.run_dir, self._progress_row(counters))
+        self.progress.append(self._progress_row(counters))
         if stop:
             return self._stop(stop.reason, checkpointer, counters, last_saved_step)
         return self._finish(checkpointer, counters, last_saved_step)
@@ -382,7 +420,11 @@ class TrainingSession:
                     f"total_steps reached but the final checkpoint at step {self.step} "
                     f"failed: {result.error}"
                 )
-        self._evaluate()
+        if not self._evaluate():
+            raise EvalWriteFailed(
+                f"total_steps reached and checkpoint {self.step} committed, but "
+                f"{EVAL_FILE} could not be written; a restart only re-evaluates"
+            )
         self.log.info("done", step=self.step, total_steps=self.cfg.total_steps)
         return ExitCode.DONE
 
@@ -393,9 +435,10 @@ class TrainingSession:
         data = read_json_file(self.run_dir / EVAL_FILE)
         return data is not None and int(data.get("step", -1)) >= step
 
-    def _evaluate(self) -> None:
+    def _evaluate(self) -> bool:
+        """Evaluate and write eval.json; False when it could not be written (counted)."""
         if self.cfg.eval_episodes == 0 or self.learner is None:
-            return
+            return True
         from training.evaluate import evaluate
 
         deadline = 900.0 if self.cfg.is_atari else 120.0
@@ -410,9 +453,15 @@ class TrainingSession:
         )
         result = {**result, "step": self.step, "time": time.time()}
         result["seconds"] = round(time.monotonic() - t0, 3)
-        write_json_atomic(self.run_dir / EVAL_FILE, result)
         self.hb.update(eval=result)
         self.log.info("evaluated", **result)
+        try:
+            write_json_atomic(self.run_dir / EVAL_FILE, result)
+        except OSError as exc:
+            self.hb.count_failure("eval")
+            self.log.warning("eval_write_failed", error=str(exc))
+            return False
+        return True
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _publish_progress(self, deadline_s: float) -> None:
@@ -465,9 +514,10 @@ class TrainingSession:
             "bytes_linked": result.bytes_linked,
         }
         if result.bad_bases:
+            bases = [b.split("/", 1) for b in result.bad_bases]  # "ckpt-<step>/<file>"
             entry = {
-                "checkpoint": ", ".join(sorted({b.split("/", 1)[0] for b in result.bad_bases})),
-                "files": list(result.bad_bases),
+                "checkpoint": ", ".join(sorted({ckpt for ckpt, _ in bases})),
+                "files": [name for _, name in bases],
                 "when": "checkpoint",
                 "rewritten_in": f"ckpt-{result.step:012d}" if result.ok else None,
             }

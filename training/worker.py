@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlsup worker: configuration error: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
+    except RunDirUnavailable as exc:
+        print(f"rlsup worker: cannot create the run dir now: {exc}", file=sys.stderr)
+        return 1
     stop = StopRequested()
     install_signal_handlers(stop)
     try:
@@ -71,11 +74,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+# A run dir that cannot be created for these reasons may well be creatable later: not a
+# configuration error (exit 78 would make the game FATAL), a failure to retry.
+TRANSIENT_MKDIR_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM})
+
+
+class RunDirUnavailable(RuntimeError):
+    pass
+
+
 def prepare_run_dir(run_dir: Path) -> Path:
     """Create the run dir (0700) or explain why it cannot be used; writes nothing else."""
     try:
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
+        if exc.errno in TRANSIENT_MKDIR_ERRNOS:
+            raise RunDirUnavailable(f"--run-dir {str(run_dir)!r}: {exc.strerror}") from exc
         raise ConfigError(f"--run-dir {str(run_dir)!r}: cannot create it: {exc.strerror}") from exc
     if not run_dir.is_dir() or not os.access(run_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"--run-dir {str(run_dir)!r}: not a writable directory")
@@ -85,7 +99,7 @@ def prepare_run_dir(run_dir: Path) -> Path:
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path) -> Iterator[None]:
     """Never two writers on one run directory."""
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
@@ -99,8 +113,9 @@ def run_dir_lock(run_dir: Path) -> Iterator[None]:
                         f"run dir {run_dir} is locked by another worker (pid {holder})"
                     ) from exc
                 time.sleep(0.2)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with contextlib.suppress(OSError):  # the pid is for humans; the lock is the flock
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)

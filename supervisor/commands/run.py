@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
     from supervisor import db
     from supervisor.config import ConfigError, check_runs_match
-    from supervisor.daemon import LockHeld, Supervisor, acquire_lock
+    from supervisor.daemon import LockHeld, StartFailed, Supervisor, acquire_lock
     from supervisor.logs import configure_logging
 
     try:
@@ -50,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
     except LockHeld as exc:
         print(f"rlsup run: {exc}", file=sys.stderr)
         return EXIT_FAIL
+    except OSError as exc:
+        print(f"rlsup run: cannot take {cfg.state_dir}/supervisor.lock: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     try:
         return Supervisor(cfg, exit_when_done=args.exit_when_done).run()
+    except StartFailed as exc:
+        print(f"rlsup run: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     finally:
         os.close(lock_fd)

@@ -182,19 +182,13 @@ def _rows(conn: sqlite3.Connection | None, sql: str, *params: Any) -> list[dict[
         raise
 
 
-def pid_alive(pid: int | None, create_time: float | None) -> bool:
-    """Is this pid alive and the same process (same create time) as recorded?"""
+def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
+    """Is this pid alive and the same process (same start) as recorded?"""
     if not pid:
         return False
-    import psutil  # type: ignore[import-untyped, unused-ignore]  # only when a pid is recorded
+    from supervisor.launcher import same_process  # only when a pid is recorded
 
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(proc.create_time() - create_time) < 1.0
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-        return False
+    return same_process(pid, ticks, create_time)
 
 
 def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
@@ -212,7 +206,7 @@ def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
             "db_state": None,
         }
     row = rows[0]
-    alive = pid_alive(row.get("pid"), row.get("pid_create_time"))
+    alive = pid_alive(row.get("pid"), row.get("pid_start_ticks"), row.get("pid_create_time"))
     last_tick = row.get("last_tick")
     age = None if last_tick is None else max(0.0, now - last_tick)
     if not alive:
@@ -422,7 +416,11 @@ def _game(
     last_row = tail[-1] if tail else {}
     state = w.get("state") or "not_started"
     pid = w.get("pid") or hb.get("pid")
-    alive = pid_alive(pid, w.get("pid_create_time")) if state in LIVE_STATES else None
+    alive = (
+        pid_alive(pid, w.get("pid_start_ticks"), w.get("pid_create_time"))
+        if state in LIVE_STATES
+        else None
+    )
 
     step = hb.get("global_step")
     if step is None:

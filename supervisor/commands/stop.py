@@ -84,10 +84,12 @@ def _live_supervisor(row: dict[str, Any] | None) -> psutil.Process | None:
     """The recorded supervisor, if that very process (same create time) still runs."""
     if not row or not row.get("pid") or row.get("state") != "running":
         return None
+    from supervisor.launcher import same_process
+
+    if not same_process(row["pid"], row.get("pid_start_ticks"), row.get("pid_create_time") or 0):
+        return None
     try:
         proc = psutil.Process(row["pid"])
-        if abs(proc.create_time() - (row.get("pid_create_time") or 0)) > 1.0:
-            return None
         if proc.pid == os.getpid() or not _alive(proc):
             return None
         return proc

@@ -8,7 +8,7 @@ Heart-beats every 0.05 s, advances global_step by num_envs per beat, exits 0 at 
 (like the real worker: none left but `.corrupt-*` ones -> exit 78 no_valid_checkpoint);
 {"crash_after_resume": true}: crash (exit 1) right after resuming, for a cause outside the
 checkpoint (an env that fails to build, say); {"replay_damage": [...]}: report damaged replay
-chunks in the heartbeat.
+chunks in the heartbeat; {"stop_delay_s": S}: take S seconds to stop after SIGTERM.
 """
 
 from __future__ import annotations
@@ -81,12 +81,15 @@ def main() -> int:
         if step >= cfg.total_steps:
             return 0
         if stop:
+            time.sleep(float(script.get("stop_delay_s", 0)))
             return 75
         time.sleep(0.05)
 
 
 def fail(run: Path, code: int, kind: str, message: str | None) -> int:
-    (run / ERROR_FILE).write_text(json.dumps({"kind": kind, "message": message or ""}))
+    (run / ERROR_FILE).write_text(
+        json.dumps({"kind": kind, "message": message or "", "pid": os.getpid()})
+    )
     return code
 
 

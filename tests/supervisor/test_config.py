@@ -116,6 +116,52 @@ BAD = [
         ("batch_size = 128", "batch_size = 100"),
         ["games[0]", "batch-size 100", "light"],
     ),
+    # Right TOML type for TOML, wrong for the worker: refused where written (issue 10).
+    (
+        "bool arg given a string",
+        ("learning_starts = 100", 'dueling = "yes"'),
+        ["games[1].args.dueling", "'yes'", "true or false"],
+    ),
+    (
+        "int arg given a float",
+        ("learning_starts = 100", "learning_starts = 1.5"),
+        ["games[1].args.learning_starts", "1.5", "an integer"],
+    ),
+    (
+        "string arg given an int",
+        ("learning_starts = 100", "net_arch = 5"),
+        ["games[1].args.net_arch", "5", "a string"],
+    ),
+    (
+        "float arg given a string",
+        ("learning_starts = 100", 'lr_step_gamma = "abc"'),
+        ["games[1].args.lr_step_gamma", "'abc'", "a finite number"],
+    ),
+    (
+        "float arg out of range",
+        ("learning_starts = 100", "lr_step_gamma = 1.5"),
+        ["games[1].args.lr_step_gamma", "1.5", "(0, 1]"],
+    ),
+    (
+        "non-finite arg",
+        ("learning_starts = 100", "learning_rate = nan"),
+        ["games[1].args.learning_rate", "nan", "a finite number"],
+    ),
+    (
+        "negative seed",
+        ('algo = "dqn"', 'algo = "dqn"\nseed = -1'),
+        ["games[1].seed", "-1", "an integer >= 0"],
+    ),
+    (
+        "infinite duration",
+        ('initial_mode = "light"', 'initial_mode = "light"\nstop_grace_s = inf'),
+        ["stop_grace_s", "inf", "a finite number"],
+    ),
+    (
+        "nan duration in a section",
+        ('ceiling = "heavy"', 'ceiling = "heavy"\ncooldown_s = nan'),
+        ["stability.cooldown_s", "nan", "a finite number"],
+    ),
     (
         "toml syntax",
         ("total_steps = 1000\n\n[[games]]", "total_steps = = 1000\n\n[[games]]"),

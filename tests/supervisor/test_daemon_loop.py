@@ -242,6 +242,21 @@ def test_worker_reports_become_events_and_unreadable_checkpoints_back_off(make, 
     assert not db.events(sup.conn, kind="checkpoint_corrupt")  # type: ignore[arg-type]
 
 
+def test_reload_with_a_wrong_typed_worker_arg_keeps_the_old_config(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    old, pid = sup.cfg, sup.games["a"].proc.pid
+    text = sup.cfg.path.read_text().replace(
+        "total_steps = 100000\n", 'total_steps = 100000\nargs = { dueling = "yes" }\n'
+    )
+    sup.cfg.path.write_text(text)
+    sup.flags.reload = True
+    sup.safe_tick()
+    assert sup.cfg is old and sup.games["a"].proc.pid == pid
+    [error] = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    assert "games[0].args.dueling" in error.detail["message"]
+
+
 def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a", 100_000))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)

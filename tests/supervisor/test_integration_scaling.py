@@ -92,28 +92,36 @@ def test_crash_storm_steps_down_calm_steps_up_and_pins_survive_a_restart(tmp_pat
     try:
         pid = wait_for(lambda: training_at(state, MEDIUM), 90, "alpha training at medium")
 
-        # Crash storm: SIGKILL the worker, then its successor as soon as it exists.
+        # Crash storm: SIGKILL the worker, then each successor as soon as it exists. Kills from
+        # outside are crashes, not kernel OOMs (the kernel log names no such kill): the game
+        # steps down after game_failures_to_step (3), the host stays.
+        victims = [pid]
         os.kill(pid, signal.SIGKILL)
-        second = wait_for(
-            lambda: [p for p in worker_pids(state, "alpha") if p != pid], 30, "a new worker"
-        )[0]
-        time.sleep(0.5)
-        os.kill(second, signal.SIGKILL)
-        pid = wait_for(lambda: training_at(state, LIGHT, second), 90, "alpha back at light")
+        for _ in range(2):
+            nxt = wait_for(
+                lambda: [p for p in worker_pids(state, "alpha") if p not in victims],
+                30,
+                "a new worker",
+            )[0]
+            time.sleep(0.5)
+            os.kill(nxt, signal.SIGKILL)
+            victims.append(nxt)
+        pid = wait_for(lambda: training_at(state, LIGHT, victims[-1]), 90, "alpha back at light")
         down = events(state, "scale_down")
         assert len(down) == 1, "one storm, one rung (light is the floor)"
-        assert down[0]["detail"]["scope"] == "*" and down[0]["game"] is None
+        assert down[0]["detail"]["scope"] == "alpha" and down[0]["game"] == "alpha"
         assert (down[0]["detail"]["from"], down[0]["detail"]["to"]) == ("medium", "light")
-        assert "kernel OOM" in down[0]["detail"]["reasons"][0]
+        assert "alpha failed 3 times" in down[0]["detail"]["reasons"][0]
         crashes = events(state, "worker_crash", "alpha")
-        assert len(crashes) == 2 and all("uptime_s" in c["detail"] for c in crashes)
+        assert len(crashes) == 3 and all("uptime_s" in c["detail"] for c in crashes)
+        assert all(c["detail"]["kernel_oom"] is not True for c in crashes)
 
         # Calm: no incident for calm_s (20 s): one rung up, and the worker restarts at medium.
         pid = wait_for(lambda: training_at(state, MEDIUM, pid), 90, "alpha back at medium")
         up = events(state, "scale_up")
         assert len(up) == 1 and up[0]["detail"]["to"] == "medium"
         assert "calm" in up[0]["detail"]["reasons"][0]
-        assert len(events(state, "worker_crash")) == 2, "a mode change is not a crash"
+        assert len(events(state, "worker_crash")) == 3, "a mode change is not a crash"
 
         # The operator pins light: applied within seconds (a checkpoint and a restart).
         t0 = time.monotonic()

@@ -22,6 +22,7 @@ from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.gpugate import ALLOC_CONF
 from supervisor.launcher import Launcher
+from supervisor.oomwatch import KernelOomWatch
 from supervisor.states import WorkerState as S
 from tests.supervisor.helpers import REPO, FakeNvml, spin
 
@@ -143,23 +144,35 @@ def test_early_oom_steps_the_game_down_before_its_restart(make) -> None:  # type
     assert [e.detail["mode"] for e in evs(sup, "restart", "a")] == ["light"]
 
 
-def test_kernel_oom_kill_steps_the_host_down_and_a_supervisor_kill_does_not(make) -> None:  # type: ignore[no-untyped-def]
-    sup = make(game("a"))
+def test_a_sigkill_from_outside_is_a_crash_unless_the_kernel_says_oom(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A SIGKILL rlsup did not send is no kernel OOM on its own: it is one when the kernel log
+    names the victim (here a log file standing in for /dev/kmsg), and only then does it step
+    the whole host down."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    sup = make(game("a"), oom_watch=KernelOomWatch(kmsg=str(kmsg), cgroup_dir=None))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
-    os.kill(sup.games["a"].proc.pid, signal.SIGKILL)  # not sent by the supervisor
+    os.kill(sup.games["a"].proc.pid, signal.SIGKILL)  # an operator's kill -9
+    spin(sup, lambda: len(evs(sup, "worker_crash", "a")) == 1)
+    crash = evs(sup, "worker_crash", "a")[0].detail
+    assert crash["returncode"] == -9 and crash["kernel_oom"] is False
+    assert "no OOM kill of this pid in the kernel log" in crash["oom_evidence"]
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    assert evs(sup, "scale_down") == [] and sup.games["a"].mode.name == "heavy"
+
+    pid = sup.games["a"].proc.pid
+    uptime_us = int(float(Path("/proc/uptime").read_text().split()[0]) * 1e6)
+    kmsg.write_text(
+        f"3,1234,{uptime_us},-;Out of memory: Killed process {pid} (python) total-vm:1kB\n"
+    )
+    os.kill(pid, signal.SIGKILL)  # what the OOM killer does, named by the kernel log
     spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.games["a"].mode.name == "light")
-    crash = evs(sup, "worker_crash", "a")[-1].detail
-    assert crash["returncode"] == -9 and "uptime_s" in crash
-    assert "killed_by_supervisor" not in crash
+    [oom] = evs(sup, "worker_oom", "a")
+    assert (
+        oom.detail["kernel_oom"] is True and f"Killed process {pid}" in oom.detail["oom_evidence"]
+    )
     down = evs(sup, "scale_down")
     assert down[-1].detail["scope"] == "*" and "kernel OOM" in down[-1].detail["reasons"][0]
-    # The incident of a kill we sent ourselves is not a kernel OOM.
-    from supervisor.stability import incident_from_event
-
-    ours = incident_from_event(
-        0, "worker_crash", "a", {"returncode": -9, "killed_by_supervisor": 1}
-    )
-    assert ours is not None and ours.kind == "worker_crash"
 
 
 def test_calm_steps_back_up_and_stay_decisions_are_applied_nowhere(make) -> None:  # type: ignore[no-untyped-def]

@@ -339,8 +339,11 @@ def test_unknown_mode_is_an_error() -> None:
         ("host_reboot", {}, "host_reboot"),
         ("worker_oom", {"returncode": 76, "uptime_s": 12}, "worker_oom"),
         ("worker_crash", {"returncode": 1}, "worker_crash"),
-        ("worker_crash", {"returncode": -9}, "kernel_oom"),  # a SIGKILL we did not send
+        # A SIGKILL that rlsup did not send is a crash unless the kernel says it was an OOM.
+        ("worker_crash", {"returncode": -9}, "worker_crash"),
+        ("worker_crash", {"returncode": -9, "kernel_oom": False}, "worker_crash"),
         ("worker_crash", {"returncode": -9, "killed_by_supervisor": True}, "worker_crash"),
+        ("worker_oom", {"returncode": -9, "kernel_oom": True}, "kernel_oom"),
         ("worker_hang", {}, "worker_hang"),
         ("worker_start", {}, None),
         ("scale_down", {}, None),
