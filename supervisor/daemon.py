@@ -989,7 +989,7 @@ class Supervisor:
 
     # ---- persistence and systemd ------------------------------------------------------------
 
-    def _write_worker(self, rt: GameRuntime) -> None:
+    def _write_worker(self, rt: GameRuntime, *, flush: bool = True) -> None:
         assert self.journal is not None
         hb = rt.heartbeat
         row = {
@@ -1012,20 +1012,24 @@ class Supervisor:
         }
         name = rt.spec.name
         # Keyed: while the database fails, only a game's newest row waits to be written.
-        self.journal.write(lambda c: db.upsert_worker(c, name, **row), key=f"worker:{name}")
+        self.journal.write(
+            lambda c: db.upsert_worker(c, name, **row), key=f"worker:{name}", flush=flush
+        )
 
     def persist(self) -> None:
+        """Every worker's row and the tick, in one transaction (and, after an outage's
+        backoff, whatever is still queued before them)."""
         assert self.journal is not None
-        self.journal.flush()  # retry what an outage left queued (after its backoff)
         for rt in self._all():
-            self._write_worker(rt)
+            self._write_worker(rt, flush=False)
         now, boot_id = self.wall(), self.boot_id
 
         def ticked(c: sqlite3.Connection) -> None:
             db.touch_boot(c, boot_id, now)
             db.set_supervisor(c, last_tick=now)
 
-        self.journal.write(ticked, key="tick")
+        self.journal.write(ticked, key="tick", flush=False)
+        self.journal.flush()
 
     def summary(self) -> str:
         counts: dict[str, int] = {}

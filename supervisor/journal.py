@@ -78,8 +78,9 @@ class Journal:
     def pending(self) -> int:
         return len(self._ops)
 
-    def write(self, op: Op, key: str | None = None) -> None:
-        """Queue `op` (replacing a queued op with the same key) and flush if not backing off."""
+    def write(self, op: Op, key: str | None = None, *, flush: bool = True) -> None:
+        """Queue `op` (replacing a queued op with the same key) and, unless `flush` is False
+        (the caller flushes a batch itself), flush if not backing off."""
         op_id = next(self._ids)
         if key is not None:
             old = self._keyed.pop(key, None)
@@ -91,7 +92,8 @@ class Journal:
             self._drop_oldest_event()
         if self.outage is not None:
             self.outage.waited.add(op_id)
-        self.flush()
+        if flush:
+            self.flush()
 
     def flush(self, *, force: bool = False) -> bool:
         """Try to write everything queued, in order, in one transaction. True when done."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -138,6 +139,8 @@ class Fault:
     expect_resume: dict[str, int] = field(default_factory=dict)
     t_end: float | None = None  # disk_full: when space returned
     damaged_file: str | None = None  # replay_rot*: the chunk file flipped
+    event_ids: tuple[int, int] | None = None  # (last id before, last id after): the window
+    auto_envs: dict[str, int] = field(default_factory=dict)  # scale_auto: the policy's sizes
     inflight_from: dict[str, int] = field(
         default_factory=dict
     )  # game -> step when killed mid-write
@@ -162,8 +165,8 @@ class Monitor(threading.Thread):
         self.committed: dict[str, dict[int, float]] = {g: {} for g in games}  # step -> first seen
         self.corrupt_dirs: dict[str, set[str]] = {g: set() for g in games}
         self.present: dict[str, set[int]] = {g: set() for g in games}
-        # (step, newer steps present when it went) for committed checkpoints that disappeared
-        self.deleted: dict[str, list[tuple[int, list[int]]]] = {g: [] for g in games}
+        # (step, when it went) for committed checkpoints that disappeared (not quarantined)
+        self.deleted: dict[str, list[tuple[int, float]]] = {g: [] for g in games}
         self.most_workers: dict[str, int] = dict.fromkeys(games, 0)
         self.duplicates: list[str] = []
         self.most_supervisors = 0
@@ -247,7 +250,7 @@ class Monitor(threading.Thread):
         with self.lock:
             quarantined = {int(n[14:26]) for n in self.corrupt_dirs[game] if n[14:26].isdigit()}
             for step in self.present[game] - present - quarantined:
-                self.deleted[game].append((step, sorted(s for s in present if s > step)))
+                self.deleted[game].append((step, now))
             self.present[game] = present
 
     def _read_heartbeat(self, game: str, now: float) -> None:
@@ -348,6 +351,8 @@ class Soak:
         self.faults: list[Fault] = []
         self.skipped: dict[str, str] = {}
         self.tmpfs: Path | None = None
+        self.state_tmpfs: Path | None = None
+        self.clock_offset_s = 0.0  # the wall clock as stepped by `clock_step`, to undo
         self.tmpfs_game = "cartpole_ppo"
         self.cgroups: list[Path] = []
         self.disk_full_until: float = 0.0
@@ -395,6 +400,7 @@ class Soak:
 
     def setup(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._mount_state_tmpfs()
         self.boot_file.write_text("soak-boot-1\n")
         self.read_faults.write_text("")
         self.write_config()
@@ -402,6 +408,22 @@ class Soak:
             (self.state / "runs" / g).mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.state, 0o700)
         self._mount_tmpfs()
+
+    def _mount_state_tmpfs(self) -> None:
+        """The whole state dir (SQLite, logs, heartbeats, progress, checkpoints) on its own
+        filesystem, so that `state_disk_full` can fill it."""
+        self.state.mkdir(mode=0o700, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=768M,mode=0700", "tmpfs", str(self.state)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            why = f"cannot mount a tmpfs: {done.stderr.strip() or done.returncode}"
+            self.skipped["state_disk_full"] = why
+            print(f"soak: state_disk_full skipped: {why}", flush=True)
+            return
+        self.state_tmpfs = self.state
 
     def _mount_tmpfs(self) -> None:
         target = self.state / "runs" / self.tmpfs_game / "checkpoints"
@@ -441,6 +463,17 @@ class Soak:
             else:
                 subprocess.run(["umount", "-l", str(self.tmpfs)], capture_output=True)
             self.tmpfs = None
+        self._step_clock(-self.clock_offset_s)
+        with self._disk_lock:
+            for name in (".soak-ballast", ".soak-ballast-tail"):
+                with contextlib.suppress(OSError):
+                    (self.state / name).unlink()
+
+    def release_state(self) -> None:
+        """Unmount the state tmpfs, after the checks have read it."""
+        if self.state_tmpfs is not None:
+            subprocess.run(["umount", "-l", str(self.state_tmpfs)], capture_output=True)
+            self.state_tmpfs = None
         for cg in self.cgroups:
             with contextlib.suppress(OSError):
                 cg.rmdir()
@@ -493,6 +526,9 @@ class Soak:
             "read_eio",
             "crash_storm",
             "env_id_change",
+            "state_disk_full",
+            "db_locked",
+            "clock_step",
         ]
         self.rng.shuffle(kinds)
         # the mode pin goes early, `auto` well later
@@ -504,6 +540,7 @@ class Soak:
         filler += ["replay_rot", "replay_rot_live", "read_eio", "crash_storm"]
         if n > 40:  # long runs: the global faults recur too
             filler += ["supervisor_kill", "host_reboot", "oom", "disk_full"]
+            filler += ["state_disk_full", "db_locked", "clock_step", "env_id_change"]
         while len(kinds) < n:
             kinds.append(self.rng.choice(filler))
         return kinds
@@ -989,6 +1026,143 @@ class Soak:
             time.sleep(0.1)
         return None
 
+    # ---- the supervisor's own host faults (issue 10) ----
+    def _f_state_disk_full(self) -> Fault | None:
+        """The whole state dir fills up (SQLite, logs, heartbeats, progress, checkpoints) for a
+        while: the supervisor stays, no worker exits or is taken for hung, training goes on,
+        and once space returns the outage's events are written and checkpoints commit again."""
+        if self.state_tmpfs is None:
+            why = self.skipped.get("state_disk_full", "no state tmpfs")
+            return Fault("state_disk_full", [], time.monotonic(), skipped=why)
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        games = [g for g in self.game_names if not self._done(g)]
+        lives = {g: lf for g in games if (lf := self.monitor.current(g)) is not None}
+        if any(lf.max_step > 0.8 * self._total(g) for g, lf in lives.items()):
+            return None  # a game would finish (its final checkpoint fails): not this fault
+        assert self.sup is not None
+        sup_pid = self.sup.pid
+        steps = {g: lf.max_step for g, lf in lives.items()}
+        first_id = self._last_event_id()
+        t = time.monotonic()
+        with self._disk_lock:
+            self._fill(self.state)
+        full_s = 10.0
+        time.sleep(full_s)
+        fault = Fault("state_disk_full", list(lives), t, note=f"state dir full for {full_s:g} s")
+        for g, life in lives.items():
+            now = self.monitor.current(g)
+            if now is None or now.pid != life.pid:
+                fault.problems.append(f"{g}: worker {life.pid} did not survive the full disk")
+            elif now.max_step <= steps[g]:
+                fault.problems.append(f"{g}: training did not go on while the state dir was full")
+        with self._disk_lock:
+            for name in (".soak-ballast", ".soak-ballast-tail"):
+                with contextlib.suppress(OSError):
+                    (self.state / name).unlink()
+        fault.t_end = time.monotonic()
+        if self.sup.poll() is not None or self.sup.pid != sup_pid:
+            fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a full state dir")
+        if not self._wait_for(lambda: self._event_since("state_db_unavailable", t), 60):
+            fault.problems.append("no state_db_unavailable event after space returned")
+        for g in lives:
+            committed = self._wait_for(lambda g=g: self._committed_since(g, fault.t_end), 60)
+            if not committed and not self._done(g):
+                fault.problems.append(f"{g}: no checkpoint committed after space returned")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _fill(self, directory: Path) -> None:
+        with contextlib.suppress(OSError), open(directory / ".soak-ballast", "wb") as f:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        with contextlib.suppress(OSError), open(directory / ".soak-ballast-tail", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+
+    def _total(self, game: str) -> int:
+        return next(g.total_steps for g in self.s.games if g.name == game)
+
+    def _committed_since(self, game: str, t: float) -> bool:
+        with self.monitor.lock:
+            return any(at > t for at in self.monitor.committed[game].values())
+
+    def _f_db_locked(self) -> Fault | None:
+        """Another process holds the state database's write lock for a while (an operator's
+        sqlite3 shell): the supervisor supervises from memory and writes everything after."""
+        self.wait_all_healthy(40)
+        assert self.sup is not None
+        first_id = self._last_event_id()
+        t = time.monotonic()
+        locker = sqlite3.connect(self.state / "rlsup.db", isolation_level=None, timeout=30)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            time.sleep(6.0)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                locker.execute("COMMIT")
+            locker.close()
+        fault = Fault("db_locked", [], t, note="BEGIN EXCLUSIVE held for 6 s")
+        if self.sup.poll() is not None:
+            fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a locked db")
+        if not self._wait_for(lambda: self._event_since("state_db_unavailable", t), 30):
+            fault.problems.append("no state_db_unavailable event after the lock was released")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _step_clock(self, delta_s: float) -> bool:
+        if not delta_s:
+            return True
+        try:
+            now = time.clock_gettime(time.CLOCK_REALTIME)
+            time.clock_settime(time.CLOCK_REALTIME, now + delta_s)
+        except OSError as exc:
+            self.skipped["clock_step"] = f"cannot step the wall clock: {exc}"
+            return False
+        self.clock_offset_s += delta_s
+        return True
+
+    def _f_clock_step(self) -> Fault | None:
+        """The wall clock jumps five minutes ahead while the supervisor is down and its workers
+        are frozen: the new supervisor must still recognise them (pid + start ticks, not wall
+        clock create times) and stop them before it starts others; then the clock jumps back."""
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        assert self.sup is not None
+        victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        first_id = self._last_event_id()
+        t = time.monotonic()
+        for pid in victims.values():  # frozen: they cannot notice their parent die and leave
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            self.stopped_pids.add(pid)
+        os.kill(self.sup.pid, signal.SIGKILL)
+        self._mark_killed(self.sup)
+        self.sup.wait(10)
+        if not self._step_clock(300.0):
+            for pid in victims.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            self.start_supervisor()
+            return Fault("clock_step", [], t, skipped=self.skipped["clock_step"])
+        self.start_supervisor()
+        self.wait_all_healthy(60)
+        self._step_clock(-300.0)
+        fault = Fault("clock_step", list(victims), t, victims, note="+300 s, then back")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _last_event_id(self) -> int:
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+            finally:
+                conn.close()
+        return 0
+
     def _f_supervisor_kill(self) -> Fault | None:
         self.wait_disk()
         self.wait_all_healthy(40)
@@ -1038,7 +1212,15 @@ class Soak:
         t = time.monotonic()
         done = self.rlsup("scale", "--mode", mode)
         fault = Fault(f"scale_{mode}", list(victims), t, victims, note=done.stdout.strip())
-        for pid in victims.values():  # the mode change restarts every worker: let it land
+        if mode == "auto":  # back to the policy's modes, which incidents may have lowered
+            # One policy step (every 5 s) acts on what happened during the pin; its cooldown
+            # (300 s) then keeps the modes still while the workers restart.
+            time.sleep(6.0)
+            fault.auto_envs = self._auto_envs()
+            for g, envs in fault.auto_envs.items():
+                if envs == LIGHT_ENVS:  # the same sizes as the pin: no restart is due
+                    fault.victims.pop(g, None)
+        for pid in fault.victims.values():  # the mode change restarts them: let it land
             self._wait_gone(pid, 60)
         self.wait_all_healthy(60)
         if done.returncode != 0:
@@ -1046,6 +1228,17 @@ class Soak:
                 f"rlsup scale --mode {mode}: exit {done.returncode}: {done.stderr}"
             )
         return fault
+
+    def _auto_envs(self) -> dict[str, int]:
+        """num_envs of each game's automatic mode: the lighter of its own and the host's."""
+        envs = {"light": LIGHT_ENVS, "medium": MEDIUM_ENVS}
+        conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+        try:
+            rows = dict(conn.execute("SELECT scope, mode FROM modes").fetchall())
+        finally:
+            conn.close()
+        host = envs.get(rows.get("*", "medium"), MEDIUM_ENVS)
+        return {g: min(host, envs.get(rows.get(g, "medium"), MEDIUM_ENVS)) for g in self.game_names}
 
     def _f_disk_full(self) -> Fault | None:
         if self.tmpfs is None:
@@ -1315,8 +1508,11 @@ class Soak:
                     f.problems.append(f"{game}: redid {redone} steps after {f.kind}; allowed {why}")
             if f.kind == "scale_light" and rep.num_envs != LIGHT_ENVS:
                 f.problems.append(f"{game}: num_envs {rep.num_envs} after scale light")
-            if f.kind == "scale_auto" and rep.num_envs != MEDIUM_ENVS:
-                f.problems.append(f"{game}: num_envs {rep.num_envs} after scale auto")
+            if f.kind == "scale_auto" and rep.num_envs != f.auto_envs.get(game, MEDIUM_ENVS):
+                f.problems.append(
+                    f"{game}: num_envs {rep.num_envs} after scale auto, want the policy's "
+                    f"{f.auto_envs.get(game, MEDIUM_ENVS)}"
+                )
         f.recovery_s = max(recoveries) if recoveries else None
         f.redone_steps = redone_total
 
@@ -1353,6 +1549,13 @@ class Soak:
                 and (pred is None or pred(e))
                 for e in events
             )
+
+        def during(kinds: tuple[str, ...]) -> list[str]:
+            """Events of these kinds written while the fault lasted (by id: a clock step
+            makes their times useless for this)."""
+            lo, hi = f.event_ids or (0, 0)
+            return [f"{e['kind']} {e['game']}" for e in events if lo < e["id"] <= hi
+                    and e["kind"] in kinds]  # fmt: skip
 
         g = f.games[0] if f.games else None
         want: list[tuple[str, bool]] = []
@@ -1425,6 +1628,23 @@ class Soak:
             want.append(("checkpoint_unreadable", has("checkpoint_unreadable", g)))
         elif f.kind == "crash_storm":
             want.append(("worker_exit + worker_crash for every storm signal", storm_crashes()))
+        elif f.kind in ("state_disk_full", "db_locked"):
+            want.append(("state_db_unavailable", has("state_db_unavailable", None)))
+            if f.kind == "state_disk_full":
+                want.append(("write_failed", has("write_failed", None)))
+            if bad := during(("worker_hang", "worker_crash", "worker_oom")):
+                f.problems.append(f"during the fault: {bad}")
+        elif f.kind == "clock_step":
+            stopped = set(f.victims.values())
+
+            def found_them(e: dict[str, Any]) -> bool:
+                listed = set(e["detail"].get("leftover_workers_stopped") or [])
+                return e["detail"].get("after") == "supervisor_crash" and stopped <= listed
+
+            want.append(("supervisor_start stopping every frozen leftover", has(
+                "supervisor_start", None, found_them)))  # fmt: skip
+            if bad := during(("host_reboot", "worker_hang")):
+                f.problems.append(f"a clock step was taken for a reboot or a hang: {bad}")
         elif f.kind == "oom":
             want.append(
                 ("worker_crash|worker_oom", crash_of_victim(("worker_crash", "worker_oom")))
@@ -1533,9 +1753,17 @@ class Soak:
                     store.verify(ref)
                     out.append(f"{g}: {path.name} was quarantined, yet every byte verifies")
             final = self.monitor.present[g]
-            for step, newer in self.monitor.deleted[g]:
+            seen = self.monitor.committed[g]
+            gone = dict(self.monitor.deleted[g])
+            for step, t in self.monitor.deleted[g]:
+                # Newer checkpoints committed by then (a listing that raced a rename may have
+                # missed one: seen within a second) and not themselves gone before it.
+                newer = [
+                    s for s, first in seen.items()
+                    if s > step and first <= t + 1.0 and gone.get(s, math.inf) >= t
+                ]  # fmt: skip
                 if step not in final and len(newer) < 3:
-                    out.append(f"{g}: ckpt-{step:012d} deleted with only {newer} newer")
+                    out.append(f"{g}: ckpt-{step:012d} deleted with only {sorted(newer)} newer")
         return out
 
     def _log_count(self, word: str) -> int:
@@ -1614,10 +1842,13 @@ def run_soak(settings: SoakSettings) -> tuple[Soak, list[str]]:
     try:
         soak.run()
     finally:
-        if (soak.state / "rlsup.db").exists():
-            violations = soak.check()
-        else:
-            violations = ["no state database was created"]
+        try:
+            if (soak.state / "rlsup.db").exists():
+                violations = soak.check()
+            else:
+                violations = ["no state database was created"]
+        finally:
+            soak.release_state()
     print(soak.report(), flush=True)
     for v in violations:
         print(f"VIOLATION: {v}", flush=True)

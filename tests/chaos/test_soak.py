@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 def test_soak_short_schedule_loses_nothing(tmp_path: Path) -> None:
     seed = int(os.environ.get("RLSUP_SOAK_SEED", "1"))
     soak, violations = run_soak(
-        SoakSettings(workdir=tmp_path / "soak", fault_phase_s=170, seed=seed, min_faults=20)
+        SoakSettings(workdir=tmp_path / "soak", fault_phase_s=200, seed=seed, min_faults=20)
     )
     assert not violations, "nothing-lost invariants violated:\n" + "\n".join(violations)
     assert soak.wall_s < 420, f"the short soak took {soak.wall_s:.0f} s"
