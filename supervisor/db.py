@@ -206,7 +206,9 @@ def events(
         where.append("ts >= ?")
         params.append(since)
     if since_mono is not None:
-        where.append("COALESCE(mono, ts) >= ?")
+        where.append(
+            "COALESCE(mono, ts) >= ?" if _has_column(conn, "events", "mono") else "ts >= ?"
+        )
         params.append(since_mono)
     if game is not None:
         where.append("game = ?")
@@ -215,7 +217,9 @@ def events(
         kinds = [kind] if isinstance(kind, str) else list(kind)
         where.append(f"kind IN ({','.join('?' * len(kinds))})")
         params += kinds
-    sql = "SELECT id, ts, kind, game, detail, mono FROM events"
+    # A database the supervisor has not migrated yet (the CLI opens it read-only): no `mono`.
+    mono = "mono" if _has_column(conn, "events", "mono") else "NULL AS mono"
+    sql = f"SELECT id, ts, kind, game, detail, {mono} FROM events"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY id"
@@ -226,6 +230,10 @@ def events(
         Event(r["id"], r["ts"], r["kind"], r["game"], json.loads(r["detail"] or "{}"), r["mono"])
         for r in conn.execute(sql, params)
     ]
+
+
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
 
 
 # ---- boots --------------------------------------------------------------------------------
