@@ -15,8 +15,28 @@ from typing import Any
 
 from checkpoints import _retry
 
-FILE_MODE = 0o600
-DIR_MODE = 0o700
+# The most a state file or directory is ever opened to: its owner, and its group to read.
+# The process umask takes away the rest: `rlsup run` sets 077 (owner only) unless systemd runs
+# it, where the unit's UMask=0027 lets the service's group (its operators) read. Never world.
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (os.umask would, racing other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o077
+
+
+def masked(mode: int) -> int:
+    """`mode` as the umask leaves it, and never anything for others."""
+    return mode & ~current_umask() & ~0o007
 
 # O_EXCL: a file we create is always new, so a stale file can never be partly reused;
 # O_NOFOLLOW: never write through a symlink planted in our directory.
@@ -45,10 +65,10 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> int:
 
 
 def create_file(path: Path, mode: int = FILE_MODE) -> int:
-    """Create a new file and return its fd, with `mode` exactly, whatever the umask."""
+    """Create a new file and return its fd: `mode` as the umask leaves it, never for others."""
     fd = os.open(path, _CREATE_FLAGS, mode)
     try:
-        os.fchmod(fd, mode)
+        os.fchmod(fd, masked(mode))
     except BaseException:
         os.close(fd)
         raise
@@ -56,9 +76,9 @@ def create_file(path: Path, mode: int = FILE_MODE) -> int:
 
 
 def make_dir(path: Path, mode: int = DIR_MODE) -> None:
-    """Create a directory with `mode` exactly, whatever the umask."""
+    """Create a directory: `mode` as the umask leaves it, never anything for others."""
     os.mkdir(path, mode)
-    os.chmod(path, mode)
+    os.chmod(path, masked(mode))
 
 
 def fsync_dir(path: Path) -> None:

@@ -20,6 +20,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("init", "init"),
     ("install-service", "install_service"),
     ("plot", "plot"),
+    ("check-config", "check_config"),
+    ("logs", "logs"),
 )
 
 

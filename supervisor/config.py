@@ -22,6 +22,8 @@ from training.tasks import KNOWN_TASKS, suggest
 
 CONFIG_ENV = "RLSUP_CONFIG"
 DEFAULT_CONFIG = "rlsup.toml"
+# Where `rlsup install-service` puts the service's configuration: found without any flag.
+SYSTEM_CONFIG = Path("/etc/rlsup/rlsup.toml")
 GAME_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
 
 
@@ -104,6 +106,11 @@ class Config:
     stability: StabilityConfig
     gpu: GpuConfig
     tick_s: float = 1.0  # added key: longest sleep of the main loop
+    logs_dir_key: Path | None = None  # added key: where worker logs go (default <state>/logs)
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.logs_dir_key or self.state_dir / "logs"
 
     def mode(self, name: str) -> ModeSpec:
         for m in self.modes:
@@ -130,11 +137,17 @@ class Config:
 
 
 def resolve_config_path(arg: str | os.PathLike[str] | None) -> Path:
-    """--config PATH, else $RLSUP_CONFIG, else ./rlsup.toml."""
+    """--config PATH, else $RLSUP_CONFIG, else ./rlsup.toml, else /etc/rlsup/rlsup.toml (the
+    installed service's); ./rlsup.toml is named in the message when none exists."""
     if arg:
         return Path(arg)
     env = os.environ.get(CONFIG_ENV)
-    return Path(env) if env else Path(DEFAULT_CONFIG)
+    if env:
+        return Path(env)
+    local = Path(DEFAULT_CONFIG)
+    if not local.exists() and os.path.lexists(SYSTEM_CONFIG):
+        return SYSTEM_CONFIG
+    return local
 
 
 # ---- schema -------------------------------------------------------------------------------
@@ -159,6 +172,7 @@ _TOP: dict[str, Field] = {
     "stop_grace_s": (_NUM, 60.0, _positive, "seconds > 0"),
     "cost_per_hour": (_NUM, 0.0, _non_negative, "a number >= 0"),
     "tick_s": (_NUM, 1.0, _positive, "seconds > 0"),
+    "logs_dir": ((str,), "", None, "a path (string)"),
 }
 _TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu")
 _MODE: dict[str, Field] = {
@@ -299,6 +313,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             f"no configuration file at {path}: pass --config PATH, set ${CONFIG_ENV}, "
             f"or create one with `rlsup init {path}`"
         ) from None
+    except PermissionError:
+        raise ConfigError(
+            f"{path}: permission denied: reading it takes read access to the file (and search "
+            "access to its directories); the installed service's files belong to its group: "
+            "ask for membership (`usermod -aG rlsup $USER`) or use sudo"
+        ) from None
     except OSError as exc:
         raise ConfigError(
             f"{path}: cannot read the configuration file: {exc.strerror or exc}"
@@ -334,8 +354,17 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         )
     stability = dataclasses.replace(stability, ceiling=ceiling)
     state_dir = Path(os.path.expanduser(top["state_dir"]))
+    if "state_dir" not in data and os.environ.get("STATE_DIRECTORY"):
+        # Under systemd (StateDirectory=): the unit's directory, unless the file names one.
+        state_dir = Path(os.environ["STATE_DIRECTORY"].split(":")[0])
     if not state_dir.is_absolute():
         state_dir = path.parent / state_dir
+    logs_dir: Path | None = None
+    if top["logs_dir"]:
+        logs_dir = Path(os.path.expanduser(top["logs_dir"]))
+        logs_dir = logs_dir if logs_dir.is_absolute() else path.parent / logs_dir
+    elif os.environ.get("LOGS_DIRECTORY"):  # under systemd (LogsDirectory=)
+        logs_dir = Path(os.environ["LOGS_DIRECTORY"].split(":")[0])
     games = _parse_games(ctx, data.get("games"), modes, top["checkpoint_every_s"])
     return Config(
         path=path,
@@ -345,6 +374,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         stop_grace_s=top["stop_grace_s"],
         cost_per_hour=top["cost_per_hour"],
         tick_s=top["tick_s"],
+        logs_dir_key=logs_dir,
         modes=modes,
         games=games,
         restart=sections["restart"],

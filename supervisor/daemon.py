@@ -16,7 +16,7 @@ import selectors
 import signal
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,13 +231,18 @@ class Supervisor:
 
     def start(self) -> None:
         self._install_signals()
-        self.conn = db.connect(self.cfg.state_dir, busy_timeout_ms=db.SUPERVISOR_BUSY_TIMEOUT_MS)
+        self.conn = db.connect(
+            self.cfg.state_dir, busy_timeout_ms=db.SUPERVISOR_BUSY_TIMEOUT_MS, owner=True
+        )
         self.journal = Journal(self.conn, clock=self.clock, wall=self.wall, rng=self.rng)
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
         outcome = db.classify_boot(self.conn, self.boot_id, now_wall)
         boot_time = psutil.boot_time()
         self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time))
+        if outcome.same_boot:
+            # Draining leftovers can outlast systemd's start timeout: ask for the time.
+            self.notifier.extend_timeout(self.cfg.stop_grace_s + 30, "stopping leftover workers")
         leftovers = self._stop_leftovers() if outcome.same_boot else []
         host_mode = modes.resume_host_mode(
             self.conn, self.cfg, self.steady(), write=self.journal.write
@@ -257,6 +262,7 @@ class Supervisor:
             "last_tick": now_wall,
             "config_path": str(self.cfg.path),
             "state": "running",
+            "systemd_unit": systemd_unit(os.environ),
         }
         self.journal.write(lambda c: db.set_supervisor(c, **supervisor_row))
         if outcome.kind == "host_reboot":
@@ -385,6 +391,8 @@ class Supervisor:
 
     def tick(self) -> None:
         now = self.clock()
+        if not self.stopping and self._stop_requested():
+            self.begin_shutdown(now, "rlsup stop (a request in the state database)")
         if self.flags.stop and not self.stopping:
             self.begin_shutdown(now, "signal")
         if self.flags.reload:
@@ -409,6 +417,22 @@ class Supervisor:
             and all(rt.state in TERMINAL for rt in self.games.values())
         ):
             self.begin_shutdown(now, "all games done or fatal")
+
+    def _stop_requested(self) -> bool:
+        """`rlsup stop` by an operator who may not signal us (the service runs as another
+        user) leaves a request in the database; a request older than this start is stale."""
+        assert self.conn is not None and self.journal is not None
+        try:
+            request = db.pending_request(self.conn, db.STOP_REQUEST)
+        except sqlite3.Error:
+            return False
+        if request is None:
+            return False
+        self.journal.write(lambda c: db.clear_request(c, db.STOP_REQUEST))
+        if request[1] < self._anchor[0]:
+            return False
+        log.info("stop_requested", by=request[0])
+        return True
 
     def run_policy(self) -> None:
         if self.policy is None:
@@ -933,12 +957,12 @@ class Supervisor:
     def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float) -> WorkerProcess:
         name = rt.spec.name
         run_dir = db.make_private_dir(self.cfg.run_dir(name))
-        logs_dir = db.make_private_dir(self.cfg.state_dir / "logs")
+        logs_dir = db.make_private_dir(self.cfg.logs_dir)
         rotate_log(logs_dir / f"{name}.log")
         wcfg = worker_config(rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads)
         with contextlib.suppress(FileNotFoundError):
             (run_dir / protocol.HEARTBEAT_FILE).unlink()
-        proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now)
+        proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now, cwd=run_dir)
         try:
             self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
         except (OSError, ValueError) as exc:
@@ -951,6 +975,13 @@ class Supervisor:
     # ---- reload -----------------------------------------------------------------------------
 
     def reload(self, now: float) -> None:
+        self.notifier.reloading()
+        try:
+            self._reload(now)
+        finally:
+            self.notifier.ready(self.summary())
+
+    def _reload(self, now: float) -> None:
         try:
             new = load_config(self.cfg.path)
             check_runs_match(_replace_state_dir(new, self.cfg.state_dir))
@@ -1053,6 +1084,21 @@ def _round(x: float | None) -> int | None:
 
 def _replace_state_dir(cfg: Config, state_dir: Path) -> Config:
     return dataclasses.replace(cfg, state_dir=state_dir)
+
+
+def systemd_unit(env: Mapping[str, str]) -> str | None:
+    """The systemd unit running this process (from its cgroup), when systemd started it."""
+    if not env.get("INVOCATION_ID"):
+        return None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        for part in reversed(line.rsplit(":", 1)[-1].split("/")):
+            if part.endswith(".service"):
+                return part
+    return None
 
 
 def latest_checkpoint_step(run_dir: Path) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import manifest
+from checkpoints.atomic import DIR_MODE, masked
 
 DB_NAME = "rlsup.db"
 BUSY_TIMEOUT_MS = 10_000
@@ -74,10 +75,14 @@ CREATE TABLE supervisor(id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER,
 """
 # v2: a process is identified by pid + start ticks since boot (/proc/<pid>/stat), which no
 # wall-clock step moves; events carry the supervisor's step-free clock (`mono`) for the policy.
+# The supervisor records the systemd unit that runs it (if any); `control` carries requests
+# from the CLI that are not modes (a stop asked by an operator who may not signal it).
 _V2 = """
 ALTER TABLE workers ADD COLUMN pid_start_ticks INTEGER;
 ALTER TABLE supervisor ADD COLUMN pid_start_ticks INTEGER;
+ALTER TABLE supervisor ADD COLUMN systemd_unit TEXT;
 ALTER TABLE events ADD COLUMN mono REAL;
+CREATE TABLE control(name TEXT PRIMARY KEY, value TEXT, updated REAL NOT NULL);
 """
 # Forward migrations: MIGRATIONS[i] takes user_version i to i+1. Append, never edit.
 MIGRATIONS: tuple[str, ...] = (_V1, _V2)
@@ -85,21 +90,35 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def make_private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """A state directory: its owner's, and its group's to read where the umask allows it
+    (the systemd unit's operators group); never anyone else's."""
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(path, masked(DIR_MODE))
     return path
 
 
+def db_file_mode() -> int:
+    """The database (and its -wal/-shm) is the one file an operator writes (`rlsup scale`,
+    `rlsup stop`): group-writable where the state is group-readable, else private."""
+    return 0o660 if masked(0o040) else 0o600
+
+
 def _make_private_file(path: Path) -> None:
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
     os.close(fd)
-    os.chmod(path, 0o600)
+    os.chmod(path, 0o600)  # the supervisor's connect(owner=True) opens it to its group
 
 
 def connect(
-    state_dir: Path, *, create: bool = True, busy_timeout_ms: int = BUSY_TIMEOUT_MS
+    state_dir: Path,
+    *,
+    create: bool = True,
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    owner: bool = False,
 ) -> sqlite3.Connection:
-    """Open (and create or migrate) the database; FileNotFoundError if absent and not create."""
+    """Open (and create or migrate) the database; FileNotFoundError if absent and not create.
+
+    owner: the supervisor, which sets the files' modes (the CLI never changes them)."""
     path = Path(state_dir) / DB_NAME
     if not path.exists():
         if not create:
@@ -112,10 +131,10 @@ def connect(
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     migrate(conn)
-    for suffix in ("-wal", "-shm"):
-        side = path.with_name(path.name + suffix)
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            os.chmod(side, 0o600)
+    if owner:
+        for name in (path.name, path.name + "-wal", path.name + "-shm"):
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                os.chmod(path.with_name(name), db_file_mode())
     return conn
 
 
@@ -425,6 +444,35 @@ def set_mode(
         "reason = excluded.reason",
         (scope, mode, now, reason),
     )
+
+
+# ---- control requests (CLI -> supervisor) ------------------------------------------------
+
+STOP_REQUEST = "stop"
+
+
+def request(conn: sqlite3.Connection, name: str, value: str, now: float) -> None:
+    conn.execute(
+        "INSERT INTO control(name, value, updated) VALUES (?, ?, ?) ON CONFLICT(name) DO "
+        "UPDATE SET value = excluded.value, updated = excluded.updated",
+        (name, value, now),
+    )
+
+
+def pending_request(conn: sqlite3.Connection, name: str) -> tuple[str, float] | None:
+    if not _has_table(conn, "control"):
+        return None
+    r = conn.execute("SELECT value, updated FROM control WHERE name = ?", (name,)).fetchone()
+    return (r["value"], r["updated"]) if r else None
+
+
+def clear_request(conn: sqlite3.Connection, name: str) -> None:
+    conn.execute("DELETE FROM control WHERE name = ?", (name,))
+
+
+def _has_table(conn: sqlite3.Connection, table: str) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+    return row.fetchone() is not None
 
 
 # ---- supervisor row -----------------------------------------------------------------------

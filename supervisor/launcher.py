@@ -83,7 +83,12 @@ class Launcher:
         self.python = python
         self.module = module
 
-    def spawn(self, argv: list[str], log_path: Path, now_mono: float) -> WorkerProcess:
+    def spawn(
+        self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None = None
+    ) -> WorkerProcess:
+        """`python -P -m training.worker ARGV` in `cwd` (its run dir): -P keeps the working
+        directory off sys.path, so an operator's own `training/` or `checkpoints/` package
+        there can never shadow rlsup's."""
         env = dict(os.environ)
         # Not pip-installed yet (or run from a checkout): the worker must find `training`.
         env["PYTHONPATH"] = os.pathsep.join(
@@ -93,11 +98,12 @@ class Launcher:
         env.pop("WATCHDOG_USEC", None)
         env.pop("WATCHDOG_PID", None)
         fd = os.open(
-            log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
         )
         try:
             popen = subprocess.Popen(
-                [self.python, "-m", self.module, *argv],
+                [self.python, "-P", "-m", self.module, *argv],
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
                 stderr=fd,

@@ -45,6 +45,15 @@ class Notifier:
     def stopping(self, status: str = "") -> bool:
         return self.notify("STOPPING=1", *([f"STATUS={status}"] if status else []))
 
+    def reloading(self) -> bool:
+        """A reload starts (`systemctl reload` waits for the READY=1 that ends it)."""
+        return self.notify("RELOADING=1", "STATUS=reloading the configuration")
+
+    def extend_timeout(self, seconds: float, status: str = "") -> bool:
+        """Ask for more time before READY=1 (e.g. while leftover workers drain)."""
+        fields = [f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}"]
+        return self.notify(*fields, *([f"STATUS={status}"] if status else []))
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()

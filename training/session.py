@@ -109,7 +109,7 @@ class ProgressLog:
             self.on_failure()
 
     def _write_pending(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
             size = os.fstat(fd).st_size
             text = io.StringIO(newline="")

@@ -86,7 +86,7 @@ class RunDirUnavailable(RuntimeError):
 def prepare_run_dir(run_dir: Path) -> Path:
     """Create the run dir (0700) or explain why it cannot be used; writes nothing else."""
     try:
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o750, parents=True, exist_ok=True)  # the umask has the last word
     except OSError as exc:
         if exc.errno in TRANSIENT_MKDIR_ERRNOS:
             raise RunDirUnavailable(f"--run-dir {str(run_dir)!r}: {exc.strerror}") from exc

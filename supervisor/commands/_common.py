@@ -8,6 +8,9 @@ import sys
 from supervisor.config import Config, ConfigError, load_config, resolve_config_path
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+# `rlsup run`: another supervisor holds the state dir (EX_CANTCREAT). Distinct, so that a
+# systemd unit does not restart into the same refusal (RestartPreventExitStatus=2 73).
+EXIT_LOCKED = 73
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 
 from supervisor.commands._common import (
     EXIT_FAIL,
+    EXIT_LOCKED,
     EXIT_USAGE,
     add_config_argument,
     load_config_or_exit,
@@ -30,6 +32,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def state_umask(env: Mapping[str, str]) -> int:
+    """State, runs and logs are private to their owner (umask 077), except under systemd,
+    where the unit's UMask (0027) lets the service's group of operators read them; nothing is
+    ever open to others."""
+    if env.get("INVOCATION_ID"):
+        current = os.umask(0o077)
+        return current | 0o007
+    return 0o077
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
     from supervisor import db
@@ -43,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging()
-    os.umask(0o077)  # state, runs and logs are private to their owner (workers inherit it)
+    os.umask(state_umask(os.environ))  # workers inherit it
     db.make_private_dir(cfg.state_dir)
     try:
         lock_fd = acquire_lock(cfg.state_dir)
     except LockHeld as exc:
         print(f"rlsup run: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_LOCKED
     except OSError as exc:
         print(f"rlsup run: cannot take {cfg.state_dir}/supervisor.lock: {exc}", file=sys.stderr)
         return EXIT_FAIL

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sqlite3
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -48,16 +50,26 @@ def run(args: argparse.Namespace) -> int:
     if proc is None:
         print(f"rlsup stop: no supervisor is running for {cfg.state_dir}")
         return EXIT_OK
+    how = _ask_to_stop(cfg.state_dir, proc)
+    if how is None:
+        return EXIT_FAIL
+    unit = (row or {}).get("systemd_unit")
     print(
-        f"rlsup stop: sending SIGTERM to the supervisor (pid {proc.pid}); "
+        f"rlsup stop: asked the supervisor (pid {proc.pid}) to stop ({how}); "
         f"waiting up to {timeout:g} s for its workers to checkpoint"
     )
-    proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     next_print = time.monotonic() + 5
     while time.monotonic() < deadline:
         if not _alive(proc):
             print(f"rlsup stop: supervisor (pid {proc.pid}) stopped")
+            if unit:
+                print(
+                    f"rlsup stop: it ran as the systemd unit {unit}, which does not restart a "
+                    f"clean stop (Restart=on-failure): the unit is inactive now and starts "
+                    f"again at boot (`systemctl disable {unit}` to prevent that, `systemctl "
+                    f"start {unit}` to start it now)"
+                )
             return EXIT_OK
         time.sleep(0.2)
         if time.monotonic() >= next_print:
@@ -70,6 +82,36 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_FAIL
+
+
+def _ask_to_stop(state_dir: Path, proc: psutil.Process) -> str | None:
+    """SIGTERM when we may signal it; else (an operator in the service's group, the service
+    running as its own user) a stop request in the state database, which it reads each tick.
+    None, after saying why, when neither is allowed."""
+    from supervisor import db
+
+    try:
+        proc.send_signal(signal.SIGTERM)
+        return "SIGTERM"
+    except psutil.AccessDenied:
+        pass
+    me = f"uid {os.getuid()} ({os.environ.get('USER', '?')}), pid {os.getpid()}"
+    try:
+        conn = db.connect(state_dir, create=False)
+        try:
+            with db.transaction(conn):
+                db.request(conn, db.STOP_REQUEST, me, time.time())
+        finally:
+            conn.close()
+    except (OSError, sqlite3.Error) as exc:
+        print(
+            f"rlsup stop: may neither signal the supervisor (pid {proc.pid}) nor write a stop "
+            f"request into {state_dir / db.DB_NAME}: {exc}; ask its owner, or "
+            "`sudo systemctl stop rlsup`",
+            file=sys.stderr,
+        )
+        return None
+    return "a stop request in the state database"
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -68,26 +68,73 @@ def test_install_service_dry_run_prints_unit_and_commands(
 ) -> None:
     assert main(["install-service", "--dry-run", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert f"run --config {config}" in out
+    assert "run --config /etc/rlsup/rlsup.toml" in out
     assert "/etc/systemd/system/rlsup.service" in out
     assert "TimeoutStopSec=90" in out  # stop_grace_s (60) + 30
     for line in (
         "Type=notify",
-        "Restart=always",
+        "NotifyAccess=main",
+        "Restart=on-failure",  # a clean `rlsup stop` (exit 0) is not undone
+        "RestartPreventExitStatus=2 73",  # config error, state dir held by another
+        "StartLimitIntervalSec=600",
+        "StartLimitBurst=5",
         "RestartSec=5",
         "WatchdogSec=60",
-        "KillMode=mixed",
+        "KillMode=control-group",  # workers checkpoint when the supervisor dies
+        "TimeoutStartSec=120",
         "OOMPolicy=continue",
-        "NotifyAccess=main",
         "WantedBy=multi-user.target",
+        "User=rlsup",
+        "Group=rlsup",
         "StateDirectory=rlsup",
-        "UMask=0077",
+        "LogsDirectory=rlsup",
+        "UMask=0027",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=full",
+        "ProtectHome=read-only",
+        "PrivateTmp=yes",
+        "Environment=RLSUP_CONFIG=/etc/rlsup/rlsup.toml",
+        "check-config --config /etc/rlsup/rlsup.toml",
     ):
         assert line in out, line
+    assert "PrivateDevices" not in out and "MemoryDenyWriteExecute" not in out  # CUDA
     assert "systemctl daemon-reload" in out and "systemctl enable --now rlsup.service" in out
+    assert 'state_dir = "/var/lib/rlsup"' in out and 'logs_dir = "/var/log/rlsup"' in out
     assert "${" not in out
     exec_line = next(x for x in out.splitlines() if x.startswith("ExecStart="))
     assert exec_line.split("=", 1)[1].startswith("/")
+
+
+def test_install_service_refuses_an_interpreter_the_account_cannot_reach() -> None:
+    import shutil
+    import tempfile
+
+    from supervisor.commands import install_service
+
+    base = Path(tempfile.mkdtemp())  # /tmp/xyz: the way there is open to anyone
+    base.chmod(0o755)
+    hidden = base / "private"
+    (hidden / "bin").mkdir(parents=True)
+    (hidden / "bin" / "python3").write_text("")
+    hidden.chmod(0o700)
+    problem = install_service.unreachable(hidden / "bin" / "python3", "nobody")
+    assert problem == f"nobody cannot enter {hidden} (mode drwx------)"
+    hidden.chmod(0o755)
+    assert install_service.unreachable(hidden / "bin" / "python3", "nobody") is None
+    shutil.rmtree(base)
+
+
+def test_service_config_points_state_and_logs_at_the_service_directories() -> None:
+    from supervisor.commands.install_service import with_service_paths
+
+    text = 'state_dir = "var/rlsup"\ninitial_mode = "light"\n\n[modes.light]\nnum_envs = 1\n'
+    out = with_service_paths(text, Path("/var/lib/rlsup"), Path("/var/log/rlsup"))
+    import tomllib
+
+    data = tomllib.loads(out)
+    assert data["state_dir"] == "/var/lib/rlsup" and data["logs_dir"] == "/var/log/rlsup"
+    assert data["initial_mode"] == "light" and data["modes"]["light"]["num_envs"] == 1
+    assert '# state_dir = "var/rlsup"' in out
 
 
 def test_install_service_without_console_script_runs_the_module(
