@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,14 @@ def ckpt_files(step: int) -> dict[str, bytes]:
         "replay/frames-000000.bin": bytes([step % 256]) * 4096,
         "replay/frames-000001.bin": bytes([(step + 1) % 256]) * 4096,
     }
+
+
+@pytest.fixture(autouse=True)
+def _worker_umask() -> Iterator[None]:
+    """The umask `rlsup run` hands its workers (077): state private to its owner."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
 
 
 @pytest.fixture(autouse=True)

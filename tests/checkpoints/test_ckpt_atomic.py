@@ -28,13 +28,16 @@ def test_write_file_atomic_replaces_content(tmp_path: Path, durable: bool) -> No
     assert _tmp_leftovers(tmp_path) == []
 
 
-def test_write_file_atomic_honours_mode_despite_umask(tmp_path: Path) -> None:
-    old = os.umask(0o077)
+@pytest.mark.parametrize(("umask", "mode"), [(0o077, 0o600), (0o027, 0o640), (0, 0o640)])
+def test_write_file_atomic_leaves_the_umask_the_last_word_and_others_nothing(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    old = os.umask(umask)
     try:
-        write_file_atomic(tmp_path / "f", b"x", mode=0o640)
+        write_file_atomic(tmp_path / "f", b"x")
     finally:
         os.umask(old)
-    assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == 0o640
+    assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == mode
 
 
 def test_write_json_atomic_round_trips(tmp_path: Path) -> None:

@@ -91,12 +91,14 @@ def test_real_eacces_from_the_kernel_quarantines_nothing(make_ckpt: MakeCkpt) ->
         for path in (top, store.root, store.path_for(1)):
             os.chmod(path, 0o755)
         before = names(store.root)
-        os.seteuid(65534)  # the kernel checks permissions as this user from here on
+        os.setegid(65534)  # the kernel checks permissions as nobody:nogroup from here on
+        os.seteuid(65534)
         try:
             with pytest.raises(CheckpointUnreadable) as info:
                 store.load_latest()
         finally:
             os.seteuid(0)
+            os.setegid(0)
         assert (info.value.errno, info.value.name) == (errno.EACCES, "MANIFEST.json")
         assert names(store.root) == before
     finally:

@@ -64,19 +64,24 @@ def test_missing_boot_id_file_falls_back_to_when_init_started(
     assert json.loads((ref.path / "MANIFEST.json").read_bytes())["boot_id"] == f"init-start-{ticks}"
 
 
-def test_files_are_0600_and_dirs_0700_even_with_permissive_umask(
-    store: CheckpointStore, make_ckpt: MakeCkpt
+@pytest.mark.parametrize(
+    ("umask", "dirs", "files"),
+    [(0o077, 0o700, 0o600), (0o027, 0o750, 0o640), (0, 0o750, 0o640)],
+    ids=["rlsup-run", "systemd-unit", "permissive"],
+)
+def test_checkpoints_are_never_readable_by_others_whatever_the_umask(
+    store: CheckpointStore, make_ckpt: MakeCkpt, umask: int, dirs: int, files: int
 ) -> None:
-    old = os.umask(0)
+    old = os.umask(umask)
     try:
         ref = make_ckpt(1)
     finally:
         os.umask(old)
-    assert _mode(store.root) == 0o700
-    assert _mode(ref.path) == 0o700 and _mode(ref.path / "replay") == 0o700
+    assert _mode(store.root) == dirs
+    assert _mode(ref.path) == dirs and _mode(ref.path / "replay") == dirs
     for path in ref.path.rglob("*"):
         if path.is_file():
-            assert _mode(path) == 0o600, path
+            assert _mode(path) == files, path
 
 
 def test_read_into_fills_caller_buffer_without_copy(

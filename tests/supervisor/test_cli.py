@@ -196,3 +196,28 @@ def test_every_command_says_how_to_create_a_missing_config(
     err = capsys.readouterr().err
     assert f"no configuration file at {missing}" in err and "rlsup init" in err
     assert not (tmp_path / "var").exists()
+
+
+def test_check_config_says_ok_or_names_the_key(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check-config", "--config", str(config)]) == 0
+    assert f"{config}: ok:" in capsys.readouterr().out
+    config.write_text(config.read_text().replace("num_envs = ", "num_envs = -", 1))
+    with pytest.raises(SystemExit) as exc:
+        main(["check-config", "--config", str(config)])
+    assert exc.value.code == 2
+    assert "num_envs" in capsys.readouterr().err
+
+
+def test_commands_find_the_installed_services_config_without_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: Path
+) -> None:
+    from supervisor import config as config_mod
+
+    monkeypatch.setattr(config_mod, "SYSTEM_CONFIG", config)
+    monkeypatch.delenv("RLSUP_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path / "..")
+    assert config_mod.resolve_config_path(None) == config
+    (Path.cwd() / "rlsup.toml").write_text("")
+    assert config_mod.resolve_config_path(None) == Path("rlsup.toml"), "./rlsup.toml first"

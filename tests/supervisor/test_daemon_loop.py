@@ -257,6 +257,30 @@ def test_reload_with_a_wrong_typed_worker_arg_keeps_the_old_config(make) -> None
     assert "games[0].args.dueling" in error.detail["message"]
 
 
+def test_a_stop_request_in_the_database_stops_like_sigterm(make) -> None:  # type: ignore[no-untyped-def]
+    """`rlsup stop` by an operator who may not signal the service (it runs as another user)."""
+    sup = make(game("a", 100_000))
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    import time
+
+    conn = db.connect(sup.cfg.state_dir)
+    with db.transaction(conn):
+        db.request(conn, db.STOP_REQUEST, "uid 1000 (alice)", time.time())
+    conn.close()
+    spin(sup, lambda: sup.finished)
+    assert sup.games["a"].state is S.STOPPED
+    assert db.events(sup.conn, kind="worker_exit")[-1].detail["returncode"] == 75  # type: ignore[arg-type]
+    assert db.pending_request(sup.conn, db.STOP_REQUEST) is None, "consumed"  # type: ignore[arg-type]
+
+
+def test_a_stop_request_older_than_the_supervisor_is_ignored(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(game("a", 100_000))
+    with db.transaction(sup.conn):  # type: ignore[arg-type]
+        db.request(sup.conn, db.STOP_REQUEST, "stale", 1.0)  # type: ignore[arg-type]
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    assert not sup.stopping
+
+
 def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a", 100_000))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
@@ -315,18 +339,36 @@ def test_cpu_games_skip_the_gpu_gate(make) -> None:  # type: ignore[no-untyped-d
     assert gpu.reads == 0
 
 
-def test_run_dirs_and_worker_logs_are_private(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("env", "dirs", "files", "database"),
+    [
+        ({}, 0o700, 0o600, 0o600),  # `rlsup run` by hand: private to its owner
+        ({"INVOCATION_ID": "x"}, 0o750, 0o640, 0o660),  # under systemd: its group reads
+    ],
+    ids=["by-hand", "systemd"],
+)
+def test_run_dirs_and_worker_logs_are_private(  # type: ignore[no-untyped-def]
+    make, tmp_path, env, dirs, files, database
+) -> None:
+    import os
     import stat
 
-    sup = make(game("a", 100_000))
-    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    from supervisor.commands.run import state_umask
+
+    old = os.umask(0o027)  # what the unit's UMask= hands the process under systemd
+    try:
+        os.umask(state_umask(env))  # what `rlsup run` does with it
+        sup = make(game("a", 100_000))
+        spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    finally:
+        os.umask(old)
     state = tmp_path / "state"
     for path, mode in (
-        (state, 0o700),
-        (state / "runs" / "a", 0o700),
-        (state / "logs", 0o700),
-        (state / "logs" / "a.log", 0o600),
-        (state / "rlsup.db", 0o600),
+        (state, dirs),
+        (state / "runs" / "a", dirs),
+        (state / "logs", dirs),
+        (state / "logs" / "a.log", files),
+        (state / "rlsup.db", database),
     ):
         assert stat.S_IMODE(path.stat().st_mode) == mode, path
 

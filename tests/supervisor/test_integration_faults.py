@@ -83,7 +83,7 @@ def test_worker_faults_are_recovered_and_sigterm_stops_cleanly(tmp_path: Path) -
 
         # One supervisor per state dir: a second one is refused, naming the holder.
         second = rlsup("run", "--config", str(config), env=env)
-        assert second.returncode == 1 and f"pid {sup.pid}" in second.stderr
+        assert second.returncode == 73 and f"pid {sup.pid}" in second.stderr  # EX_CANTCREAT
 
         # SIGKILL a worker: restarted within seconds, resumed from its checkpoint.
         pid_a = training_pid(state, "alpha")
