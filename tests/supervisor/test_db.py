@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -14,13 +15,28 @@ def _mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
 
-def test_state_dir_and_db_files_are_private(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("umask", "directory", "files"),
+    [(0o077, 0o700, 0o600), (0o027, 0o750, 0o660)],
+    ids=["private", "service-group"],
+)
+def test_state_dir_and_db_files_are_private(
+    tmp_path: Path, umask: int, directory: int, files: int
+) -> None:
+    """Private to the owner, or (the systemd unit's UMask=0027) readable by its group, the
+    database writable by it (`rlsup scale`); never anything for others."""
     state = tmp_path / "state"
-    conn = db.connect(state)
-    db.add_event(conn, "supervisor_start")
-    assert _mode(state) == 0o700
+    old = os.umask(umask)
+    try:
+        conn = db.connect(state, owner=True)
+        db.add_event(conn, "supervisor_start")
+        conn.close()
+        conn = db.connect(state, owner=True)
+    finally:
+        os.umask(old)
+    assert _mode(state) == directory
     for name in ("rlsup.db", "rlsup.db-wal", "rlsup.db-shm"):
-        assert _mode(state / name) == 0o600, name
+        assert _mode(state / name) == files, name
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
