@@ -12,8 +12,8 @@ from checkpoints.errors import (
     NoValidCheckpoint,
 )
 from checkpoints.manifest import FileEntry
-from checkpoints.names import validate_name
-from checkpoints.store import CheckpointRef, CheckpointStore, LoadedCheckpoint
+from checkpoints.names import CheckpointRef, validate_name
+from checkpoints.store import CheckpointStore, LoadedCheckpoint
 from checkpoints.writer import CheckpointWriter, WriteStats
 
 __all__ = [

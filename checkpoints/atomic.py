@@ -38,6 +38,7 @@ def masked(mode: int) -> int:
     """`mode` as the umask leaves it, and never anything for others."""
     return mode & ~current_umask() & ~0o007
 
+
 # O_EXCL: a file we create is always new, so a stale file can never be partly reused;
 # O_NOFOLLOW: never write through a symlink planted in our directory.
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW

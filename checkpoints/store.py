@@ -1,10 +1,6 @@
 """CheckpointStore: lists, verifies, loads, quarantines and prunes committed checkpoints.
 
-Layout under `root` (typically `<run_dir>/checkpoints`):
-  ckpt-<step:012d>/                 committed; MANIFEST.json is written last
-  .staging-<uuid4hex>/              being written, or left by a crash: swept at start
-  .replaced-<step:012d>-<uuid>/     old copy while the same step is re-committed
-  .corrupt-<name>-<unix time>/      quarantined: failed verification, kept for forensics
+Layout under `root` (typically `<run_dir>/checkpoints`): see checkpoints/names.py.
 """
 
 from __future__ import annotations
@@ -14,19 +10,18 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
 from checkpoints import _retry
+from checkpoints._crashpoints import crash_point
 from checkpoints.atomic import as_byte_view, fsync_dir, make_dir
 from checkpoints.errors import (
     CheckpointCorrupt,
@@ -35,26 +30,26 @@ from checkpoints.errors import (
     NoValidCheckpoint,
 )
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
-from checkpoints.names import MANIFEST_NAME, validate_name
-from checkpoints.writer import REPLACED_PREFIX, STAGING_PREFIX, CheckpointWriter, _crash_point
+from checkpoints.names import (
+    CORRUPT_PREFIX,
+    MANIFEST_NAME,
+    MAX_STEP,
+    STAGING_PREFIX,
+    CheckpointRef,
+    ckpt_name,
+    ckpt_step,
+    replaced_step,
+    validate_name,
+)
+from checkpoints.writer import CheckpointWriter
 
 # Either structlog flavour: the default filtering logger or the stdlib-backed one.
 Logger = structlog.typing.FilteringBoundLogger | structlog.stdlib.BoundLogger
 
-_CKPT_RE = re.compile(r"ckpt-(\d{12})")
-_REPLACED_RE = re.compile(re.escape(REPLACED_PREFIX) + r"(\d{12})-[0-9a-f]{32}")
-CORRUPT_PREFIX = ".corrupt-"
-_MAX_STEP = 10**12 - 1
 _READ_CHUNK = 1 << 20
 # A manifest lists file names and hashes; anything bigger than this is garbage, not a manifest.
 _MAX_MANIFEST_BYTES = 64 << 20
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class CheckpointRef:
-    path: Path
-    step: int
 
 
 class LoadedCheckpoint:
@@ -168,7 +163,7 @@ class CheckpointStore:
         self.log: Logger = log if log is not None else structlog.get_logger("rlsup.checkpoints")
 
     def path_for(self, step: int) -> Path:
-        return self.root / f"ckpt-{step:012d}"
+        return self.root / ckpt_name(step)
 
     # ---- listing ----------------------------------------------------------------------
 
@@ -176,9 +171,9 @@ class CheckpointStore:
         """Committed checkpoints by directory name only (nothing verified), oldest first."""
         refs = []
         for entry in self._scan():
-            match = _CKPT_RE.fullmatch(entry.name)
-            if match and entry.is_dir(follow_symlinks=False):
-                refs.append(CheckpointRef(path=Path(entry.path), step=int(match.group(1))))
+            step = ckpt_step(entry.name)
+            if step is not None and entry.is_dir(follow_symlinks=False):
+                refs.append(CheckpointRef(path=Path(entry.path), step=step))
         return sorted(refs, key=lambda ref: ref.step)
 
     def latest(self) -> CheckpointRef | None:
@@ -213,10 +208,10 @@ class CheckpointStore:
         """A crash mid-replace can leave step N only as `.replaced-N-*`: put it back."""
         removed = []
         for entry in self._scan():
-            match = _REPLACED_RE.fullmatch(entry.name)
-            if not match:
+            step = replaced_step(entry.name)
+            if step is None:
                 continue
-            target = self.path_for(int(match.group(1)))
+            target = self.path_for(step)
             if os.path.lexists(target):
                 self._remove_tree(Path(entry.path))
                 removed.append(Path(entry.path))
@@ -342,7 +337,7 @@ class CheckpointStore:
             ref = step_or_ref
         else:
             ref = CheckpointRef(path=self.path_for(step_or_ref), step=step_or_ref)
-        if ref.path.parent != self.root or not _CKPT_RE.fullmatch(ref.path.name):
+        if ref.path.parent != self.root or ckpt_step(ref.path.name) is None:
             raise ValueError(f"{ref.path} is not a committed checkpoint of {self.root}")
         if not ref.path.is_dir():
             raise FileNotFoundError(f"no committed checkpoint {ref.path}")
@@ -380,8 +375,8 @@ class CheckpointStore:
     # ---- writing and retention --------------------------------------------------------
 
     def begin(self, step: int, meta: Mapping[str, Any]) -> CheckpointWriter:
-        if type(step) is not int or not 0 <= step <= _MAX_STEP:
-            raise ValueError(f"step must be an int in [0, {_MAX_STEP}], got {step!r}")
+        if type(step) is not int or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"step must be an int in [0, {MAX_STEP}], got {step!r}")
         # Fail on unserialisable meta now, not after gigabytes have been written.
         json.dumps(meta, allow_nan=False)
         self._ensure_root()
@@ -450,7 +445,7 @@ class CheckpointStore:
         if not path.name.startswith(STAGING_PREFIX):
             doomed = self.root / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
             _retry.rename(path, doomed)
-            _crash_point("after_remove_rename")
+            crash_point("after_remove_rename")
             path = doomed
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

@@ -19,13 +19,14 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from checkpoints import _retry
+from checkpoints._crashpoints import crash_point
 from checkpoints.atomic import as_byte_view, create_file, fsync_dir, make_dir, write_all
 from checkpoints.errors import CheckpointError, CheckpointWriteFailed
 from checkpoints.manifest import (
@@ -35,23 +36,16 @@ from checkpoints.manifest import (
     parse_file_entries,
     parse_manifest,
 )
-from checkpoints.names import MANIFEST_NAME, validate_name
+from checkpoints.names import (
+    MANIFEST_NAME,
+    REPLACED_PREFIX,
+    STAGING_PREFIX,
+    CheckpointRef,
+    validate_name,
+)
 
 if TYPE_CHECKING:
-    from checkpoints.store import CheckpointRef, CheckpointStore
-
-# Test seam for the crash-point sweep: a child process sets this to a function that
-# SIGKILLs itself at one named point of the protocol. None in production.
-_crash_hook: Callable[[str], None] | None = None
-
-STAGING_PREFIX = ".staging-"
-REPLACED_PREFIX = ".replaced-"
-
-
-def _crash_point(point: str) -> None:
-    hook = _crash_hook
-    if hook is not None:
-        hook(point)
+    from checkpoints.store import CheckpointStore
 
 
 @dataclass
@@ -126,7 +120,7 @@ class CheckpointWriter:
                     view = as_byte_view(chunk)
                     digest.update(view)
                     size += write_all(fd, view)
-                    _crash_point(f"after_chunk:{name}")
+                    crash_point(f"after_chunk:{name}")
                 # fsync now rather than at commit: the data is still hot, and a failure
                 # is attributed to the file that caused it.
                 os.fsync(fd)
@@ -136,7 +130,7 @@ class CheckpointWriter:
         self._files[name] = entry
         self.stats.bytes_written += size
         self.stats.files_written += 1
-        _crash_point(f"after_write:{name}")
+        crash_point(f"after_write:{name}")
         return entry
 
     def link_or_write(
@@ -187,7 +181,7 @@ class CheckpointWriter:
         self._files[name] = base_entry
         self.stats.bytes_linked += len(view)
         self.stats.files_linked += 1
-        _crash_point(f"after_link:{name}")
+        crash_point(f"after_link:{name}")
         return base_entry
 
     def _base_entries(self, base_step: int) -> dict[str, FileEntry]:
@@ -223,28 +217,26 @@ class CheckpointWriter:
     # ---- commit / abort ---------------------------------------------------------------
 
     def commit(self) -> CheckpointRef:
-        from checkpoints.store import CheckpointRef
-
         self._ensure_open()
         final = self._store.path_for(self.step)
         with self._failure_guard("committing"):
             for subdir in sorted(self._subdirs):
                 fsync_dir(self.staging / subdir)
-            _crash_point("before_manifest")
+            crash_point("before_manifest")
             self._write_manifest()
-            _crash_point("after_manifest")
+            crash_point("after_manifest")
             fsync_dir(self.staging)
             aside = self._move_existing_aside(final)
             try:
-                _crash_point("before_rename")
+                crash_point("before_rename")
                 _retry.rename(self.staging, final)
             except BaseException:
                 self._restore_aside(aside, final)
                 raise
         self._state = "committed"
-        _crash_point("after_rename")
+        crash_point("after_rename")
         self._sync_root_or_roll_back(final, aside)
-        _crash_point("after_fsync_root")
+        crash_point("after_fsync_root")
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
         self.stats.seconds = time.monotonic() - self._started
@@ -285,7 +277,7 @@ class CheckpointWriter:
             return None
         aside = self._store.root / f"{REPLACED_PREFIX}{self.step:012d}-{uuid.uuid4().hex}"
         _retry.rename(final, aside)
-        _crash_point("after_move_aside")
+        crash_point("after_move_aside")
         return aside
 
     def _restore_aside(self, aside: Path | None, final: Path) -> None:

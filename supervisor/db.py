@@ -383,6 +383,21 @@ def mtbf_s(conn: sqlite3.Connection, now: float) -> float | None:
     return up / failures if failures else None
 
 
+# ---- samples (host vitals) ----------------------------------------------------------------
+
+
+def insert_sample(
+    conn: sqlite3.Connection, ts: float, data: str, keep_s: float, max_rows: int
+) -> None:
+    """One vitals sample (JSON); drop those older than `keep_s` and beyond `max_rows`."""
+    conn.execute("INSERT INTO samples(ts, data) VALUES (?, ?)", (ts, data))
+    conn.execute("DELETE FROM samples WHERE ts < ?", (ts - keep_s,))
+    conn.execute(
+        "DELETE FROM samples WHERE rowid NOT IN "
+        f"(SELECT rowid FROM samples ORDER BY ts DESC LIMIT {int(max_rows)})"
+    )
+
+
 # ---- workers ------------------------------------------------------------------------------
 
 

@@ -17,8 +17,8 @@ A non-blocking state machine for the tick loop (which never sleeps in here): eac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
@@ -55,6 +55,7 @@ class GateResult:
     need_mb: float
     waited_s: float
     reason: str
+    event: dict[str, Any] | None = None  # from admit(): a `gpu_wait` event to record
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,32 @@ class GpuGate:
         return GateResult(
             "fallback", free, need_mb, waited_s, f"{timed_out}: starting one mode lower"
         )
+
+    def admit(
+        self,
+        game: str,
+        mode: str,
+        lighter: str | None,
+        *,
+        pinned: bool,
+        peak_mb: float | None,
+        waiting: bool,
+        now: float,
+    ) -> GateResult:
+        """`check` for a game at `mode` (`lighter`: the rung below, if any; `pinned`: no
+        automatic fallback), with what the loop records: `event`, the `gpu_wait` detail to
+        write when a wait starts or times out (None otherwise)."""
+        result = self.check(game, need_mb(self.cfg, peak_mb), now, at_floor=not lighter or pinned)
+        detail: dict[str, Any] = {
+            "reason": result.reason,
+            "free_mb": None if result.free_mb is None else round(result.free_mb),
+            "need_mb": round(result.need_mb),
+        }
+        if result.action == "wait" and not waiting:
+            return replace(result, event={**detail, "mode": mode})
+        if result.action == "fallback":
+            return replace(result, event={"timed_out": True, **detail, "from": mode, "to": lighter})
+        return result
 
     def clear(self, game: str) -> None:
         """Forget `game`'s wait and reservation (stopped, mode changed, or now running)."""

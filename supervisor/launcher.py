@@ -150,6 +150,16 @@ class Launcher:
             os.kill(pid, sig)
 
 
+LOG_ROTATE_BYTES = 64 << 20
+
+
+def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> None:
+    """Keep one previous worker log (`.1`) once the current one passes `limit` bytes."""
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > limit:
+            os.replace(path, path.with_name(path.name + ".1"))
+
+
 def find_leftover(
     pid: int | None, ticks: int | None, create_time: float | None = None
 ) -> psutil.Process | None:

@@ -60,6 +60,22 @@ class Notifier:
             self._sock = None
 
 
+def systemd_unit(env: Mapping[str, str]) -> str | None:
+    """The systemd unit running this process (from its cgroup), when systemd started it."""
+    if not env.get("INVOCATION_ID"):
+        return None
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        for part in reversed(line.rsplit(":", 1)[-1].split("/")):
+            if part.endswith(".service"):
+                return part
+    return None
+
+
 def watchdog_interval_s(env: Mapping[str, str]) -> float | None:
     """Half of WATCHDOG_USEC (ping twice per period), or None when no watchdog is for us."""
     usec = env.get("WATCHDOG_USEC")

@@ -257,19 +257,3 @@ def from_json(data: dict[str, Any]) -> Vitals:
             for g in data.get("gpus", ())
         ),
     )
-
-
-def prune_sql(max_rows: int) -> str:
-    """SQL that keeps the newest `max_rows` rows of `samples` (run it after each insert, or
-    every so often). At one row a minute, 10_080 rows are a week."""
-    if not isinstance(max_rows, int) or max_rows < 0:
-        raise ValueError(f"max_rows must be a non-negative int, got {max_rows!r}")
-    return (
-        "DELETE FROM samples WHERE rowid NOT IN "
-        f"(SELECT rowid FROM samples ORDER BY ts DESC LIMIT {max_rows})"
-    )
-
-
-def prune_older_sql() -> str:
-    """SQL (one parameter: the oldest ts to keep) that drops samples older than a cutoff."""
-    return "DELETE FROM samples WHERE ts < ?"

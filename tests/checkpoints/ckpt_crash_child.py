@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from checkpoints import CheckpointStore, writer
+from checkpoints import CheckpointStore, _crashpoints
 
 CHUNK_A = b"\x0a" * 8192
 REPLAY_NEW = b"\x0b" * 8192
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
         if mode == "kill" and point == arg:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    writer._crash_hook = hook
+    _crashpoints.hook = hook
     write_new(CheckpointStore(root, keep=1), 2 if scenario == "next" else 1)
     if mode == "record":
         Path(arg).write_text(json.dumps(passed))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from checkpoints import CheckpointStore, NoValidCheckpoint
-from checkpoints.store import CORRUPT_PREFIX
+from checkpoints.names import CORRUPT_PREFIX
 from tests.checkpoints.conftest import MakeCkpt
 
 

@@ -269,14 +269,14 @@ def test_mode_persisted_across_a_reboot_is_resumed_never_above_the_ceiling(make,
     assert proc is not None
     sup2.launcher.kill(proc)
     proc.popen.wait()
-    sup2.games["a"].proc = None
+    sup2.games["a"].life = None
     sup2.close()
     sup3 = make(game("a"), initial="heavy", stability='ceiling = "light"', policy=None)
     assert sup3.conn is not None
     assert modes.host_mode(sup3.conn, sup3.cfg).name == "light"
 
 
-# ---- a crash right after loading a checkpoint counts against it ---------------------------
+# ---- a crash right after a resume never moves the checkpoint ---------------------------------
 
 
 def _checkpoint(run: Path, step: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -14,13 +13,12 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
+from supervisor import db
 from supervisor.stability import GpuVitals, Vitals
 from supervisor.vitals import (
     NvmlProbe,
     VitalsSampler,
     from_json,
-    prune_older_sql,
-    prune_sql,
     sample,
     to_json,
 )
@@ -194,18 +192,14 @@ def test_json_round_trip_keeps_unsupported_readings() -> None:
     )
 
 
-def test_prune_sql_keeps_the_newest_rows() -> None:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE samples(ts REAL NOT NULL, data TEXT NOT NULL)")
-    conn.executemany("INSERT INTO samples VALUES (?, '{}')", [(float(t),) for t in range(100)])
-    conn.execute(prune_sql(10))
+def test_samples_keep_the_newest_rows_and_a_week(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path)
+    for t in range(100):
+        db.insert_sample(conn, float(t), "{}", keep_s=1000.0, max_rows=10)
     assert [r[0] for r in conn.execute("SELECT ts FROM samples ORDER BY ts")] == list(
         map(float, range(90, 100))
     )
-    conn.execute(prune_older_sql(), (95.0,))
-    assert conn.execute("SELECT count(*) FROM samples").fetchone() == (5,)
-
-
-def test_prune_sql_rejects_non_integers() -> None:
-    with pytest.raises(ValueError):
-        prune_sql("10; DROP TABLE samples")  # type: ignore[arg-type]
+    db.insert_sample(conn, 200.0, "{}", keep_s=105.0, max_rows=10)
+    assert [r[0] for r in conn.execute("SELECT ts FROM samples ORDER BY ts")] == [
+        95.0, 96.0, 97.0, 98.0, 99.0, 200.0,
+    ]  # fmt: skip

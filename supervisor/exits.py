@@ -1,0 +1,135 @@
+"""Where a worker's exit leads: a pure decision, keyed on enums, table-tested.
+
+The tick loop classifies the exit status (`restart.classify_exit`), remembers why it had asked
+the worker to stop (a `StopReason`, or None when nobody asked), and asks `route_exit` what the
+game does next. The loop then carries it out (and, for a failure, the restart budget decides
+between BACKOFF and FATAL).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.oomwatch import OomVerdict
+from supervisor.restart import ExitInfo, ExitKind
+from training.protocol import Heartbeat
+
+
+class StopReason(enum.StrEnum):
+    """Why the supervisor asked a worker to stop (SIGTERM; SIGKILL after a grace)."""
+
+    HANG = "hang"  # no heartbeat or no progress past its deadline
+    MODE_CHANGE = "mode_change"  # its effective mode changed: restart at the new sizes
+    SLOTS = "slots"  # over max_concurrent: back to the queue
+    REMOVED = "removed"  # its game left the configuration
+    READDED = "readded"  # ... and came back while it was still stopping
+    SHUTDOWN = "shutdown"  # the supervisor is stopping
+
+
+class Route(enum.StrEnum):
+    DONE = "done"  # total_steps reached -> DONE
+    REMOVED = "removed"  # -> STOPPED: the game is gone from the configuration
+    CONFIG_ERROR = "config_error"  # exit 78 -> FATAL at once: a restart cannot help
+    SHUTDOWN = "shutdown"  # -> STOPPED: the supervisor is stopping
+    REQUEUE = "requeue"  # -> WAITING: asked to stop, or stopped cleanly: not a failure
+    FAILURE = "failure"  # a crash, an OOM, a signal, a hang: backoff (or FATAL past the budget)
+
+
+def error_event(error_kind: str) -> str | None:
+    """The event a worker's error.json kind makes on its own (checkpoint trouble), if any."""
+    if error_kind in ("no_valid_checkpoint", "checkpoint_corrupt"):
+        return "checkpoint_corrupt"
+    if error_kind == "checkpoint_unreadable":
+        return "checkpoint_unreadable"
+    if error_kind.startswith("checkpoint") and error_kind != "checkpoint_mismatch":
+        return "checkpoint_failed"
+    return None
+
+
+# Stops the supervisor asked for that are no failure, whatever the exit status.
+_REQUEUED = frozenset({StopReason.MODE_CHANGE, StopReason.SLOTS, StopReason.READDED})
+
+
+def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopping: bool) -> Route:
+    """What follows a worker's exit. `asked`: why the supervisor had asked it to stop;
+    `removed`: its game left the configuration; `stopping`: the supervisor shuts down."""
+    if kind is ExitKind.DONE:
+        return Route.DONE
+    if removed:
+        return Route.REMOVED
+    if kind is ExitKind.CONFIG:
+        return Route.CONFIG_ERROR
+    if stopping:
+        return Route.SHUTDOWN
+    if asked in _REQUEUED:
+        return Route.REQUEUE
+    if kind is ExitKind.STOPPED and asked is not StopReason.HANG:
+        # Stopped after a checkpoint (exit 75) by someone else, or by itself (parent gone).
+        return Route.REQUEUE
+    return Route.FAILURE
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """Everything known about one worker's exit, and the events it makes."""
+
+    info: ExitInfo
+    uptime_s: float
+    error: dict[str, Any] | None  # its own error.json, if it wrote one
+    heartbeat: Heartbeat | None  # its last
+    killed_by_supervisor: bool
+    oom: OomVerdict | None  # the kernel's word on a SIGKILL rlsup did not send
+
+    @property
+    def kernel_oom(self) -> bool:
+        return self.oom is not None and self.oom.killed is True
+
+    def _killed(self) -> dict[str, Any]:
+        if self.killed_by_supervisor:
+            return {"killed_by_supervisor": True}
+        if self.oom is not None:
+            return {"kernel_oom": self.oom.killed, "oom_evidence": self.oom.evidence}
+        return {}
+
+    def detail(self) -> dict[str, Any]:
+        """The detail of its `worker_exit` state change."""
+        out: dict[str, Any] = {
+            "returncode": self.info.returncode,
+            "exit": str(self.info.kind),
+            "uptime_s": round(self.uptime_s, 3),
+            **self._killed(),
+        }
+        if (hb := self.heartbeat) is not None:
+            out.update(global_step=hb.global_step, last_checkpoint_step=hb.last_checkpoint_step)
+        if self.error:
+            out["error"] = {k: self.error.get(k) for k in ("kind", "message", "step")}
+        return out
+
+    def error_event(self) -> tuple[str, dict[str, Any]] | None:
+        """Its error.json as an event of its own, when it is about checkpoints."""
+        kind = str((self.error or {}).get("kind") or "")
+        event = error_event(kind)
+        if event is None:
+            return None
+        return event, {"error_kind": kind, "message": (self.error or {}).get("message")}
+
+    def failure(self, asked: StopReason | None) -> tuple[str, tuple[str, dict[str, Any]] | None]:
+        """Why it failed, for the BACKOFF/FATAL reason, and its failure event (None after a
+        hang: the hang made its own)."""
+        if asked is StopReason.HANG:
+            return f"hang: {self.info.description}", None
+        cause = "kernel OOM kill" if self.kernel_oom else str(self.info.kind)
+        oomed = self.info.kind is ExitKind.OOM or self.kernel_oom
+        error = self.error or {}
+        event = "worker_oom" if oomed else "worker_crash"
+        return f"{cause}: {self.info.description}", (event, {
+            "returncode": self.info.returncode,
+            "description": self.info.description,
+            "error_kind": error.get("kind"),
+            "message": error.get("message"),
+            "traceback": error.get("traceback"),
+            "uptime_s": round(self.uptime_s, 3),
+            **self._killed(),
+        })  # fmt: skip

@@ -1,0 +1,115 @@
+"""One worker's liveness, as the supervisor sees it through its heartbeats, and hang detection.
+
+Pure: the tick loop reads `heartbeat.json` and hands it here with its own monotonic clock;
+nothing here reads files, signals or writes. `Liveness` belongs to one worker process (a
+`WorkerLife`) and is dropped with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.config import WatchdogConfig
+from training.protocol import Heartbeat
+
+
+@dataclass
+class Liveness:
+    """When (by the supervisor's monotonic clock) the worker's heartbeat last changed."""
+
+    since: float  # spawn time: the clocks start here
+    heartbeat: Heartbeat | None = None
+    seq_at: float = 0.0  # its `seq` last changed (the process is not frozen)
+    step_at: float = 0.0  # its `global_step` last moved
+    phase_at: float = 0.0  # its phase last changed
+    first_step: int | None = None
+    progressed: bool = False  # its step moved past the one it started from
+
+    def __post_init__(self) -> None:
+        self.seq_at = self.step_at = self.phase_at = self.since
+
+    def observe(self, hb: Heartbeat, now: float) -> None:
+        old = self.heartbeat
+        if old is None or hb.seq != old.seq:
+            self.seq_at = now
+        if old is None or hb.global_step != old.global_step:
+            self.step_at = now
+        if old is None or hb.phase != old.phase:
+            self.phase_at = now
+        if self.first_step is None:
+            self.first_step = hb.global_step
+        elif hb.global_step > self.first_step:
+            self.progressed = True
+        self.heartbeat = hb
+
+
+def hang_reason(live: Liveness, wd: WatchdogConfig, now: float) -> str | None:
+    """Hung = a frozen process, or no step progress past the phase's deadline.
+
+    The heartbeat thread publishes about once a second whatever the worker is doing, so a
+    `seq` that stops means the process is frozen (SIGSTOP, the GIL held): the configured limit
+    applies. Step progress may legitimately pause longer (a big PPO update, loading a large
+    replay buffer, an evaluation): then the worker's own `phase_deadline_s`, measured from its
+    iterations, extends the limit (except in phase `starting`: the operator's grace rules).
+    """
+    hb = live.heartbeat
+    limit = wd.hang_timeout_s if live.progressed else wd.startup_grace_s
+    seq_idle = now - live.seq_at
+    if hb is None and seq_idle > limit:
+        return f"no heartbeat within {limit:g} s of start"
+    if seq_idle > limit:
+        return f"heartbeat seq unchanged for {seq_idle:.1f} s (limit {limit:g} s)"
+    step_limit = limit
+    if hb is not None and hb.phase != "starting":
+        step_limit = max(limit, float(hb.phase_deadline_s or 0))
+    step_idle = now - max(live.step_at, live.phase_at)
+    if step_idle > step_limit:
+        return (
+            f"global_step stuck at {hb.global_step if hb else None} for {step_idle:.1f} s "
+            f"in phase {hb.phase if hb else None} (limit {step_limit:g} s)"
+        )
+    return None
+
+
+@dataclass
+class Reported:
+    """What of a worker's heartbeat reports has already become an event."""
+
+    quarantined: set[str] = field(default_factory=set)
+    checkpoint_failures: int = 0
+    replay_damage: int = 0
+    write_failures: set[str] = field(default_factory=set)
+
+
+def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]]]:
+    """The (event kind, detail) of what `hb` reports for the first time; marks them seen.
+
+    Quarantined checkpoints, failed checkpoint writes, damaged replay chunks, and the first
+    failed write of each kind of file (a full disk under the run dir or the log)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name in hb.quarantined:
+        if name not in seen.quarantined:
+            seen.quarantined.add(name)
+            out.append(("checkpoint_corrupt", {"checkpoint": name}))
+    if hb.checkpoint_failures > seen.checkpoint_failures:
+        seen.checkpoint_failures = hb.checkpoint_failures
+        out.append(
+            (
+                "checkpoint_failed",
+                {
+                    "error": hb.last_checkpoint_error,
+                    "step": hb.global_step,
+                    "failures": hb.checkpoint_failures,
+                    "last_checkpoint_step": hb.last_checkpoint_step,
+                },
+            )
+        )
+    for damage in hb.replay_damage[seen.replay_damage :]:
+        out.append(("replay_damaged", dict(damage)))
+    seen.replay_damage = max(seen.replay_damage, len(hb.replay_damage))
+    for kind, failures in sorted(hb.write_failures.items()):
+        if failures and kind not in seen.write_failures:
+            seen.write_failures.add(kind)
+            out.append(("write_failed", {"file": kind, "failures": failures}))
+    return out

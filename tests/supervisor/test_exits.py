@@ -1,0 +1,73 @@
+"""Where a worker's exit leads: the whole table, by exit kind, why it was asked to stop, and
+whether its game was removed or the supervisor is stopping."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.exits import Route, StopReason, WorkerExit, error_event, route_exit
+from supervisor.oomwatch import OomVerdict
+from supervisor.restart import ExitKind, classify_exit
+
+K, R, A = ExitKind, Route, StopReason
+ROUTES = [
+    # kind, asked, removed, stopping -> route
+    (K.DONE, None, False, False, R.DONE),
+    (K.DONE, A.SHUTDOWN, True, True, R.DONE),  # finished first: done whatever else
+    (K.STOPPED, A.REMOVED, True, False, R.REMOVED),
+    (K.CRASH, A.REMOVED, True, False, R.REMOVED),
+    (K.CONFIG, None, False, False, R.CONFIG_ERROR),
+    (K.CONFIG, A.SHUTDOWN, False, True, R.CONFIG_ERROR),
+    (K.STOPPED, A.SHUTDOWN, False, True, R.SHUTDOWN),
+    (K.CRASH, A.SHUTDOWN, False, True, R.SHUTDOWN),
+    (K.STOPPED, A.MODE_CHANGE, False, False, R.REQUEUE),
+    (K.CRASH, A.MODE_CHANGE, False, False, R.REQUEUE),  # asked to stop: not a failure
+    (K.SIGNALED, A.SLOTS, False, False, R.REQUEUE),
+    (K.STOPPED, A.READDED, False, False, R.REQUEUE),
+    (K.STOPPED, None, False, False, R.REQUEUE),  # stopped by someone else, checkpointed
+    (K.STOPPED, A.HANG, False, False, R.FAILURE),  # a hang is a failure however it ends
+    (K.SIGNALED, A.HANG, False, False, R.FAILURE),
+    (K.CRASH, None, False, False, R.FAILURE),
+    (K.OOM, None, False, False, R.FAILURE),
+    (K.SIGNALED, None, False, False, R.FAILURE),
+]
+
+
+@pytest.mark.parametrize(("kind", "asked", "removed", "stopping", "route"), ROUTES)
+def test_route_exit(
+    kind: ExitKind, asked: StopReason | None, removed: bool, stopping: bool, route: Route
+) -> None:
+    assert route_exit(kind, asked, removed=removed, stopping=stopping) is route
+
+
+@pytest.mark.parametrize(
+    ("error_kind", "event"),
+    [
+        ("no_valid_checkpoint", "checkpoint_corrupt"),
+        ("checkpoint_corrupt", "checkpoint_corrupt"),
+        ("checkpoint_unreadable", "checkpoint_unreadable"),
+        ("checkpoint_failed", "checkpoint_failed"),
+        ("checkpoint_mismatch", None),  # its FATAL reason says it all
+        ("crash", None),
+        ("", None),
+    ],
+)
+def test_error_event(error_kind: str, event: str | None) -> None:
+    assert error_event(error_kind) == event
+
+
+def test_a_kernel_oom_kill_is_a_worker_oom_and_a_hang_makes_no_second_event() -> None:
+    oom = WorkerExit(classify_exit(-9), 12.0, None, None, False, OomVerdict(True, "kernel log"))
+    why, event = oom.failure(None)
+    assert why.startswith("kernel OOM kill") and event is not None
+    assert event[0] == "worker_oom" and event[1]["kernel_oom"] is True
+    ours = WorkerExit(classify_exit(-9), 3.0, None, None, True, None)
+    assert ours.failure(A.HANG) == ("hang: killed by SIGKILL", None)
+    assert ours.detail()["killed_by_supervisor"] is True
+    crash = WorkerExit(
+        classify_exit(1), 1.0, {"kind": "crash", "message": "boom"}, None, False, None
+    )
+    assert crash.failure(None)[1] == ("worker_crash", {
+        "returncode": 1, "description": "exit status 1 (crash)", "error_kind": "crash",
+        "message": "boom", "traceback": None, "uptime_s": 1.0,
+    })  # fmt: skip
