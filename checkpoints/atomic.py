@@ -14,30 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import _retry
-
-# The most a state file or directory is ever opened to: its owner, and its group to read.
-# The process umask takes away the rest: `rlsup run` sets 077 (owner only) unless systemd runs
-# it, where the unit's UMask=0027 lets the service's group (its operators) read. Never world.
-FILE_MODE = 0o640
-DIR_MODE = 0o750
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it (os.umask would, racing other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o077
-
-
-def masked(mode: int) -> int:
-    """`mode` as the umask leaves it, and never anything for others."""
-    return mode & ~current_umask() & ~0o007
-
+from checkpoints.perms import DIR_MODE, FILE_MODE, masked
 
 # O_EXCL: a file we create is always new, so a stale file can never be partly reused;
 # O_NOFOLLOW: never write through a symlink planted in our directory.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import os
 import re
@@ -64,6 +63,8 @@ def _fallback_boot_id() -> str:
 
 @functools.lru_cache(maxsize=1)
 def rlsup_version() -> str:
+    import importlib.metadata  # only when a checkpoint is written: it is slow to import
+
     try:
         return importlib.metadata.version("rlsup")
     except importlib.metadata.PackageNotFoundError:

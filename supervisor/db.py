@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import manifest
-from checkpoints.atomic import DIR_MODE, masked
+from checkpoints.perms import DIR_MODE, masked
 
 DB_NAME = "rlsup.db"
 BUSY_TIMEOUT_MS = 10_000
@@ -488,6 +488,51 @@ def clear_request(conn: sqlite3.Connection, name: str) -> None:
 def _has_table(conn: sqlite3.Connection, table: str) -> bool:
     row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
     return row.fetchone() is not None
+
+
+# ---- reads for the CLI (a database that may be absent, or older than this rlsup) -----------
+
+
+def _rows(conn: sqlite3.Connection | None, sql: str, *params: Any) -> list[dict[str, Any]]:
+    """Rows as dicts; no database, or a table or column it does not have (yet), reads empty."""
+    if conn is None:
+        return []
+    try:
+        return [dict(r) for r in conn.execute(sql, params).fetchall()]
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc) or "no such column" in str(exc):
+            return []
+        raise
+
+
+def supervisor_record(conn: sqlite3.Connection | None) -> dict[str, Any] | None:
+    rows = _rows(conn, "SELECT * FROM supervisor WHERE id = 1")
+    return rows[0] if rows else None
+
+
+def boot_time_of(conn: sqlite3.Connection | None, boot_id: str | None) -> float | None:
+    rows = _rows(conn, "SELECT boot_time FROM boots WHERE boot_id = ?", boot_id)
+    return rows[0]["boot_time"] if rows else None
+
+
+def first_boot_seen(conn: sqlite3.Connection | None) -> float | None:
+    rows = _rows(conn, "SELECT MIN(first_seen) AS t FROM boots")
+    return rows[0]["t"] if rows else None
+
+
+def latest_sample(conn: sqlite3.Connection | None) -> tuple[float, str] | None:
+    rows = _rows(conn, "SELECT ts, data FROM samples ORDER BY rowid DESC LIMIT 1")
+    return (rows[0]["ts"], rows[0]["data"]) if rows else None
+
+
+def desired_rows(conn: sqlite3.Connection | None) -> dict[str, dict[str, Any]]:
+    """Operators' pins by scope."""
+    return {r["scope"]: r for r in _rows(conn, "SELECT * FROM desired")}
+
+
+def mode_rows(conn: sqlite3.Connection | None) -> list[dict[str, Any]]:
+    """The modes in force by scope (scope, mode, since, reason), in scope order."""
+    return _rows(conn, "SELECT * FROM modes ORDER BY scope")
 
 
 # ---- supervisor row -----------------------------------------------------------------------

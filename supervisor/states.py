@@ -6,10 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-import structlog
-
-log = structlog.get_logger("rlsup.worker")
-
 
 class WorkerState(enum.StrEnum):
     """State of one game's worker.
@@ -99,7 +95,9 @@ def transition(
     kind = EVENT_KIND.get(target, "worker_state")
     if target is S.STARTING and detail.get("restarts", 0) > 0:
         kind = "restart"
-    log.info(
+    import structlog  # here, not at the top: `rlsup status` imports this module for its sets
+
+    structlog.get_logger("rlsup.worker").info(
         "worker_state",
         game=game,
         **{"from": str(source), "to": str(target)},

@@ -76,15 +76,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from checkpoints.names import ckpt_name
 from supervisor import db, render
 from supervisor.commands._common import add_config_argument
 from supervisor.config import Config
-from training.protocol import ERROR_FILE, HEARTBEAT_FILE, read_json_file
+from supervisor.states import ALIVE
+from training.protocol import CHECKPOINT_DIR, ERROR_FILE, HEARTBEAT_FILE, read_json_file
 
 SCHEMA = 1
 STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
 HEARTBEAT_STALE_S = 30.0  # a live worker's heartbeat older than this is flagged
-LIVE_STATES = frozenset({"starting", "running", "stopping"})
+LIVE_STATES = frozenset(str(state) for state in ALIVE)  # a worker process exists
 EPH_WINDOW_S = 3600.0
 DEFAULT_WATCH_S = 2.0
 
@@ -155,7 +157,7 @@ def collect(cfg: Config, now: float) -> dict[str, Any]:
         host = _host(conn, now)
         mode = _mode(conn, cfg)
         games = _games(conn, cfg, now)
-        first_seen = _first_seen(conn)
+        first_seen = db.first_boot_seen(conn)
     return {
         "schema": SCHEMA,
         "generated_at": now,
@@ -170,20 +172,8 @@ def collect(cfg: Config, now: float) -> dict[str, Any]:
     }
 
 
-def _rows(conn: sqlite3.Connection | None, sql: str, *params: Any) -> list[dict[str, Any]]:
-    """Rows as dicts; a table the database does not have (yet) reads as empty."""
-    if conn is None:
-        return []
-    try:
-        return [dict(r) for r in conn.execute(sql, params).fetchall()]
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc) or "no such column" in str(exc):
-            return []
-        raise
-
-
 def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
-    """Is this pid alive and the same process (same start) as recorded?"""
+    """Is this pid alive and the same process as recorded (launcher.same_process)?"""
     if not pid:
         return False
     from supervisor.launcher import same_process  # only when a pid is recorded
@@ -192,8 +182,8 @@ def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = No
 
 
 def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
-    rows = _rows(conn, "SELECT * FROM supervisor WHERE id = 1")  # = db.supervisor_row
-    if not rows:
+    row = db.supervisor_record(conn)
+    if row is None:
         return {
             "state": "absent",
             "pid": None,
@@ -205,7 +195,6 @@ def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
             "boot_id": None,
             "db_state": None,
         }
-    row = rows[0]
     alive = pid_alive(row.get("pid"), row.get("pid_start_ticks"), row.get("pid_create_time"))
     last_tick = row.get("last_tick")
     age = None if last_tick is None else max(0.0, now - last_tick)
@@ -254,7 +243,7 @@ def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any
         "observed_s": None,
         "mtbf_s": None,
     }
-    first = _first_seen(conn)
+    first = db.first_boot_seen(conn)
     if conn is None or first is None:
         return out
     day, week = db.boots_summary(conn, now, 86400.0), db.boots_summary(conn, now, 7 * 86400.0)
@@ -271,8 +260,7 @@ def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any
 
 def _host(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     boot_id = current_boot_id()
-    boots = _rows(conn, "SELECT boot_time FROM boots WHERE boot_id = ?", boot_id)
-    boot_time = (boots[0]["boot_time"] if boots else None) or _host_boot_time()
+    boot_time = db.boot_time_of(conn, boot_id) or _host_boot_time()
     host: dict[str, Any] = {
         "boot_id": boot_id,
         "boot_time": boot_time,
@@ -285,13 +273,13 @@ def _host(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
 
 def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     """The supervisor's latest host sample when recent, else a cheap live reading (no GPUs)."""
-    rows = _rows(conn, "SELECT ts, data FROM samples ORDER BY rowid DESC LIMIT 1")
-    if rows and now - rows[0]["ts"] <= 5 * 60:
-        data = render.parse_json(rows[0]["data"])
+    sample = db.latest_sample(conn)
+    if sample is not None and now - sample[0] <= 5 * 60:
+        data = render.parse_json(sample[1])
         return {
             "cpu_pct": data.get("cpu_pct"),
             "ram_available_pct": data.get("ram_available_pct"),
-            "vitals_age_s": max(0.0, now - rows[0]["ts"]),
+            "vitals_age_s": max(0.0, now - sample[0]),
             "gpus": data.get("gpus") or [],
         }
     import psutil  # type: ignore[import-untyped, unused-ignore]
@@ -307,9 +295,9 @@ def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
 
 
 def _mode(conn: sqlite3.Connection | None, cfg: Config) -> dict[str, Any]:
-    desired = {r["scope"]: r for r in _rows(conn, "SELECT * FROM desired")}
+    desired = db.desired_rows(conn)
     scopes = []
-    for r in _rows(conn, "SELECT * FROM modes ORDER BY scope"):
+    for r in db.mode_rows(conn):
         pin = desired.get(r["scope"])
         scopes.append(
             {
@@ -331,11 +319,6 @@ def _mode(conn: sqlite3.Connection | None, cfg: Config) -> dict[str, Any]:
         "scopes": scopes,
         "last_decision": last,
     }
-
-
-def _first_seen(conn: sqlite3.Connection | None) -> float | None:
-    rows = _rows(conn, "SELECT MIN(first_seen) AS t FROM boots")
-    return rows[0]["t"] if rows else None
 
 
 # ---- games ----------------------------------------------------------------------------------
@@ -372,7 +355,8 @@ def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | No
     if step is None:
         return None
     try:
-        return max(0.0, now - (run_dir / "checkpoints" / f"ckpt-{int(step):012d}").stat().st_mtime)
+        ckpt = run_dir / CHECKPOINT_DIR / ckpt_name(int(step))
+        return max(0.0, now - ckpt.stat().st_mtime)
     except (OSError, ValueError):
         return None
 
@@ -386,7 +370,7 @@ def _last_error(run_dir: Path) -> dict[str, Any] | None:
 
 def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[dict[str, Any]]:
     workers = {r["game"]: r for r in (db.workers(conn) if conn is not None else [])}
-    modes = {r["scope"]: r["mode"] for r in _rows(conn, "SELECT scope, mode FROM modes")}
+    modes = {r["scope"]: r["mode"] for r in db.mode_rows(conn)}
     out = [
         _game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
         for g in cfg.games
