@@ -6,7 +6,6 @@ here may import torch, numpy, envpool or matplotlib.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import json
@@ -20,13 +19,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor import config as config_mod
 from supervisor import db
+from supervisor.commands._common import EXIT_USAGE
+from supervisor.config import Config
 from training.protocol import PROGRESS_FILE
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
 
 DB_FILE = db.DB_NAME
 
@@ -41,15 +37,6 @@ class UsageError(Exception):
 
 
 # ---- arguments and configuration ----------------------------------------------------------
-
-
-def load_config(args: argparse.Namespace) -> config_mod.Config:
-    """The configuration named by --config / $RLSUP_CONFIG / ./rlsup.toml, or UsageError."""
-    path = config_mod.resolve_config_path(getattr(args, "config", None))
-    try:
-        return config_mod.load_config(path)
-    except config_mod.ConfigError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def fail_usage(message: str) -> int:
@@ -75,7 +62,7 @@ def parse_duration(text: str) -> float:
 # ---- the state database (read-only) -------------------------------------------------------
 
 
-def db_path(cfg: config_mod.Config) -> Path:
+def db_path(cfg: Config) -> Path:
     return cfg.state_dir / DB_FILE
 
 
@@ -94,7 +81,7 @@ def open_db_readonly(path: Path) -> Iterator[sqlite3.Connection | None]:
         conn.close()
 
 
-def no_state_message(cfg: config_mod.Config) -> str:
+def no_state_message(cfg: Config) -> str:
     return (
         f"no state database at {db_path(cfg)} yet: the supervisor has never run with this "
         f"configuration. Start it with `rlsup run --config {cfg.path}` "

@@ -16,7 +16,12 @@ import time
 from typing import Any
 
 from supervisor import render
-from supervisor.commands._common import add_config_argument
+from supervisor.commands._common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_config_argument,
+    load_config_or_exit,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -44,8 +49,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    cfg = load_config_or_exit(args)
     try:
-        cfg = render.load_config(args)
         since_s = render.parse_duration(args.since)
     except render.UsageError as exc:
         return render.fail_usage(str(exc))
@@ -72,12 +77,12 @@ def run(args: argparse.Namespace) -> int:
                 )
         except sqlite3.Error as exc:
             print(f"rlsup: cannot read {render.db_path(cfg)}: {exc}", file=sys.stderr)
-            return render.EXIT_FAILURE
+            return EXIT_FAIL
     if args.json:
         print(json.dumps(events, indent=1))
     else:
         print(render_events(events, args.since))
-    return render.EXIT_OK
+    return EXIT_OK
 
 
 def _distinct(conn: sqlite3.Connection | None, table: str, column: str) -> set[str]:

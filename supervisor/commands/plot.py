@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from supervisor import render
-from supervisor.commands._common import add_config_argument
+from supervisor.commands._common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_config_argument,
+    load_config_or_exit,
+)
 
 MAX_POINTS = 4000  # per curve; a week of 2 s progress rows is thinned to this
 
@@ -54,10 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = render.load_config(args)
-    except render.UsageError as exc:
-        return render.fail_usage(str(exc))
+    cfg = load_config_or_exit(args)
     names = [g.name for g in cfg.games]
     wanted: list[str] = list(getattr(args, "game", None) or names)
     unknown = [n for n in wanted if n not in names]
@@ -76,10 +78,10 @@ def run(args: argparse.Namespace) -> int:
         draw(series, events, out)
     except OSError as exc:
         print(f"rlsup: cannot write {out}: {exc}", file=sys.stderr)
-        return render.EXIT_FAILURE
+        return EXIT_FAIL
     empty = [n for n, s in series.items() if not s["step"]]
     print(f"wrote {out}" + (f" (no progress yet: {', '.join(empty)})" if empty else ""))
-    return render.EXIT_OK
+    return EXIT_OK
 
 
 def _series(rows: list[dict[str, str]]) -> dict[str, list[float | None]]:

@@ -78,7 +78,12 @@ from typing import Any
 
 from checkpoints.names import ckpt_name
 from supervisor import db, render
-from supervisor.commands._common import add_config_argument
+from supervisor.commands._common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_config_argument,
+    load_config_or_exit,
+)
 from supervisor.config import Config
 from supervisor.states import ALIVE
 from training.protocol import CHECKPOINT_DIR, ERROR_FILE, HEARTBEAT_FILE, read_json_file
@@ -112,10 +117,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = render.load_config(args)
-    except render.UsageError as exc:
-        return render.fail_usage(str(exc))
+    cfg = load_config_or_exit(args)
     watch = getattr(args, "watch", None)
     if watch is not None and watch <= 0:
         return render.fail_usage(f"--watch {watch:g}: expected seconds > 0")
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             time.sleep(watch)
     except KeyboardInterrupt:
-        return render.EXIT_OK
+        return EXIT_OK
 
 
 def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
@@ -136,7 +138,7 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
         doc = collect(cfg, time.time())
     except sqlite3.Error as exc:
         print(f"rlsup: cannot read {render.db_path(cfg)}: {exc}", file=sys.stderr)
-        return render.EXIT_FAILURE
+        return EXIT_FAIL
     text = json.dumps(doc, indent=2) if as_json else render_human(doc)
     if clear:
         text = "\033[H\033[2J" + text
@@ -144,7 +146,7 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
         print(text)
     except BrokenPipeError:  # `rlsup status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return render.EXIT_OK
+    return EXIT_OK
 
 
 # ---- collecting -----------------------------------------------------------------------------
