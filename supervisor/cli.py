@@ -6,11 +6,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import supervisor
 
-# (subcommand, module under supervisor.commands). Missing modules become stubs.
+# (subcommand, module under supervisor.commands).
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("run", "run"),
     ("status", "status"),
@@ -25,31 +24,14 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _not_available(name: str) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        print(f"rlsup {name}: not available in this build", file=sys.stderr)
-        return 1
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlsup", description="Fault-tolerant supervisor for RL training workers."
     )
     parser.add_argument("--version", action="version", version=f"rlsup {supervisor.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in COMMANDS:
-        try:
-            mod = importlib.import_module(f"supervisor.commands.{module}")
-        except ImportError as exc:
-            if exc.name not in (f"supervisor.commands.{module}",):
-                raise
-            stub = sub.add_parser(name, help="(not available in this build)")
-            stub.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-            stub.set_defaults(func=_not_available(name))
-            continue
-        mod.register(sub)
+    for _name, module in COMMANDS:
+        importlib.import_module(f"supervisor.commands.{module}").register(sub)
     return parser
 
 

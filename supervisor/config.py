@@ -130,6 +130,7 @@ class Config:
 
     @property
     def db_path(self) -> Path:
+        """<state_dir>/rlsup.db (db.DB_NAME)."""
         return self.state_dir / "rlsup.db"
 
     def run_dir(self, game: str) -> Path:

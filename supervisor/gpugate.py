@@ -147,9 +147,6 @@ class GpuGate:
         self._waits.pop(game, None)
         self._reserved.pop(game, None)
 
-    def waiting(self) -> list[str]:
-        return sorted(self._waits)
-
     def _poll(self, game: str, index: int, now: float) -> _Wait | None:
         """The game's wait, with NVML re-read if `poll_s` has passed; None without a driver."""
         wait = self._waits.get(game)

@@ -62,10 +62,6 @@ def parse_duration(text: str) -> float:
 # ---- the state database (read-only) -------------------------------------------------------
 
 
-def db_path(cfg: Config) -> Path:
-    return cfg.state_dir / DB_FILE
-
-
 @contextlib.contextmanager
 def open_db_readonly(path: Path) -> Iterator[sqlite3.Connection | None]:
     """A read-only connection (`mode=ro`: the CLI never writes), or None when there is no DB."""
@@ -83,7 +79,7 @@ def open_db_readonly(path: Path) -> Iterator[sqlite3.Connection | None]:
 
 def no_state_message(cfg: Config) -> str:
     return (
-        f"no state database at {db_path(cfg)} yet: the supervisor has never run with this "
+        f"no state database at {cfg.db_path} yet: the supervisor has never run with this "
         f"configuration. Start it with `rlsup run --config {cfg.path}` "
         f"(create a configuration with `rlsup init`)."
     )

@@ -8,7 +8,6 @@ are persisted and compared with events across reboots.
 
 from __future__ import annotations
 
-import collections
 import math
 import shutil
 import threading
@@ -149,13 +148,12 @@ def _existing(path: Path) -> Path:
 
 
 class VitalsSampler:
-    """Samples every `interval_s` on a daemon thread; keeps a bounded history in memory."""
+    """Samples every `interval_s` on a daemon thread; keeps the latest reading."""
 
     def __init__(
         self,
         state_dir: Path,
         interval_s: float = 5.0,
-        history: int = 720,
         probe: NvmlProbe | None = None,
         sample_fn: Callable[[], Vitals] | None = None,
         clock: Callable[[], float] = time.time,
@@ -163,7 +161,7 @@ class VitalsSampler:
         self.interval_s = interval_s
         self.probe = probe if probe is not None else NvmlProbe()
         self._sample = sample_fn or (lambda: sample(state_dir, self.probe, clock))
-        self._history: collections.deque[Vitals] = collections.deque(maxlen=history)
+        self._latest: Vitals | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,11 +179,7 @@ class VitalsSampler:
 
     def latest(self) -> Vitals | None:
         with self._lock:
-            return self._history[-1] if self._history else None
-
-    def history(self) -> list[Vitals]:
-        with self._lock:
-            return list(self._history)
+            return self._latest
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -199,7 +193,7 @@ class VitalsSampler:
             log.exception("vitals_sample_failed")
             return None
         with self._lock:
-            self._history.append(vitals)
+            self._latest = vitals
         return vitals
 
 

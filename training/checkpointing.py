@@ -22,6 +22,7 @@ from training import rng
 from training.protocol import WorkerConfig
 
 if TYPE_CHECKING:
+    from training.learner import Learner
     from training.replay import ReplayBuffer
 
 REPLAY_META = "replay/meta.json"
@@ -55,7 +56,7 @@ class Capture:
     started: float
 
 
-def serialise_learner(learner: Any) -> bytes:
+def serialise_learner(learner: Learner) -> bytes:
     buf = io.BytesIO()
     torch.save({"learner": learner.state_dict(), "rng": rng.capture()}, buf)
     return buf.getvalue()
@@ -66,7 +67,9 @@ def checkpoint_meta(cfg: WorkerConfig) -> dict[str, Any]:
     return {"game": cfg.game, "algo": cfg.algo}
 
 
-def restore_learner(loaded: LoadedCheckpoint, learner: Any, device: torch.device) -> dict[str, Any]:
+def restore_learner(
+    loaded: LoadedCheckpoint, learner: Learner, device: torch.device
+) -> dict[str, Any]:
     """Load learner state + RNGs (weights only: no code runs) and return the saved counters.
 
     Replay chunks listed in `loaded.damaged` are left out of the buffer (see
@@ -104,14 +107,14 @@ class Checkpointer:
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def capture(self, learner: Any, counters: dict[str, Any]) -> Capture:
+    def capture(self, learner: Learner, counters: dict[str, Any]) -> Capture:
         started = time.monotonic()
         blob = serialise_learner(learner)
         replay = getattr(learner, "replay", None)
         snapshot = replay.begin_snapshot() if replay is not None else None
         return Capture(learner.global_step, blob, dict(counters), replay, snapshot, started)
 
-    def save_async(self, learner: Any, counters: dict[str, Any]) -> bool:
+    def save_async(self, learner: Learner, counters: dict[str, Any]) -> bool:
         if self.in_flight:
             return False
         cap = self.capture(learner, counters)
@@ -122,7 +125,7 @@ class Checkpointer:
         self._thread.start()
         return True
 
-    def save_sync(self, learner: Any, counters: dict[str, Any]) -> CheckpointResult:
+    def save_sync(self, learner: Learner, counters: dict[str, Any]) -> CheckpointResult:
         self.wait()
         cap = self.capture(learner, counters)
         return self._write(cap, pause_s=None)

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from training.envs import EpisodeTracker, make_env
-from training.learner import (
+from training.networks import QNetwork
+from training.optim import (
     LRSchedule,
     Precision,
     default_lr,
@@ -32,7 +33,6 @@ from training.learner import (
     rng_state,
     warmup_adam,
 )
-from training.networks import QNetwork
 from training.protocol import WorkerConfig
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ import torch
 from torch.distributions import Categorical
 
 from training.envs import EpisodeTracker, make_env
-from training.learner import (
+from training.networks import ActorCritic
+from training.optim import (
     LRSchedule,
     Precision,
     default_lr,
@@ -29,7 +30,6 @@ from training.learner import (
     rng_state,
     warmup_adam,
 )
-from training.networks import ActorCritic
 from training.protocol import WorkerConfig
 
 # ---- the maths -------------------------------------------------------------------------------

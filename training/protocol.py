@@ -166,10 +166,6 @@ class WorkerConfig:
 
     # ---- derived views -------------------------------------------------------------------
     @property
-    def run_path(self) -> Path:
-        return Path(self.run_dir)
-
-    @property
     def is_atari(self) -> bool:
         return self.game.endswith("-v5")
 

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from pickle import UnpicklingError  # raised by torch.load(weights_only=True)
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
@@ -45,6 +45,9 @@ from training.protocol import (
     read_json_file,
 )
 from training.replay import is_chunk_file
+
+if TYPE_CHECKING:
+    from training.learner import Learner
 
 STARTING_DEADLINE_S = 300.0
 STOPPING_DEADLINE_S = 120.0
@@ -171,7 +174,7 @@ class TrainingSession:
         self.log = log
         self.threads = cfg.threads or os.cpu_count() or 1
         self.step = 0
-        self.learner: Any = None
+        self.learner: Learner | None = None
         self.hb = HeartbeatWriter(
             run_dir,
             initial_heartbeat(cfg.game, cfg.algo, cfg.total_steps, cfg.device),
@@ -181,6 +184,12 @@ class TrainingSession:
         self.hb.start()
         self.progress = ProgressLog(run_dir, lambda: self.hb.count_failure("progress"))
         self.checkpoint_failures = 0
+
+    @property
+    def trained(self) -> Learner:
+        """The learner, once built (every path that trains has built it)."""
+        assert self.learner is not None, "no learner yet"
+        return self.learner
 
     # ---- the session ---------------------------------------------------------------------
     def run(self, stop: Any) -> int:
@@ -318,11 +327,11 @@ class TrainingSession:
         resume_count = int(prior.get("resume_count", -1)) + 1 if loaded is not None else 0
         rng.seed_everything(self.cfg.seed + resume_count)
         env_seed = rng.derive_env_seed(self.cfg.seed, resume_count)
-        self.learner = make_learner(self.cfg, device, env_seed)
-        self.learner.warmup_optimizer()
+        learner = self.learner = make_learner(self.cfg, device, env_seed)
+        learner.warmup_optimizer()
         if loaded is not None:
             try:
-                prior = restore_learner(loaded, self.learner, device)
+                prior = restore_learner(loaded, learner, device)
             except (RuntimeError, KeyError, ValueError) as exc:
                 if is_out_of_memory(exc):
                     raise  # exit 76: the policy steps down, the checkpoint is fine
@@ -331,8 +340,7 @@ class TrainingSession:
                     f"(changed network or algorithm?): {exc}"
                 ) from exc
             self.log.info("resumed", step=loaded.step, resume_count=resume_count)
-        self.step = self.learner.global_step
-        learner = self.learner
+        self.step = learner.global_step
         self.hb.live_step = lambda: int(learner.global_step)  # steps move within an iteration
         self.hb.update(
             global_step=self.step,
@@ -341,8 +349,8 @@ class TrainingSession:
             num_envs=self.cfg.num_envs,
             batch_size=_batch_size(self.cfg),
             resume_count=resume_count,
-            episodes=self.learner.tracker.episodes,
-            mean_return=self.learner.tracker.mean_return(),
+            episodes=learner.tracker.episodes,
+            mean_return=learner.tracker.mean_return(),
         )
         return {
             "resume_count": resume_count,
@@ -358,7 +366,7 @@ class TrainingSession:
         counters: dict[str, Any],
         loaded: LoadedCheckpoint | None,
     ) -> int:
-        cfg, learner = self.cfg, self.learner
+        cfg, learner = self.cfg, self.trained
         last_saved_step = loaded.step if loaded is not None else -1
         last_ckpt_t = time.monotonic()
         last_ckpt_step = learner.global_step
@@ -400,7 +408,7 @@ class TrainingSession:
         checkpointer.wait()
         committed = max(saved, self.hb.current.last_checkpoint_step or -1)
         if self.step > committed:
-            result = checkpointer.save_sync(self.learner, self._counters(counters))
+            result = checkpointer.save_sync(self.trained, self._counters(counters))
             if not result.ok:
                 # Exit 75 would tell the supervisor that nothing was lost: say what was.
                 raise FinalCheckpointFailed(
@@ -414,7 +422,7 @@ class TrainingSession:
         self.hb.set_phase(Phase.CHECKPOINTING, STOPPING_DEADLINE_S + self._replay_bytes() / 20e6)
         checkpointer.wait()
         if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
-            result = checkpointer.save_sync(self.learner, self._counters(counters))
+            result = checkpointer.save_sync(self.trained, self._counters(counters))
             if not result.ok:
                 raise FinalCheckpointFailed(
                     f"total_steps reached but the final checkpoint at step {self.step} "
@@ -465,7 +473,7 @@ class TrainingSession:
 
     # ---- bookkeeping ---------------------------------------------------------------------
     def _publish_progress(self, deadline_s: float) -> None:
-        learner = self.learner
+        learner = self.trained
         gpu_mb = None
         if learner.device.type == "cuda":
             gpu_mb = round(torch.cuda.max_memory_allocated(learner.device) / 2**20, 1)
@@ -480,9 +488,9 @@ class TrainingSession:
     def _counters(self, counters: dict[str, Any]) -> dict[str, Any]:
         wall = counters["wall_time_s"] + time.monotonic() - counters["session_started"]
         return {
-            "global_step": self.learner.global_step,
-            "updates": self.learner.updates,
-            "episodes": self.learner.tracker.episodes,
+            "global_step": self.trained.global_step,
+            "updates": self.trained.updates,
+            "episodes": self.trained.tracker.episodes,
             "resume_count": counters["resume_count"],
             "wall_time_s": round(wall, 3),
             "time": time.time(),

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except render.UsageError as exc:
         return render.fail_usage(str(exc))
     kinds: list[str] = list(getattr(args, "kind", None) or [])
-    with render.open_db_readonly(render.db_path(cfg)) as conn:
+    with render.open_db_readonly(cfg.db_path) as conn:
         try:
             known_games = {g.name for g in cfg.games} | _distinct(conn, "workers", "game")
             known_kinds = set(render.EVENT_KINDS) | _distinct(conn, "events", "kind")
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                     conn, since=time.time() - since_s, game=args.game, kinds=kinds
                 )
         except sqlite3.Error as exc:
-            print(f"rlsup: cannot read {render.db_path(cfg)}: {exc}", file=sys.stderr)
+            print(f"rlsup: cannot read {cfg.db_path}: {exc}", file=sys.stderr)
             return EXIT_FAIL
     if args.json:
         print(json.dumps(events, indent=1))

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     series = {name: _series(render.read_progress(cfg.run_dir(name))) for name in wanted}
     try:
-        events = _events(render.db_path(cfg))
+        events = _events(cfg.db_path)
     except sqlite3.Error as exc:
         print(f"rlsup: cannot read the event log: {exc}; plotting without it", file=sys.stderr)
         events = []

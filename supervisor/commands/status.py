@@ -137,7 +137,7 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
     try:
         doc = collect(cfg, time.time())
     except sqlite3.Error as exc:
-        print(f"rlsup: cannot read {render.db_path(cfg)}: {exc}", file=sys.stderr)
+        print(f"rlsup: cannot read {cfg.db_path}: {exc}", file=sys.stderr)
         return EXIT_FAIL
     text = json.dumps(doc, indent=2) if as_json else render_human(doc)
     if clear:
@@ -154,7 +154,7 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
 
 def collect(cfg: Config, now: float) -> dict[str, Any]:
     """The whole status document (the JSON schema above)."""
-    with render.open_db_readonly(render.db_path(cfg)) as conn:
+    with render.open_db_readonly(cfg.db_path) as conn:
         supervisor = _supervisor(conn, now)
         host = _host(conn, now)
         mode = _mode(conn, cfg)
@@ -165,7 +165,7 @@ def collect(cfg: Config, now: float) -> dict[str, Any]:
         "generated_at": now,
         "config_path": str(cfg.path),
         "state_dir": str(cfg.state_dir),
-        "db_present": supervisor["state"] != "absent" or render.db_path(cfg).exists(),
+        "db_present": supervisor["state"] != "absent" or cfg.db_path.exists(),
         "supervisor": supervisor,
         "host": host,
         "mode": mode,

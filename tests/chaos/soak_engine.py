@@ -18,7 +18,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import sqlite3
@@ -50,10 +49,9 @@ class GameDef:
         """Agent steps of one training-loop iteration (the slack of the redone-work bound)."""
         if self.algo == "ppo":
             return num_envs * N_STEPS
-        text = (REPO / "training" / "dqn.py").read_text()
-        m = re.search(r"^AGENT_STEPS_PER_ITERATE\s*=\s*(\d+)", text, re.M)
-        per = int(m.group(1)) if m else 256
-        return max(1, per // num_envs) * num_envs
+        from training.dqn import AGENT_STEPS_PER_ITERATE
+
+        return max(1, AGENT_STEPS_PER_ITERATE // num_envs) * num_envs
 
 
 # Agent steps per second of fault phase each game gets: about half of what it trains at here

@@ -172,16 +172,6 @@ def test_stop_without_a_running_supervisor_says_so(
     assert "no supervisor is running" in capsys.readouterr().out
 
 
-def test_unavailable_subcommand_exits_1(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import supervisor.cli as cli
-
-    monkeypatch.setattr(cli, "COMMANDS", (*cli.COMMANDS, ("ghost", "no_such_module")))
-    assert cli.main(["ghost"]) == 1
-    assert "not available in this build" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     "argv",
     [["run"], ["stop"], ["scale", "--mode", "auto"], ["status"], ["events"], ["plot"]],

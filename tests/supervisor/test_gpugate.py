@@ -18,7 +18,6 @@ def test_waits_while_memory_is_short() -> None:
     assert (r.action, r2.action) == ("wait", "wait")
     assert r2.waited_s == 60.0
     assert "500 MB free < 2048 MB needed" in r2.reason
-    assert gate.waiting() == ["pong"]
 
 
 def test_starts_when_memory_frees() -> None:
@@ -28,7 +27,8 @@ def test_starts_when_memory_frees() -> None:
     nvml.free = 10_000
     r = gate.check("pong", 2048, now=30.0)
     assert (r.action, r.free_mb, r.waited_s) == ("start", 10_000, 30.0)
-    assert gate.waiting() == []
+    nvml.free = 500  # the wait is over: a later shortage is a new wait
+    assert gate.check("pong", 2048, now=100.0).waited_s == 0.0
 
 
 def test_reads_nvml_at_most_every_poll_s() -> None:
@@ -48,7 +48,8 @@ def test_falls_back_a_rung_after_the_timeout() -> None:
     r = gate.check("pong", 2048, now=7200.0)
     assert r.action == "fallback"
     assert "starting one mode lower" in r.reason
-    assert gate.waiting() == []  # the wait is over; the lower rung starts now
+    # The wait is over (the lower rung starts now): a later shortage is a new wait.
+    assert gate.check("pong", 2048, now=7300.0).waited_s == 0.0
 
 
 def test_at_the_lowest_rung_the_timeout_keeps_waiting() -> None:
