@@ -7,61 +7,8 @@ fresh install is not a failure); `--json` then still prints the document, with
 `"supervisor": {"state": "absent"}` and every configured game `"not_started"`.
 Exit codes: 0 ok, 2 bad configuration / usage, 1 the database could not be read.
 
-JSON schema (`--json`; schema 1). Fields may be added; none is ever renamed or removed.
-Times are Unix seconds (float), durations are seconds (`*_s`); unknown values are null.
-
-    {
-      "schema": 1,
-      "generated_at": float,
-      "config_path": str, "state_dir": str,
-      "supervisor": {
-        "state": "running" | "stale" | "stopped" | "absent",
-            # stale: its pid is alive but last_tick is older than STALE_TICK_S;
-            # stopped: its pid (with its create time) is gone
-        "pid": int|null, "alive": bool, "clean_stop": bool,  # stopped and said so
-        "started": float|null, "last_tick": float|null,
-        "last_tick_age_s": float|null, "boot_id": str|null, "db_state": str|null
-      },
-      "host": {
-        "boot_id": str|null, "boot_time": float|null, "uptime_s": float|null,
-        "unexpected_reboots_24h": int, "unexpected_reboots_7d": int,
-        "unexpected_reboots_total": int,
-        "observed_s": float|null,  # since the first boot the database saw
-        "uptime_fraction_7d": float|null,  # supervisor-observed up time, last 7 days
-        "mtbf_s": float|null,  # mean time between failures: unexpected host reboots and
-                               # supervisor crashes (observed up time / their count);
-                               # null while there was none (db.mtbf_s)
-        "cpu_pct": float|null, "ram_available_pct": float|null,
-        "vitals_age_s": float|null,  # age of the supervisor's sample (null: read live now)
-        "gpus": [{"index", "mem_used_mb", "mem_total_mb", "util_pct", "temp_c", "power_w"}]
-      },
-      "mode": {
-        "ladder": [str, ...],  # lightest first
-        "scopes": [{"scope": "*"|game, "mode": str, "since": float|null, "reason": str|null,
-                    "pinned": bool}],
-        "last_decision": null | {"ts", "kind", "game", "detail"}
-      },
-      "games": [{
-        "name": str, "env_id": str|null, "algo": str|null, "in_config": bool,
-        "state": str,  # a WorkerState value, or "not_started" (no row yet)
-        "reason": str|null, "state_since": float|null,
-        "pid": int|null, "pid_alive": bool|null, "phase": str|null,
-        "mode": str|null, "num_envs": int|null, "batch_size": int|null,
-        "global_step": int, "total_steps": int, "percent": float,
-        "episodes": int|null, "episodes_per_hour": float|null,
-        "sps": float|null,  # agent steps/s (all envs); null unless its worker is alive
-        "mean_return": float|null,  # last 100 episodes
-        "last_checkpoint_step": int|null, "last_checkpoint_age_s": float|null,
-        "restarts": int, "eta_s": float|null,  # null unless running with sps > 0
-        "heartbeat_age_s": float|null, "heartbeat_stale": bool,
-        "last_error": null | {"kind", "message", "step"}  # from error.json
-      }],
-      "cost": null | {  # only with cost_per_hour > 0 in the configuration
-        "per_hour": float, "spent": float, "since": float,
-        "remaining_s": float|null,  # remaining steps of all games / current total sps
-        "projected_total": float|null
-      }
-    }
+JSON schema (`--json`; schema 1): the records of `status_schema.py`, which produce the
+document. Fields may be added; none is ever renamed or removed.
 """
 
 from __future__ import annotations
@@ -74,7 +21,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from checkpoints.names import ckpt_name
 from supervisor import db, render
@@ -84,11 +31,21 @@ from supervisor.commands._common import (
     add_config_argument,
     load_config_or_exit,
 )
+from supervisor.commands.status_schema import (
+    SCHEMA,
+    CostDoc,
+    ErrorDoc,
+    GameDoc,
+    HostDoc,
+    ModeDoc,
+    ScopeDoc,
+    StatusDoc,
+    SupervisorDoc,
+)
 from supervisor.config import Config
 from supervisor.states import ALIVE
 from training.protocol import CHECKPOINT_DIR, ERROR_FILE, HEARTBEAT_FILE, read_json_file
 
-SCHEMA = 1
 STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
 HEARTBEAT_STALE_S = 30.0  # a live worker's heartbeat older than this is flagged
 LIVE_STATES = frozenset(str(state) for state in ALIVE)  # a worker process exists
@@ -152,7 +109,7 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
 # ---- collecting -----------------------------------------------------------------------------
 
 
-def collect(cfg: Config, now: float) -> dict[str, Any]:
+def collect(cfg: Config, now: float) -> StatusDoc:
     """The whole status document (the JSON schema above)."""
     with render.open_db_readonly(cfg.db_path) as conn:
         supervisor = _supervisor(conn, now)
@@ -183,7 +140,7 @@ def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = No
     return same_process(pid, ticks, create_time)
 
 
-def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
+def _supervisor(conn: sqlite3.Connection | None, now: float) -> SupervisorDoc:
     row = db.supervisor_record(conn)
     if row is None:
         return {
@@ -200,12 +157,11 @@ def _supervisor(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     alive = pid_alive(row.get("pid"), row.get("pid_start_ticks"), row.get("pid_create_time"))
     last_tick = row.get("last_tick")
     age = None if last_tick is None else max(0.0, now - last_tick)
+    state: Literal["running", "stale", "stopped"] = "running"
     if not alive:
         state = "stopped"
     elif age is None or age > STALE_TICK_S:
         state = "stale"
-    else:
-        state = "running"
     return {
         "state": state,
         "pid": row.get("pid"),
@@ -260,17 +216,25 @@ def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any
     return out
 
 
-def _host(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
+def _host(conn: sqlite3.Connection | None, now: float) -> HostDoc:
     boot_id = current_boot_id()
     boot_time = db.boot_time_of(conn, boot_id) or _host_boot_time()
-    host: dict[str, Any] = {
+    reboots, vitals = reboot_summary(conn, now), _vitals(conn, now)
+    return {
         "boot_id": boot_id,
         "boot_time": boot_time,
         "uptime_s": None if boot_time is None else max(0.0, now - boot_time),
-        **reboot_summary(conn, now),
+        "unexpected_reboots_24h": reboots["unexpected_reboots_24h"],
+        "unexpected_reboots_7d": reboots["unexpected_reboots_7d"],
+        "unexpected_reboots_total": reboots["unexpected_reboots_total"],
+        "uptime_fraction_7d": reboots["uptime_fraction_7d"],
+        "observed_s": reboots["observed_s"],
+        "mtbf_s": reboots["mtbf_s"],
+        "cpu_pct": vitals["cpu_pct"],
+        "ram_available_pct": vitals["ram_available_pct"],
+        "vitals_age_s": vitals["vitals_age_s"],
+        "gpus": vitals["gpus"],
     }
-    host.update(_vitals(conn, now))
-    return host
 
 
 def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
@@ -296,9 +260,9 @@ def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     }
 
 
-def _mode(conn: sqlite3.Connection | None, cfg: Config) -> dict[str, Any]:
+def _mode(conn: sqlite3.Connection | None, cfg: Config) -> ModeDoc:
     desired = db.desired_rows(conn)
-    scopes = []
+    scopes: list[ScopeDoc] = []
     for r in db.mode_rows(conn):
         pin = desired.get(r["scope"])
         scopes.append(
@@ -363,14 +327,14 @@ def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | No
         return None
 
 
-def _last_error(run_dir: Path) -> dict[str, Any] | None:
+def _last_error(run_dir: Path) -> ErrorDoc | None:
     err = read_json_file(run_dir / ERROR_FILE)
     if not err:
         return None
     return {"kind": err.get("kind"), "message": err.get("message"), "step": err.get("step")}
 
 
-def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[dict[str, Any]]:
+def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[GameDoc]:
     workers = {r["game"]: r for r in (db.workers(conn) if conn is not None else [])}
     modes = {r["scope"]: r["mode"] for r in db.mode_rows(conn)}
     out = [
@@ -393,7 +357,7 @@ def _game(
     modes: dict[str, str],
     now: float,
     in_config: bool = True,
-) -> dict[str, Any]:
+) -> GameDoc:
     run_dir = cfg.run_dir(name)
     w = w or {}
     db_hb = w.get("heartbeat") if isinstance(w.get("heartbeat"), dict) else None
@@ -458,11 +422,11 @@ def _game(
 
 def _cost(
     cfg: Config,
-    games: list[dict[str, Any]],
+    games: list[GameDoc],
     first_seen: float | None,
-    supervisor: dict[str, Any],
+    supervisor: SupervisorDoc,
     now: float,
-) -> dict[str, Any] | None:
+) -> CostDoc | None:
     rate = float(cfg.cost_per_hour or 0.0)
     if rate <= 0:
         return None
@@ -490,7 +454,7 @@ def _cost(
 # ---- rendering ------------------------------------------------------------------------------
 
 
-def render_human(doc: dict[str, Any]) -> str:
+def render_human(doc: StatusDoc) -> str:
     now = doc["generated_at"]
     lines = [_supervisor_line(doc, now), _host_line(doc["host"], now)]
     lines += _mode_lines(doc["mode"], now)
@@ -514,7 +478,7 @@ def render_human(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _supervisor_line(doc: dict[str, Any], now: float) -> str:
+def _supervisor_line(doc: StatusDoc, now: float) -> str:
     s = doc["supervisor"]
     start_hint = f"start it with `rlsup run --config {doc['config_path']}`"
     if s["state"] == "absent":
@@ -541,7 +505,7 @@ def _supervisor_line(doc: dict[str, Any], now: float) -> str:
     )
 
 
-def _host_line(h: dict[str, Any], now: float) -> str:
+def _host_line(h: HostDoc, now: float) -> str:
     mtbf = (
         render.fmt_duration(h["mtbf_s"])
         if h["mtbf_s"]
@@ -565,7 +529,7 @@ def _host_line(h: dict[str, Any], now: float) -> str:
     return " | ".join(parts)
 
 
-def _mode_lines(m: dict[str, Any], now: float) -> list[str]:
+def _mode_lines(m: ModeDoc, now: float) -> list[str]:
     ladder = " < ".join(m["ladder"])
     if not m["scopes"]:
         lines = [f"mode        {m['initial_mode']} (initial; not applied yet)  ladder {ladder}"]
@@ -608,7 +572,7 @@ _HEADERS = (
 )
 
 
-def _games_table(games: list[dict[str, Any]], now: float) -> str:
+def _games_table(games: list[GameDoc], now: float) -> str:
     rows = []
     for g in games:
         state = g["state"].upper() if g["state"] in ("fatal", "backoff") else g["state"]
@@ -642,7 +606,7 @@ def _games_table(games: list[dict[str, Any]], now: float) -> str:
     return render.render_table(_HEADERS, rows)
 
 
-def _notes(games: list[dict[str, Any]], now: float) -> list[str]:
+def _notes(games: list[GameDoc], now: float) -> list[str]:
     notes = []
     for g in games:
         if g["heartbeat_stale"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,36 @@ def test_status_json_has_the_documented_schema(cli: Cli, state: StateFixture) ->
     assert doc["mode"]["scopes"][0]["mode"] == "light"
     assert doc["mode"]["last_decision"]["kind"] == "scale_down"
     assert doc["cost"]["spent"] > 0 and doc["cost"]["projected_total"] > doc["cost"]["spent"]
+
+
+def test_the_document_is_exactly_its_typed_records_and_the_readme_lists_them(
+    cli: Cli, state: StateFixture
+) -> None:
+    """Every record of status_schema.py is the document's shape, field for field, and the
+    README's field lists name only fields that exist."""
+    from typing import get_type_hints
+
+    from supervisor.commands import status_schema as schema
+
+    doc = status_json(cli)
+
+    def keys(record: type) -> set[str]:
+        return set(get_type_hints(record))
+
+    assert set(doc) == keys(schema.StatusDoc)
+    assert set(doc["supervisor"]) == keys(schema.SupervisorDoc)
+    assert set(doc["host"]) == keys(schema.HostDoc)
+    assert set(doc["mode"]) == keys(schema.ModeDoc)
+    assert all(set(s) == keys(schema.ScopeDoc) for s in doc["mode"]["scopes"])
+    assert all(set(g) == keys(schema.GameDoc) for g in doc["games"])
+    assert set(doc["cost"]) == keys(schema.CostDoc)
+    readme = (REPO / "README.md").read_text()
+    listed = readme[readme.index("`rlsup status --json` prints") :].split("; the full schema")[0]
+    top, _, game = listed.partition("each game has")
+    named = set(re.findall(r"`([a-z_]+)`", top)) - {"rlsup"}
+    assert named and named <= keys(schema.StatusDoc), named - keys(schema.StatusDoc)
+    game_fields = set(re.findall(r"`([a-z_]+)`", game))
+    assert game_fields and game_fields <= keys(schema.GameDoc), game_fields - keys(schema.GameDoc)
 
 
 def test_status_flags_a_stale_heartbeat(tmp_path: Path, cli: Cli) -> None:

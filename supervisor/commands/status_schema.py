@@ -1,0 +1,118 @@
+"""The `rlsup status --json` document (schema 1): these records produce it and are its schema.
+
+Fields may be added; none is ever renamed or removed (operators' scripts read them). Times are
+Unix seconds (float), durations seconds (`*_s`); unknown values are null. mypy checks that
+`status.py` fills every field of every record, and tests/cli checks that the document and the
+README's field lists match these records.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+SCHEMA = 1
+
+
+class SupervisorDoc(TypedDict):
+    # stale: its pid is alive but last_tick is older than status.STALE_TICK_S;
+    # stopped: its pid (with its start) is gone; absent: no state database yet.
+    state: Literal["running", "stale", "stopped", "absent"]
+    pid: int | None
+    alive: bool
+    started: float | None
+    clean_stop: bool  # stopped, and said so
+    last_tick: float | None
+    last_tick_age_s: float | None
+    boot_id: str | None
+    db_state: str | None  # what its row says ("running" / "stopped")
+
+
+class HostDoc(TypedDict):
+    boot_id: str | None
+    boot_time: float | None
+    uptime_s: float | None
+    unexpected_reboots_24h: int
+    unexpected_reboots_7d: int
+    unexpected_reboots_total: int
+    uptime_fraction_7d: float | None  # supervisor-observed up time, last 7 days
+    observed_s: float | None  # since the first boot the database saw
+    # Mean time between failures (unexpected host reboots and supervisor crashes): observed
+    # up time / their count; null while there was none (db.mtbf_s).
+    mtbf_s: float | None
+    cpu_pct: float | None
+    ram_available_pct: float | None
+    vitals_age_s: float | None  # age of the supervisor's sample (null: read live now)
+    # [{index, mem_used_mb, mem_total_mb, util_pct, temp_c, power_w}]
+    gpus: list[dict[str, Any]]
+
+
+class ScopeDoc(TypedDict):
+    scope: str  # "*" (the host) or a game
+    mode: str
+    since: float | None
+    reason: str | None
+    pinned: bool
+
+
+class ModeDoc(TypedDict):
+    ladder: list[str]  # lightest first
+    initial_mode: str
+    scopes: list[ScopeDoc]
+    last_decision: dict[str, Any] | None  # {ts, kind, game, detail} of the newest mode event
+
+
+class ErrorDoc(TypedDict):
+    kind: Any
+    message: Any
+    step: Any
+
+
+class GameDoc(TypedDict):
+    name: str
+    env_id: str | None
+    algo: str | None
+    in_config: bool
+    state: str  # a WorkerState value, or "not_started" (no row yet)
+    reason: str | None
+    state_since: float | None
+    pid: int | None
+    pid_alive: bool | None
+    phase: str | None
+    mode: str | None
+    num_envs: int | None
+    batch_size: int | None
+    global_step: int
+    total_steps: int
+    percent: float
+    episodes: int | None
+    episodes_per_hour: float | None
+    sps: float | None  # agent steps/s (all envs); null unless its worker is alive
+    mean_return: float | None  # last 100 episodes
+    last_checkpoint_step: int | None
+    last_checkpoint_age_s: float | None
+    restarts: int
+    eta_s: float | None  # null unless running with sps > 0
+    heartbeat_age_s: float | None
+    heartbeat_stale: bool
+    last_error: ErrorDoc | None  # from error.json, for fatal / backoff / exited games
+
+
+class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration
+    per_hour: float
+    spent: float
+    since: float
+    remaining_s: float | None  # remaining steps of all games / current total sps
+    projected_total: float | None
+
+
+class StatusDoc(TypedDict):
+    schema: int
+    generated_at: float
+    config_path: str
+    state_dir: str
+    db_present: bool
+    supervisor: SupervisorDoc
+    host: HostDoc
+    mode: ModeDoc
+    games: list[GameDoc]
+    cost: CostDoc | None
