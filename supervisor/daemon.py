@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import random
-import selectors
 import signal
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import structlog
 
-from checkpoints.names import newest_step
 from supervisor import db, modes, scaling, vitals
 from supervisor.config import (
     Config,
@@ -35,19 +31,14 @@ from supervisor.config import (
     load_config,
     worker_config,
 )
-from supervisor.exits import Route, StopReason, WorkerExit, route_exit
+from supervisor.exits import StopReason, WorkerExit, route_exit
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, worker_env
 from supervisor.journal import Journal
-from supervisor.launcher import (
-    Launcher,
-    WorkerProcess,
-    find_leftover,
-    rotate_log,
-    stop_leftovers,
-)
+from supervisor.launcher import Launcher, WorkerProcess, rotate_log
 from supervisor.liveness import Liveness, hang_reason, new_reports
 from supervisor.lock import LockHeld, acquire_lock
 from supervisor.oomwatch import KernelOomWatch
+from supervisor.recorder import Recorder
 from supervisor.restart import (
     ExitInfo,
     backoff_delay_s,
@@ -56,10 +47,11 @@ from supervisor.restart import (
     consecutive_after_exit,
     failures_in_window,
 )
-from supervisor.runtime import GameRuntime, WorkerLife
+from supervisor.runtime import GameRuntime, WorkerLife, reconcile, summary
 from supervisor.sdnotify import Notifier
-from supervisor.startup import start_events, supervisor_row
+from supervisor.startup import restore_states, start_events, stop_leftover_workers, supervisor_row
 from supervisor.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
+from supervisor.waker import Waker
 from training import protocol
 
 __all__ = ["LockHeld", "StartFailed", "Supervisor", "acquire_lock"]
@@ -67,19 +59,10 @@ __all__ = ["LockHeld", "StartFailed", "Supervisor", "acquire_lock"]
 log = structlog.get_logger("rlsup.supervisor")
 S = WorkerState
 VITALS_EVERY_S = 5.0
-SAMPLES_EVERY_S = 60.0
-SAMPLES_KEEP_S = 7 * 24 * 3600.0
-SAMPLES_MAX_ROWS = 10_080  # a week at one row a minute
 
 
 class StartFailed(RuntimeError):
     """The supervisor could not start (its state database could not be opened or read)."""
-
-
-@dataclass
-class Flags:
-    stop: bool = False
-    reload: bool = False
 
 
 # The stability policy's seam: called once a tick (before modes are applied) with the state
@@ -123,7 +106,8 @@ class Supervisor:
         self.exit_when_done = exit_when_done
         self.notifier = notifier or Notifier()
         self.cores = cores or len(os.sched_getaffinity(0))
-        self.flags = Flags()
+        self.waker = Waker()
+        self.flags = self.waker.flags
         # One NVML probe: the vitals sampler's GPU readings and the GPU gate's free memory.
         self.probe: NvmlLike = gpu_probe if gpu_probe is not None else vitals.NvmlProbe()
         self.sampler = sampler or vitals.VitalsSampler(
@@ -137,23 +121,18 @@ class Supervisor:
         self.policy: PolicyStep | None = (
             scaling.StabilityPolicy(self.sampler.latest) if isinstance(policy, str) else policy
         )
-        self._next_sample = 0.0
-        self._last_sample_ts: float | None = None
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}
         self.conn: sqlite3.Connection | None = None
         self.journal: Journal | None = None
+        self.recorder: Recorder | None = None
         self.mode_view: modes.ModeView | None = None
         self.boot_id = ""
         self.stopping = False
         self.stop_deadline = 0.0
         self.finished = False
         self.rng = random.Random()
-        self.selector = selectors.DefaultSelector()
-        self._wake_r = self._wake_w = -1
-        self._next_watchdog = 0.0
         self._tick_errors = 0
-        self._last_status = ""
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -182,17 +161,20 @@ class Supervisor:
         return wall0 + (self.clock() - mono0)
 
     def start(self) -> None:
-        self._install_signals()
+        self.waker.install()
         self.conn = db.connect(
             self.cfg.state_dir, busy_timeout_ms=db.SUPERVISOR_BUSY_TIMEOUT_MS, owner=True
         )
         self.journal = Journal(self.conn, clock=self.clock, wall=self.wall, rng=self.rng)
+        self.recorder = Recorder(self.conn, self.journal, wall=self.wall, steady=self.steady)
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
         outcome = db.classify_boot(self.conn, self.boot_id, now_wall)
         boot_time = psutil.boot_time()
         self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time))
-        leftovers = self._stop_leftovers() if outcome.same_boot else []
+        leftovers = []
+        if outcome.same_boot:  # a new supervisor: stop our workers still alive BEFORE any start
+            leftovers = stop_leftover_workers(db.workers(self.conn), self.cfg, self.notifier)
         host_mode = modes.resume_host_mode(
             self.conn, self.cfg, self.steady(), write=self.journal.write
         )
@@ -213,82 +195,25 @@ class Supervisor:
             leftovers=leftovers,
             games=list(self.games),
         )
-        self._restore_states()
+        restore_states(self.games, db.workers(self.conn), self.cfg.run_dir)
         self.refresh_modes()
         for rt in self.games.values():
             if rt.state is S.STOPPED:
                 self._set(rt, S.WAITING, "queued")
         self.notifier.ready(self.summary())
-        self._next_watchdog = self.clock()
-
-    def _stop_leftovers(self) -> list[int]:
-        """Same boot, new supervisor: stop any worker of ours still alive BEFORE starting one.
-        Draining them can outlast systemd's start timeout: ask it for the time."""
-        assert self.conn is not None
-        procs = [
-            p
-            for row in db.workers(self.conn)
-            if (p := find_leftover(row["pid"], row.get("pid_start_ticks"), row["pid_create_time"]))
-        ]
-        if not procs:
-            return []
-        self.notifier.extend_timeout(self.cfg.stop_grace_s + 30, "stopping leftover workers")
-        log.warning("leftover_workers", pids=[p.pid for p in procs])
-        return stop_leftovers(procs, self.cfg.stop_grace_s)
-
-    def _restore_states(self) -> None:
-        """A game recorded DONE whose checkpoints reached total_steps stays done."""
-        assert self.conn is not None
-        rows = {r["game"]: r for r in db.workers(self.conn)}
-        for name, rt in self.games.items():
-            row = rows.get(name)
-            rt.restarts = row["restarts"] if row else 0
-            newest = newest_step(self.cfg.run_dir(name) / protocol.CHECKPOINT_DIR)
-            if row and row["state"] == S.DONE and (newest or -1) >= rt.spec.total_steps:
-                rt.state = S.DONE
-                rt.reason = row["reason"] or "done"
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            signal.set_wakeup_fd(-1)
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.selector.close()
+        self.waker.close()
         self.notifier.close()
         self.sampler.stop()
-        if self.journal is not None and not self.journal.flush(force=True):
-            log.error(
-                "state_db_unflushed",
-                pending=self.journal.pending,
-                reason="the state database still fails; these writes are lost",
-            )
-        if self.conn is not None:
+        if self.recorder is not None:
+            self.recorder.close()  # says what could not be written
+        elif self.conn is not None:
             self.conn.close()
-
-    def _install_signals(self) -> None:
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        self.selector.register(self._wake_r, selectors.EVENT_READ, None)
-
-        def on_stop(signum: int, frame: Any) -> None:
-            self.flags.stop = True
-
-        def on_hup(signum: int, frame: Any) -> None:
-            self.flags.reload = True
-
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
-        signal.signal(signal.SIGHUP, on_hup)
 
     def wait(self, timeout: float) -> None:
         """Sleep until a worker exits (its pidfd turns readable), a signal arrives, or timeout."""
-        for key, _ in self.selector.select(timeout):
-            if key.fd == self._wake_r:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(self._wake_r, 512):
-                        pass
+        self.waker.wait(timeout)
 
     # ---- the tick ---------------------------------------------------------------------------
 
@@ -304,7 +229,8 @@ class Supervisor:
 
     def tick(self) -> None:
         now = self.clock()
-        if not self.stopping and self._stop_requested():
+        assert self.recorder is not None
+        if not self.stopping and self.recorder.stop_requested(self._anchor[0]):
             self.begin_shutdown(now, "rlsup stop (a request in the state database)")
         if self.flags.stop and not self.stopping:
             self.begin_shutdown(now, "signal")
@@ -314,7 +240,7 @@ class Supervisor:
         self.reap(now)
         if not self.stopping:
             self.observe(now)
-            self.record_vitals(now)
+            self.recorder.sample(self.sampler.latest(), now)
             self.run_policy()
             self.refresh_modes()
             self.apply_modes(now)
@@ -330,22 +256,6 @@ class Supervisor:
             and all(rt.state in TERMINAL for rt in self.games.values())
         ):
             self.begin_shutdown(now, "all games done or fatal")
-
-    def _stop_requested(self) -> bool:
-        """`rlsup stop` by an operator who may not signal us (the service runs as another
-        user) leaves a request in the database; a request older than this start is stale."""
-        assert self.conn is not None and self.journal is not None
-        try:
-            request = db.pending_request(self.conn, db.STOP_REQUEST)
-        except sqlite3.Error:
-            return False
-        if request is None:
-            return False
-        self.journal.write(lambda c: db.clear_request(c, db.STOP_REQUEST))
-        if request[1] < self._anchor[0]:
-            return False
-        log.info("stop_requested", by=request[0])
-        return True
 
     def run_policy(self) -> None:
         if self.policy is None:
@@ -379,23 +289,6 @@ class Supervisor:
         assert self.mode_view is not None
         return self.mode_view
 
-    def record_vitals(self, now: float) -> None:
-        """The sampler's latest reading into `samples` about once a minute; keep a week."""
-        if now < self._next_sample:
-            return
-        latest = self.sampler.latest()
-        if latest is None or latest.ts == self._last_sample_ts:
-            return
-        self._next_sample = now + SAMPLES_EVERY_S
-        self._last_sample_ts = latest.ts
-        assert self.journal is not None
-        ts, data = latest.ts, json.dumps(vitals.to_json(latest), allow_nan=False)
-        # Keyed: while the database fails, only the newest sample waits (samples are history).
-        self.journal.write(
-            lambda c: db.insert_sample(c, ts, data, SAMPLES_KEEP_S, SAMPLES_MAX_ROWS),
-            key="samples",
-        )
-
     def _all(self) -> list[GameRuntime]:
         return [*self.games.values(), *self.removed.values()]
 
@@ -409,7 +302,6 @@ class Supervisor:
         rt.state, rt.reason, rt.state_since = target, reason, self.wall()
         if target in (S.EXITED, S.STOPPED, S.FATAL, S.DONE):
             self.gate.clear(rt.spec.name)  # the worker is gone or its wait is abandoned
-            rt.gpu_wait_since = None
         if tr.kind != "worker_state":
             self.event(
                 tr.kind,
@@ -427,32 +319,17 @@ class Supervisor:
         return tr
 
     def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
-        assert self.journal is not None
-        ts, mono = self.wall(), self.steady()
-        self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
+        assert self.recorder is not None
+        self.recorder.event(kind, game, detail)
 
-    def _write_worker(self, rt: GameRuntime, *, flush: bool = True) -> None:
-        assert self.journal is not None
-        name, row = rt.spec.name, rt.db_row(self.wall())
-        # Keyed: while the database fails, only a game's newest row waits to be written.
-        self.journal.write(
-            lambda c: db.upsert_worker(c, name, **row), key=f"worker:{name}", flush=flush
-        )
+    def _write_worker(self, rt: GameRuntime) -> None:
+        assert self.recorder is not None
+        self.recorder.worker(rt.spec.name, rt.db_row(self.wall()))
 
     def persist(self) -> None:
-        """Every worker's row and the tick, in one transaction (and, after an outage's
-        backoff, whatever is still queued before them)."""
-        assert self.journal is not None
-        for rt in self._all():
-            self._write_worker(rt, flush=False)
-        now, boot_id = self.wall(), self.boot_id
-
-        def ticked(c: sqlite3.Connection) -> None:
-            db.touch_boot(c, boot_id, now)
-            db.set_supervisor(c, last_tick=now)
-
-        self.journal.write(ticked, key="tick", flush=False)
-        self.journal.flush()
+        assert self.recorder is not None
+        wall = self.wall()
+        self.recorder.tick(((rt.spec.name, rt.db_row(wall)) for rt in self._all()), self.boot_id)
 
     # ---- exits ------------------------------------------------------------------------------
 
@@ -474,23 +351,13 @@ class Supervisor:
         self._set(rt, S.EXITED, info.description, **ex.detail())
         if event := ex.error_event():
             self.event(event[0], rt.spec.name, event[1])
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(life.proc.pidfd)
+        self.waker.unwatch(life.proc.pidfd)
         life.proc.close()
         rt.life = None
         removed = rt.spec.name in self.removed
         route = route_exit(info.kind, life.stop_reason, removed=removed, stopping=self.stopping)
-        if route is Route.DONE:
-            self._set(rt, S.DONE, "total_steps reached")
-        elif route is Route.REMOVED:
-            self._set(rt, S.STOPPED, "removed from the configuration")
-        elif route is Route.CONFIG_ERROR:
-            msg = (ex.error or {}).get("message") or "configuration error (exit 78)"
-            self._set(rt, S.FATAL, f"configuration error: {msg}")
-        elif route is Route.SHUTDOWN:
-            self._set(rt, S.STOPPED, "supervisor shutdown")
-        elif route is Route.REQUEUE:
-            self._set(rt, S.WAITING, life.stop_reason or "stopped after a checkpoint (exit 75)")
+        if settled := ex.settle(route, life.stop_reason):
+            self._set(rt, *settled)
         else:
             why, failure = ex.failure(life.stop_reason)
             if failure is not None:
@@ -608,16 +475,8 @@ class Supervisor:
                 self._set(rt, S.STOPPED, "supervisor shutdown")
 
     def finish_shutdown(self) -> None:
-        assert self.journal is not None
-        now, boot_id = self.wall(), self.boot_id
-
-        def stopped(c: sqlite3.Connection) -> None:
-            db.mark_clean_stop(c, boot_id, now)
-            db.set_supervisor(c, state="stopped", last_tick=now)
-
-        self.journal.write(stopped)
-        self.event("supervisor_stop", None, {"pid": os.getpid(), "clean": True})
-        self.journal.flush(force=True)  # close() tries once more and says what was lost
+        assert self.recorder is not None
+        self.recorder.stopped(self.boot_id)
         log.info("supervisor_stop", clean=True)
         self.finished = True
 
@@ -670,16 +529,14 @@ class Supervisor:
             lighter.name if lighter else None,
             pinned=bool({name, modes.HOST} & self.view.pinned),
             peak_mb=rt.gpu_peak_mb.get(current.sizes()),
-            waiting=rt.gpu_wait_since is not None,
             now=now,
         )
         if result.event is not None:
             self.event("gpu_wait", name, result.event)
             log.info("gpu_wait", game=name, reason=result.reason)
         if result.action == "wait":
-            rt.gpu_wait_since = rt.gpu_wait_since if rt.gpu_wait_since is not None else now
             return False
-        if result.action == "start" and rt.gpu_wait_since is not None:
+        if result.action == "start" and result.waited_s > 0:
             log.info("gpu_ready", game=name, reason=result.reason)
         if result.action == "fallback" and lighter is not None:
             modes.set_auto_mode(
@@ -690,7 +547,6 @@ class Supervisor:
             self.mode_view = dataclasses.replace(
                 self.view, games={**self.view.games, name: lighter}
             )
-        rt.gpu_wait_since = None
         return True
 
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
@@ -727,7 +583,7 @@ class Supervisor:
             (run_dir / protocol.HEARTBEAT_FILE).unlink()
         proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now, cwd=run_dir)
         try:
-            self.selector.register(proc.pidfd, selectors.EVENT_READ, name)
+            self.waker.watch(proc.pidfd, name)
         except (OSError, ValueError) as exc:
             self.launcher.kill(proc)
             proc.popen.wait()
@@ -755,28 +611,13 @@ class Supervisor:
         if new.state_dir != self.cfg.state_dir:
             log.warning("config_reload_state_dir_ignored", old=str(self.cfg.state_dir))
             new = dataclasses.replace(new, state_dir=self.cfg.state_dir)
-        old_names = set(self.games)
         self.cfg = new
         self.gate.cfg = gate_config(new)
-        for g in new.games:
-            if g.name in self.games:
-                self.games[g.name].spec = g
-            elif g.name in self.removed:
-                # Re-added while its old worker still stops: the same runtime takes it back,
-                # so its next worker starts only once this one has exited (never two).
-                rt = self.games[g.name] = self.removed.pop(g.name)
-                rt.spec = g
-                if rt.life is not None:
-                    rt.life.stop_reason = StopReason.READDED
-            else:
-                self.games[g.name] = GameRuntime(g, state_since=self.wall())
-                self._set(self.games[g.name], S.WAITING, "added by config reload")
-        for name in old_names - {g.name for g in new.games}:
-            rt = self.games.pop(name)
-            if rt.life is not None:
-                self.removed[name] = rt
-                self.request_stop(rt, StopReason.REMOVED, now + new.stop_grace_s)
-        self.games = {g.name: self.games[g.name] for g in new.games}
+        change = reconcile(self.games, self.removed, new.games, self.wall())
+        for rt in change.added:
+            self._set(rt, S.WAITING, "added by config reload")
+        for rt in change.leaving:
+            self.request_stop(rt, StopReason.REMOVED, now + new.stop_grace_s)
         assert self.conn is not None and self.journal is not None
         modes.resume_host_mode(self.conn, new, self.steady(), write=self.journal.write)
         self.refresh_modes()
@@ -786,16 +627,7 @@ class Supervisor:
     # ---- systemd ----------------------------------------------------------------------------
 
     def summary(self) -> str:
-        counts: dict[str, int] = {}
-        for rt in self.games.values():
-            counts[str(rt.state)] = counts.get(str(rt.state), 0) + 1
-        return "rlsup: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        return summary(self.games.values())
 
     def notify(self, now: float) -> None:
-        if self.notifier.watchdog_s and now >= self._next_watchdog and self._tick_errors == 0:
-            self.notifier.watchdog()
-            self._next_watchdog = now + self.notifier.watchdog_s
-        text = self.summary()
-        if text != self._last_status:
-            self.notifier.status(text)
-            self._last_status = text
+        self.notifier.tick(now, self._tick_errors == 0, self.summary())

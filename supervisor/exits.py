@@ -14,6 +14,7 @@ from typing import Any
 
 from supervisor.oomwatch import OomVerdict
 from supervisor.restart import ExitInfo, ExitKind
+from supervisor.states import WorkerState
 from training.protocol import Heartbeat
 
 
@@ -71,6 +72,13 @@ def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopp
     return Route.FAILURE
 
 
+_SETTLED = {
+    Route.DONE: (WorkerState.DONE, "total_steps reached"),
+    Route.REMOVED: (WorkerState.STOPPED, "removed from the configuration"),
+    Route.SHUTDOWN: (WorkerState.STOPPED, "supervisor shutdown"),
+}
+
+
 @dataclass(frozen=True)
 class WorkerExit:
     """Everything known about one worker's exit, and the events it makes."""
@@ -114,6 +122,16 @@ class WorkerExit:
         if event is None:
             return None
         return event, {"error_kind": kind, "message": (self.error or {}).get("message")}
+
+    def settle(self, route: Route, asked: StopReason | None) -> tuple[WorkerState, str] | None:
+        """The state (and its reason) a route other than FAILURE leads to; None for a
+        failure (the restart budget decides between BACKOFF and FATAL)."""
+        if route is Route.CONFIG_ERROR:
+            msg = (self.error or {}).get("message") or "configuration error (exit 78)"
+            return WorkerState.FATAL, f"configuration error: {msg}"
+        if route is Route.REQUEUE:
+            return WorkerState.WAITING, asked or "stopped after a checkpoint (exit 75)"
+        return _SETTLED.get(route)
 
     def failure(self, asked: StopReason | None) -> tuple[str, tuple[str, dict[str, Any]] | None]:
         """Why it failed, for the BACKOFF/FATAL reason, and its failure event (None after a

@@ -124,12 +124,13 @@ class GpuGate:
         *,
         pinned: bool,
         peak_mb: float | None,
-        waiting: bool,
         now: float,
     ) -> GateResult:
         """`check` for a game at `mode` (`lighter`: the rung below, if any; `pinned`: no
         automatic fallback), with what the loop records: `event`, the `gpu_wait` detail to
-        write when a wait starts or times out (None otherwise)."""
+        write when a wait starts or times out (None otherwise). The gate alone knows whether
+        a game is waiting."""
+        waiting = self.waiting(game)
         result = self.check(game, need_mb(self.cfg, peak_mb), now, at_floor=not lighter or pinned)
         detail: dict[str, Any] = {
             "reason": result.reason,
@@ -141,6 +142,9 @@ class GpuGate:
         if result.action == "fallback":
             return replace(result, event={"timed_out": True, **detail, "from": mode, "to": lighter})
         return result
+
+    def waiting(self, game: str) -> bool:
+        return game in self._waits
 
     def clear(self, game: str) -> None:
         """Forget `game`'s wait and reservation (stopped, mode changed, or now running)."""

@@ -10,6 +10,7 @@ process gets a new `WorkerLife`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,6 @@ class GameRuntime:
     failures: list[float] = field(default_factory=list)  # monotonic times, budget window
     consecutive: int = 0  # backoff exponent
     backoff_until: float = 0.0
-    gpu_wait_since: float | None = None  # monotonic; waiting for free GPU memory
     gpu_peak_mb: dict[tuple[int, int | str, int], float] = field(default_factory=dict)
 
     # Read-only views of the current worker (None without one).
@@ -86,3 +86,49 @@ class GameRuntime:
             "heartbeat": json.dumps(hb.to_json()) if hb else None,
             "updated": updated,
         }
+
+
+@dataclass
+class Reconciled:
+    """What a configuration reload changes: the games that are new (to queue) and the ones
+    whose worker must stop (removed from the configuration while it runs)."""
+
+    added: list[GameRuntime]
+    leaving: list[GameRuntime]
+
+
+def reconcile(
+    games: dict[str, GameRuntime],
+    removed: dict[str, GameRuntime],
+    specs: Iterable[GameSpec],
+    now_wall: float,
+) -> Reconciled:
+    """Bring `games` (in the new order) and `removed` (runtimes whose worker still stops) in
+    line with the reloaded `specs`. A game keeps its runtime (restarts, budget, backoff); one
+    re-added while its old worker still stops takes that runtime back, so its next worker
+    starts only once the old one has exited (never two at once)."""
+    old = dict(games)
+    added: list[GameRuntime] = []
+    games.clear()
+    for spec in specs:
+        if spec.name in old:
+            rt = games[spec.name] = old.pop(spec.name)
+        elif spec.name in removed:
+            rt = games[spec.name] = removed.pop(spec.name)
+            if rt.life is not None:
+                rt.life.stop_reason = StopReason.READDED
+        else:
+            rt = games[spec.name] = GameRuntime(spec, state_since=now_wall)
+            added.append(rt)
+        rt.spec = spec
+    leaving = [rt for rt in old.values() if rt.life is not None]
+    removed.update({rt.spec.name: rt for rt in leaving})
+    return Reconciled(added, leaving)
+
+
+def summary(games: Iterable[GameRuntime]) -> str:
+    """One line for systemd's STATUS=: how many games are in each state."""
+    counts: dict[str, int] = {}
+    for rt in games:
+        counts[str(rt.state)] = counts.get(str(rt.state), 0) + 1
+    return "rlsup: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -17,6 +17,8 @@ class Notifier:
         self.address: str | None = ("\0" + raw[1:]) if raw.startswith("@") else (raw or None)
         self.watchdog_s = watchdog_interval_s(env)
         self._sock: socket.socket | None = None
+        self._next_watchdog = 0.0
+        self._last_status = ""
 
     @property
     def enabled(self) -> bool:
@@ -44,6 +46,16 @@ class Notifier:
 
     def stopping(self, status: str = "") -> bool:
         return self.notify("STOPPING=1", *([f"STATUS={status}"] if status else []))
+
+    def tick(self, now: float, healthy: bool, status: str) -> None:
+        """Once a loop tick: WATCHDOG=1 when due and the tick is healthy (a loop that keeps
+        failing lets systemd's watchdog restart it), STATUS= when the text changed."""
+        if self.watchdog_s and healthy and now >= self._next_watchdog:
+            self.watchdog()
+            self._next_watchdog = now + self.watchdog_s
+        if status != self._last_status:
+            self.status(status)
+            self._last_status = status
 
     def reloading(self) -> bool:
         """A reload starts (`systemctl reload` waits for the READY=1 that ends it)."""

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
+import structlog
 
+from checkpoints.names import newest_step
+from supervisor.config import Config
 from supervisor.db import BootOutcome
-from supervisor.launcher import start_ticks
-from supervisor.sdnotify import systemd_unit
+from supervisor.launcher import find_leftover, start_ticks, stop_leftovers
+from supervisor.runtime import GameRuntime
+from supervisor.sdnotify import Notifier, systemd_unit
+from supervisor.states import WorkerState
+from training import protocol
+
+log = structlog.get_logger("rlsup.supervisor")
 
 
 def supervisor_row(boot_id: str, now_wall: float, config: Path) -> dict[str, Any]:
@@ -51,3 +60,34 @@ def start_events(
         "host_mode": host_mode,
     }))  # fmt: skip
     return events
+
+
+def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Notifier) -> list[int]:
+    """Same boot, new supervisor: stop the workers of the database's rows still alive (same
+    pid and start time) BEFORE any worker is started. Draining them can outlast systemd's
+    start timeout: ask it for the time. Returns the pids stopped."""
+    procs = [
+        p
+        for row in rows
+        if (p := find_leftover(row["pid"], row.get("pid_start_ticks"), row["pid_create_time"]))
+    ]
+    if not procs:
+        return []
+    notifier.extend_timeout(cfg.stop_grace_s + 30, "stopping leftover workers")
+    log.warning("leftover_workers", pids=[p.pid for p in procs])
+    return stop_leftovers(procs, cfg.stop_grace_s)
+
+
+def restore_states(
+    games: dict[str, GameRuntime], rows: list[dict[str, Any]], run_dir: Callable[[str], Path]
+) -> None:
+    """Restart counts carry over; a game recorded DONE whose checkpoints reached total_steps
+    stays done (`run_dir(name)` gives a game's run directory)."""
+    by_game = {r["game"]: r for r in rows}
+    for name, rt in games.items():
+        row = by_game.get(name)
+        rt.restarts = row["restarts"] if row else 0
+        newest = newest_step(run_dir(name) / protocol.CHECKPOINT_DIR)
+        if row and row["state"] == WorkerState.DONE and (newest or -1) >= rt.spec.total_steps:
+            rt.state = WorkerState.DONE
+            rt.reason = row["reason"] or "done"

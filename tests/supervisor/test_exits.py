@@ -8,6 +8,7 @@ import pytest
 from supervisor.exits import Route, StopReason, WorkerExit, error_event, route_exit
 from supervisor.oomwatch import OomVerdict
 from supervisor.restart import ExitKind, classify_exit
+from supervisor.states import WorkerState
 
 K, R, A = ExitKind, Route, StopReason
 ROUTES = [
@@ -71,3 +72,45 @@ def test_a_kernel_oom_kill_is_a_worker_oom_and_a_hang_makes_no_second_event() ->
         "returncode": 1, "description": "exit status 1 (crash)", "error_kind": "crash",
         "message": "boom", "traceback": None, "uptime_s": 1.0,
     })  # fmt: skip
+
+
+S = WorkerState
+
+
+@pytest.mark.parametrize(
+    ("route", "asked", "error", "settled"),
+    [
+        (R.DONE, None, None, (S.DONE, "total_steps reached")),
+        (R.REMOVED, A.REMOVED, None, (S.STOPPED, "removed from the configuration")),
+        (R.SHUTDOWN, A.SHUTDOWN, None, (S.STOPPED, "supervisor shutdown")),
+        (
+            R.CONFIG_ERROR,
+            None,
+            {"message": "bad env_id"},
+            (S.FATAL, "configuration error: bad env_id"),
+        ),
+        (
+            R.CONFIG_ERROR,
+            None,
+            None,
+            (S.FATAL, "configuration error: configuration error (exit 78)"),
+        ),
+        (R.REQUEUE, A.SLOTS, None, (S.WAITING, "slots")),
+        (R.REQUEUE, None, None, (S.WAITING, "stopped after a checkpoint (exit 75)")),
+        (R.FAILURE, None, None, None),  # the restart budget decides
+        (R.FAILURE, A.HANG, None, None),
+    ],
+)
+def test_settle(
+    route: Route,
+    asked: StopReason | None,
+    error: dict[str, str] | None,
+    settled: tuple[WorkerState, str] | None,
+) -> None:
+    ex = WorkerExit(classify_exit(0), 1.0, error, None, False, None)
+    assert ex.settle(route, asked) == settled
+
+
+def test_every_route_settles_or_is_a_failure() -> None:
+    ex = WorkerExit(classify_exit(0), 1.0, None, None, False, None)
+    assert [r for r in Route if ex.settle(r, None) is None] == [R.FAILURE]

@@ -1,0 +1,116 @@
+"""What the supervisor tells its state database: events, worker rows, the tick, vitals samples,
+the clean stop; and the one thing it reads back each tick, an operator's stop request.
+
+Every write goes through the `Journal` (kept in order, retried after an outage, never wedging
+the tick). Rows that only the newest copy of matters (a game's worker row, the tick, samples)
+are keyed, so an outage queues one of each rather than one per tick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+
+from supervisor import db, vitals
+from supervisor.journal import Journal
+from supervisor.stability import Vitals
+
+log = structlog.get_logger("rlsup.supervisor")
+
+SAMPLES_EVERY_S = 60.0
+SAMPLES_KEEP_S = 7 * 24 * 3600.0
+SAMPLES_MAX_ROWS = 10_080  # a week at one row a minute
+
+
+class Recorder:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        journal: Journal,
+        *,
+        wall: Callable[[], float],
+        steady: Callable[[], float],
+    ) -> None:
+        self.conn, self.journal = conn, journal
+        self.wall, self.steady = wall, steady
+        self._next_sample = 0.0
+        self._last_sample_ts: float | None = None
+
+    def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
+        ts, mono = self.wall(), self.steady()
+        self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
+
+    def worker(self, name: str, row: dict[str, Any], *, flush: bool = True) -> None:
+        # Keyed: while the database fails, only a game's newest row waits to be written.
+        self.journal.write(
+            lambda c: db.upsert_worker(c, name, **row), key=f"worker:{name}", flush=flush
+        )
+
+    def tick(self, rows: Iterable[tuple[str, dict[str, Any]]], boot_id: str) -> None:
+        """Every worker's row and the tick, in one transaction (and, after an outage's
+        backoff, whatever is still queued before them)."""
+        for name, row in rows:
+            self.worker(name, row, flush=False)
+        now = self.wall()
+
+        def ticked(c: sqlite3.Connection) -> None:
+            db.touch_boot(c, boot_id, now)
+            db.set_supervisor(c, last_tick=now)
+
+        self.journal.write(ticked, key="tick", flush=False)
+        self.journal.flush()
+
+    def sample(self, latest: Vitals | None, now: float) -> None:
+        """The sampler's latest reading into `samples` about once a minute; keep a week."""
+        if now < self._next_sample or latest is None or latest.ts == self._last_sample_ts:
+            return
+        self._next_sample = now + SAMPLES_EVERY_S
+        self._last_sample_ts = latest.ts
+        ts, data = latest.ts, json.dumps(vitals.to_json(latest), allow_nan=False)
+        # Keyed: while the database fails, only the newest sample waits (samples are history).
+        self.journal.write(
+            lambda c: db.insert_sample(c, ts, data, SAMPLES_KEEP_S, SAMPLES_MAX_ROWS),
+            key="samples",
+        )
+
+    def stop_requested(self, since: float) -> bool:
+        """`rlsup stop` by an operator who may not signal us (the service runs as another
+        user) leaves a request in the database; a request older than `since` is stale."""
+        try:
+            request = db.pending_request(self.conn, db.STOP_REQUEST)
+        except sqlite3.Error:
+            return False
+        if request is None:
+            return False
+        self.journal.write(lambda c: db.clear_request(c, db.STOP_REQUEST))
+        if request[1] < since:
+            return False
+        log.info("stop_requested", by=request[0])
+        return True
+
+    def stopped(self, boot_id: str) -> None:
+        """A clean stop: the ledger's, the supervisor row's and the event; forced out now
+        (the caller's close() tries once more and says what was lost)."""
+        now = self.wall()
+
+        def stopped(c: sqlite3.Connection) -> None:
+            db.mark_clean_stop(c, boot_id, now)
+            db.set_supervisor(c, state="stopped", last_tick=now)
+
+        self.journal.write(stopped)
+        self.event("supervisor_stop", None, {"pid": os.getpid(), "clean": True})
+        self.journal.flush(force=True)
+
+    def close(self) -> None:
+        if not self.journal.flush(force=True):
+            log.error(
+                "state_db_unflushed",
+                pending=self.journal.pending,
+                reason="the state database still fails; these writes are lost",
+            )
+        self.conn.close()
