@@ -1,6 +1,6 @@
 """Fault-injection soak, long schedule: `RLSUP_SOAK_MINUTES=60 .venv/bin/python benchmarks/soak.py`.
 
-Shares its engine with the CI test (tests/chaos/soak_engine.py): a real `rlsup run` with three
+Shares its engine with the CI test (tests/chaos/soak_*.py): a real `rlsup run` with three
 games under a seeded fault schedule (SIGKILL, mid-checkpoint SIGKILL, SIGSTOP, supervisor kill,
 host reboot, corrupt checkpoints, full disk, kernel OOM kill, mode pins); prints the figures
 table and ends with one JSON line. Exit status 1 when an invariant was violated. Needs root.
@@ -9,25 +9,12 @@ table and ends with one JSON line. Exit status 1 when an invariant was violated.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _engine() -> types.ModuleType:
-    sys.path.insert(0, str(REPO))
-    path = REPO / "tests" / "chaos" / "soak_engine.py"
-    spec = importlib.util.spec_from_file_location("soak_engine", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak_engine"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> int:
@@ -36,7 +23,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=int(os.environ.get("RLSUP_SOAK_SEED", 1)))
     p.add_argument("--workdir", type=Path, default=None, help="kept after the run (default: temp)")
     args = p.parse_args()
-    engine = _engine()
+    sys.path.insert(0, str(REPO))
+    from tests.chaos import soak_engine as engine
+
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlsup-soak-")) / "soak"
     phase_s = max(60.0, args.minutes * 60 - 90)  # start-up and the finish take the rest
     settings = engine.SoakSettings(

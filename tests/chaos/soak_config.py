@@ -1,0 +1,78 @@
+"""What a soak runs: its three games, their sizes, and the settings of one run."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+LIGHT_ENVS, MEDIUM_ENVS, N_STEPS = 4, 8, 32
+
+
+@dataclass(frozen=True)
+class GameDef:
+    name: str
+    env_id: str
+    algo: str
+    total_steps: int
+    args: str
+
+    def iteration_steps(self, num_envs: int) -> int:
+        """Agent steps of one training-loop iteration (the slack of the redone-work bound)."""
+        if self.algo == "ppo":
+            return num_envs * N_STEPS
+        from training.dqn import AGENT_STEPS_PER_ITERATE
+
+        return max(1, AGENT_STEPS_PER_ITERATE // num_envs) * num_envs
+
+
+# Agent steps per second of fault phase each game gets: about half of what it trains at here
+# (2 cores, three workers) so that it is still training when the schedule ends.
+STEPS_PER_FAULT_S = {"cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170}
+
+
+def default_games(fault_phase_s: float) -> list[GameDef]:
+    """Three games whose total_steps last about the fault phase."""
+    scale = fault_phase_s / 1.0
+    return [
+        GameDef(
+            "cartpole_dqn",
+            "CartPole-v1",
+            "dqn",
+            int(STEPS_PER_FAULT_S["cartpole_dqn"] * scale),
+            "{ eval_episodes = 0, buffer_size = 20000, learning_starts = 1000, "
+            "target_update_interval = 500, replay_chunk_kib = 16 }",
+        ),
+        GameDef(
+            "cartpole_ppo",
+            "CartPole-v1",
+            "ppo",
+            int(STEPS_PER_FAULT_S["cartpole_ppo"] * scale),
+            "{ eval_episodes = 0 }",
+        ),
+        GameDef(
+            "pong",
+            "Pong-v5",
+            "ppo",
+            int(STEPS_PER_FAULT_S["pong"] * scale),
+            "{ eval_episodes = 0, epochs = 1 }",
+        ),
+    ]
+
+
+@dataclass
+class SoakSettings:
+    workdir: Path
+    fault_phase_s: float = 170.0
+    seed: int = 1
+    min_faults: int = 20
+    checkpoint_every_s: float = 1.5
+    hang_timeout_s: float = 12.0
+    finish_timeout_s: float = 240.0
+    games: list[GameDef] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.games:
+            self.games = default_games(self.fault_phase_s)

@@ -1,0 +1,785 @@
+"""The soak's hands: each fault it injects, from outside wherever it can (signals, bytes on
+disk, a full filesystem, a memory cgroup, the wall clock, the state database's lock, an
+operator's commands). `Fault` records what was done; `soak_kinds.KINDS` says which injection
+each kind uses and what must follow it.
+
+`Injector` is a mixin of `soak_engine.Soak`: it reaches the monitor, the supervisor process and
+the schedule's helpers through the attributes declared below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from checkpoints.names import MANIFEST_NAME, STAGING_PREFIX, ckpt_name, ckpt_step
+from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
+from tests.chaos.soak_monitor import Monitor, WorkerLife
+
+
+@dataclass
+class Fault:
+    kind: str
+    games: list[str]
+    t: float
+    victims: dict[str, int] = field(default_factory=dict)  # game -> pid
+    note: str = ""
+    corrupted: dict[str, int] = field(default_factory=dict)  # game -> step made corrupt
+    expect_resume: dict[str, int] = field(default_factory=dict)
+    t_end: float | None = None  # disk_full: when space returned
+    damaged_file: str | None = None  # replay_rot*: the chunk file flipped
+    event_ids: tuple[int, int] | None = None  # (last id before, last id after): the window
+    auto_envs: dict[str, int] = field(default_factory=dict)  # scale_auto: the policy's sizes
+    inflight_from: dict[str, int] = field(
+        default_factory=dict
+    )  # game -> step when killed mid-write
+    skipped: str | None = None
+    recovery_s: float | None = None
+    redone_steps: int | None = None
+    survived: bool = True
+    problems: list[str] = field(default_factory=list)
+    # crash_storm: the replacements killed right after their resume (not "the replacement")
+    storm: dict[int, int] = field(default_factory=dict)  # pid -> signal
+    t_storm_end: float | None = None
+
+
+class Injector:
+    """Every injection, `_f_<kind>`; each returns the Fault it made, or None when no game was
+    in a state to take it (it is then not counted)."""
+
+    # Provided by soak_engine.Soak.
+    s: SoakSettings
+    rng: random.Random
+    monitor: Monitor
+    sup: subprocess.Popen[bytes] | None
+    state: Path
+    config: Path
+    boot_file: Path
+    read_faults: Path
+    boot_n: int
+    game_names: list[str]
+    stopped_pids: set[int]
+    skipped: dict[str, str]
+    tmpfs: Path | None
+    state_tmpfs: Path | None
+    tmpfs_game: str
+    cgroups: list[Path]
+    clock_offset_s: float
+    disk_full_until: float
+    _disk_fault: Fault | None
+    _disk_timer: threading.Timer | None
+    _disk_lock: threading.Lock
+    corrupted: dict[str, set[int]]
+
+    if TYPE_CHECKING:  # the engine's own
+
+        def start_supervisor(self) -> None: ...
+        def _mark_killed(self, proc: subprocess.Popen[bytes]) -> None: ...
+        def rlsup(self, *args: str) -> subprocess.CompletedProcess[str]: ...
+        def pick_game(self, need_ckpts: int = 0, avoid_tmpfs: bool = False) -> str | None: ...
+        def wait_disk(self) -> None: ...
+        def wait_all_healthy(self, timeout: float, games: list[str] | None = None) -> bool: ...
+        def _done(self, game: str) -> bool: ...
+        def _healthy_not_stopped(self, game: str) -> bool: ...
+        def _owned(self, game: str) -> bool: ...
+
+    def _kill_worker(
+        self, game: str, sig: int = signal.SIGKILL, fault: Fault | None = None
+    ) -> int | None:
+        life = self.monitor.current(game)
+        if life is None:
+            return None
+        staging = self._staging(game)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(life.pid, sig)
+        if fault is not None and staging and sig == signal.SIGKILL:
+            fault.inflight_from[game] = life.max_step
+        return life.pid
+
+    def _staging(self, game: str) -> list[str]:
+        try:
+            root = self.monitor.run_dir(game) / "checkpoints"
+            return [e.name for e in os.scandir(root) if e.name.startswith(STAGING_PREFIX)]
+        except OSError:
+            return []
+
+    def _wait_gone(self, pid: int, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.Error:
+                return
+            time.sleep(0.02)
+
+    def _f_kill(self) -> Fault | None:
+        game = self.pick_game()
+        if game is None:
+            return None
+        fault = Fault("kill", [game], time.monotonic())
+        pid = self._kill_worker(game, fault=fault)
+        if pid:
+            fault.victims[game] = pid
+        return fault
+
+    def _f_kill_staging(self) -> Fault | None:
+        """SIGKILL while the worker writes a checkpoint (a `.staging-*` dir exists)."""
+        game = self.pick_game(need_ckpts=1, avoid_tmpfs=False)
+        if game is None:
+            return None
+        life = self.monitor.current(game)
+        if life is None:
+            return None
+        deadline = time.monotonic() + 4 * self.s.checkpoint_every_s + 10
+        while time.monotonic() < deadline:
+            staging = self._staging(game)
+            if staging:
+                t = time.monotonic()
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(life.pid, signal.SIGKILL)
+                fault = Fault("kill_staging", [game], t, {game: life.pid}, note=f"in {staging[0]}")
+                fault.inflight_from[game] = life.max_step
+                return fault
+            time.sleep(0.002)
+        fault = Fault("kill_staging", [game], time.monotonic(), note="no staging seen")
+        pid = self._kill_worker(game, fault=fault)
+        if pid:
+            fault.victims[game] = pid
+        return fault
+
+    def _f_sigstop(self) -> Fault | None:
+        game = self.pick_game()
+        if game is None:
+            return None
+        t = time.monotonic()
+        pid = self._kill_worker(game, signal.SIGSTOP)
+        if pid:
+            self.stopped_pids.add(pid)
+        return Fault("sigstop", [game], t, {game: pid} if pid else {}, note="left stopped")
+
+    def _f_corrupt_truncate(self) -> Fault | None:
+        return self._corrupt("corrupt_truncate")
+
+    def _f_corrupt_bitflip(self) -> Fault | None:
+        return self._corrupt("corrupt_bitflip")
+
+    def _corrupt(self, kind: str) -> Fault | None:
+        """Kill the worker, then damage its newest checkpoint before the replacement loads it:
+        the replacement must resume from the previous one and report the quarantine."""
+        game = self.pick_game(need_ckpts=2)
+        if game is None:
+            return None
+        t = time.monotonic()
+        pid = self._kill_worker(game)
+        if pid is None:
+            return None
+        self._wait_gone(pid)
+        root = self.monitor.run_dir(game) / "checkpoints"
+        steps = sorted(
+            step
+            for p in root.glob("ckpt-*")
+            if (step := ckpt_step(p.name)) is not None and (p / MANIFEST_NAME).exists()
+        )
+        fault = Fault(kind, [game], t, {game: pid})
+        if len(steps) < 2:
+            fault.note = "fewer than 2 checkpoints: plain kill"
+            fault.kind = "kill"
+            return fault
+        newest = root / ckpt_name(steps[-1])
+        target = newest / "learner.pt"
+        size = target.stat().st_size
+        if kind == "corrupt_truncate":
+            os.truncate(target, size // 2)
+            fault.note = f"{newest.name}/learner.pt {size} -> {size // 2} bytes"
+        else:
+            off = self.rng.randrange(size)
+            with open(target, "r+b") as f:
+                f.seek(off)
+                b = f.read(1)
+                f.seek(off)
+                f.write(bytes([b[0] ^ (1 << self.rng.randrange(8))]))
+            fault.note = f"{newest.name}/learner.pt bit flipped at byte {off}"
+        fault.corrupted[game] = steps[-1]
+        fault.expect_resume[game] = steps[-2]
+        self.corrupted[game].add(steps[-1])
+        return fault
+
+    # ---- checkpoint faults real hosts produce (issue 9) ----
+    DQN_GAME = "cartpole_dqn"
+
+    def _newest(self, game: str) -> Path | None:
+        root = self.monitor.run_dir(game) / "checkpoints"
+        dirs = sorted(
+            p
+            for p in root.glob("ckpt-*")
+            if ckpt_step(p.name) is not None and (p / MANIFEST_NAME).exists()
+        )
+        return dirs[-1] if dirs else None
+
+    def _shared_chunk(self, newest: Path, behind_cursor: bool) -> Path | None:
+        """A replay chunk of `newest` hard-linked by other checkpoints too (nlink >= 2).
+        behind_cursor: the most recently written such chunk (the live worker links it again at
+        its next checkpoint); else the most widely shared one."""
+        chunks = []
+        for p in (newest / "replay").glob("frames-*.bin"):
+            with contextlib.suppress(OSError):
+                chunks.append((os.stat(p).st_nlink, int(p.stem.split("-")[1]), p))
+        shared = [c for c in chunks if c[0] >= 2]
+        if not shared:
+            return None
+        if not behind_cursor:
+            return max(shared)[2]
+        meta = json.loads((newest / "replay" / "meta.json").read_text())
+        cursor = (int(meta["t"]) % int(meta["capacity"])) // int(meta["chunk_slots"])
+        n = int(meta["num_chunks"])
+        by_chunk = {c: p for _, c, p in shared}
+        for back in range(1, n):
+            c = (cursor - back) % n
+            if c in by_chunk:
+                return by_chunk[c]
+        return None
+
+    @staticmethod
+    def _flip_bit(path: Path, rng: random.Random) -> str:
+        size = path.stat().st_size
+        off = rng.randrange(size)
+        with open(path, "r+b") as f:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ (1 << rng.randrange(8))]))
+        return f"{path.parent.parent.name}/replay/{path.name} bit flipped at byte {off}"
+
+    def _f_replay_rot(self) -> Fault | None:
+        """Kill the DQN worker, flip one bit in a replay chunk that several checkpoints share
+        (one inode): the replacement must resume the newest learner exactly, drop only that
+        chunk's transitions, report it, and quarantine nothing."""
+        game = self.DQN_GAME
+
+        def ready() -> bool:
+            newest = self._newest(game)
+            return (
+                self._healthy_not_stopped(game)
+                and self._owned(game)
+                and newest is not None
+                and self._shared_chunk(newest, behind_cursor=False) is not None
+            )
+
+        if self._done(game) or not self._wait_for(ready, 60):
+            return None
+        t = time.monotonic()
+        pid = self._kill_worker(game)
+        if pid is None:
+            return None
+        self._wait_gone(pid)
+        fault = Fault("replay_rot", [game], t, {game: pid})
+        newest = self._newest(game)
+        chunk = self._shared_chunk(newest, behind_cursor=False) if newest else None
+        if chunk is None:
+            fault.kind, fault.note = "kill", "no shared replay chunk yet: plain kill"
+            return fault
+        fault.note = self._flip_bit(chunk, self.rng) + f" (nlink {os.stat(chunk).st_nlink})"
+        fault.damaged_file = f"replay/{chunk.name}"
+        return fault
+
+    def _f_replay_rot_live(self) -> Fault | None:
+        """Flip one bit in a shared replay chunk under the running DQN worker: its next
+        checkpoint must find the base no longer matching, rewrite the chunk from memory, say
+        so, and commit a checkpoint that verifies in full."""
+        game = self.DQN_GAME
+        if self._done(game):
+            return None
+        self._wait_for(lambda: self._healthy_not_stopped(game) and self._owned(game), 60)
+        newest = self._newest(game)
+        chunk = self._shared_chunk(newest, behind_cursor=True) if newest else None
+        life = self.monitor.current(game)
+        if chunk is None or newest is None or life is None:
+            return None
+        t = time.monotonic()
+        fault = Fault("replay_rot_live", [game], t, note=self._flip_bit(chunk, self.rng))
+        fault.damaged_file = f"replay/{chunk.name}"
+        after = ckpt_step(newest.name) or 0
+        deadline = t + 4 * self.s.checkpoint_every_s + 20
+        while time.monotonic() < deadline and not self._done(game):
+            later = [s for s in self.monitor.committed_steps(game) if s > after]
+            if later:
+                self._verify_committed(game, later[0], fault)
+                return fault
+            time.sleep(0.1)
+        if not self._done(game):
+            fault.problems.append(f"{game}: no checkpoint committed after the bit flip")
+        return fault
+
+    def _verify_committed(self, game: str, step: int, fault: Fault) -> None:
+        from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
+
+        path = self.monitor.run_dir(game) / "checkpoints" / ckpt_name(step)
+        try:
+            CheckpointStore(path.parent).verify(CheckpointRef(path, step))
+        except FileNotFoundError:
+            return  # already retired by retention: nothing to check
+        except CheckpointError as exc:
+            fault.problems.append(f"{game}: {ckpt_name(step)}, committed after the flip: {exc}")
+
+    def _f_read_eio(self) -> Fault | None:
+        """Reads of one game's checkpoints fail with EIO for a while (the store's read seam),
+        and its worker is killed: replacements must exit `checkpoint_unreadable` and back off,
+        nothing may be quarantined, and once reads work the newest checkpoint is resumed."""
+        game = self.pick_game(need_ckpts=1)
+        if game is None:
+            return None
+        root = self.monitor.run_dir(game) / "checkpoints"
+        t = time.monotonic()
+        self.read_faults.write_text(f"EIO {root}/\n")
+        pid = self._kill_worker(game)
+        fault = Fault("read_eio", [game], t, {game: pid} if pid else {})
+        # Until a replacement has run into it (and backed off), plus a little.
+        seen = self._wait_for(lambda: self._event_since("checkpoint_unreadable", t), 60)
+        time.sleep(1.0)
+        self.read_faults.write_text("")
+        eio_s = time.monotonic() - t
+        fault.note = f"EIO on every read under {root}/ for {eio_s:.1f} s"
+        if not seen:
+            fault.note += " (no replacement read in that time)"
+        return fault
+
+    def _f_crash_storm(self) -> Fault | None:
+        """Signals other than SIGKILL, from outside, right after each of three resumes: none
+        of it is evidence against the checkpoint, which must stay and be resumed."""
+        game = self.pick_game(need_ckpts=1)
+        if game is None:
+            return None
+        sigs = [signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL]
+        life = self.monitor.current(game)
+        if life is None:
+            return None
+        t = time.monotonic()
+        fault = Fault("crash_storm", [game], t, {game: life.pid})
+        sig = self.rng.choice(sigs)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(life.pid, sig)
+        fault.storm[life.pid] = sig
+        for _ in range(2):
+            self._wait_gone(life.pid)
+            nxt = self._wait_for(lambda: self._resumed_after(game, fault), 60)
+            if nxt is None:
+                break
+            sig = self.rng.choice(sigs)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(nxt.pid, sig)
+            fault.storm[nxt.pid] = sig
+            life = nxt
+        self._wait_gone(life.pid)
+        fault.t_storm_end = time.monotonic()
+        fault.note = "signals " + ", ".join(signal.Signals(s).name for s in fault.storm.values())
+        return fault
+
+    def _resumed_after(self, game: str, fault: Fault) -> WorkerLife | None:
+        life = self.monitor.current(game)
+        if life is None or life.pid in fault.storm or life.first_step is None:
+            return None
+        return life
+
+    def _f_env_id_change(self) -> Fault | None:
+        """The operator changes a running game's env_id and reloads: the reload must be refused
+        naming both values, the worker left alone; reverting and reloading is accepted."""
+        game = self.pick_game(need_ckpts=1)
+        if game is None or self.sup is None:
+            return None
+        gdef = next(g for g in self.s.games if g.name == game)
+        other = "Acrobot-v1" if gdef.env_id != "Acrobot-v1" else "CartPole-v1"
+        life = self.monitor.current(game)
+        original = self.config.read_text()
+        marker = f'name = "{game}"\nenv_id = "{gdef.env_id}"'
+        t = time.monotonic()
+        fault = Fault("env_id_change", [game], t, note=f"{gdef.env_id} -> {other}, then back")
+        self.config.write_text(original.replace(marker, f'name = "{game}"\nenv_id = "{other}"'))
+        os.kill(self.sup.pid, signal.SIGHUP)
+        refused = self._wait_for(lambda: self._event_since("config_error", t), 30)
+        self.config.write_text(original)
+        t_back = time.monotonic()
+        os.kill(self.sup.pid, signal.SIGHUP)
+        reloaded = self._wait_for(lambda: self._event_since("config_reload", t_back), 30)
+        if refused is None:
+            fault.problems.append("no config_error event for the changed env_id")
+        elif not (gdef.env_id in refused and other in refused):
+            fault.problems.append(f"the refusal does not name both env ids: {refused[:300]}")
+        if reloaded is None:
+            fault.problems.append("the reverted config was not reloaded")
+        now = self.monitor.current(game)
+        if life is not None and (now is None or now.pid != life.pid):
+            fault.problems.append(f"{game}: its worker was restarted by a refused reload")
+        return fault
+
+    def _event_since(self, kind: str, t_mono: float) -> str | None:
+        since = time.time() - (time.monotonic() - t_mono) - 1.0
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                row = conn.execute(
+                    "SELECT detail FROM events WHERE kind = ? AND ts >= ? ORDER BY id DESC",
+                    (kind, since),
+                ).fetchone()
+            finally:
+                conn.close()
+            return str(row[0]) if row else None
+        return None
+
+    @staticmethod
+    def _wait_for(pred: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = pred()
+            if got:
+                return got
+            time.sleep(0.1)
+        return None
+
+    # ---- the supervisor's own host faults (issue 10) ----
+    def _f_state_disk_full(self) -> Fault | None:
+        """The whole state dir fills up (SQLite, logs, heartbeats, progress, checkpoints) for a
+        while: the supervisor stays, no worker exits or is taken for hung, training goes on,
+        and once space returns the outage's events are written and checkpoints commit again."""
+        if self.state_tmpfs is None:
+            why = self.skipped.get("state_disk_full", "no state tmpfs")
+            return Fault("state_disk_full", [], time.monotonic(), skipped=why)
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        games = [g for g in self.game_names if not self._done(g)]
+        lives = {g: lf for g in games if (lf := self.monitor.current(g)) is not None}
+        if any(lf.max_step > 0.8 * self._total(g) for g, lf in lives.items()):
+            return None  # a game would finish (its final checkpoint fails): not this fault
+        assert self.sup is not None
+        sup_pid = self.sup.pid
+        steps = {g: lf.max_step for g, lf in lives.items()}
+        first_id = self._last_event_id()
+        t = time.monotonic()
+        with self._disk_lock:
+            self._fill(self.state)
+        full_s = 10.0
+        time.sleep(full_s)
+        fault = Fault("state_disk_full", list(lives), t, note=f"state dir full for {full_s:g} s")
+        for g, life in lives.items():
+            now = self.monitor.current(g)
+            if now is None or now.pid != life.pid:
+                fault.problems.append(f"{g}: worker {life.pid} did not survive the full disk")
+            elif now.max_step <= steps[g]:
+                fault.problems.append(f"{g}: training did not go on while the state dir was full")
+        with self._disk_lock:
+            for name in (".soak-ballast", ".soak-ballast-tail"):
+                with contextlib.suppress(OSError):
+                    (self.state / name).unlink()
+        fault.t_end = time.monotonic()
+        if self.sup.poll() is not None or self.sup.pid != sup_pid:
+            fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a full state dir")
+        if not self._wait_for(lambda: self._event_since("state_db_unavailable", t), 60):
+            fault.problems.append("no state_db_unavailable event after space returned")
+        for g in lives:
+            committed = self._wait_for(lambda g=g: self._committed_since(g, fault.t_end), 60)
+            if not committed and not self._done(g):
+                fault.problems.append(f"{g}: no checkpoint committed after space returned")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _fill(self, directory: Path) -> None:
+        with contextlib.suppress(OSError), open(directory / ".soak-ballast", "wb") as f:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        with contextlib.suppress(OSError), open(directory / ".soak-ballast-tail", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+
+    def _total(self, game: str) -> int:
+        return next(g.total_steps for g in self.s.games if g.name == game)
+
+    def _committed_since(self, game: str, t: float) -> bool:
+        with self.monitor.lock:
+            return any(at > t for at in self.monitor.committed[game].values())
+
+    def _f_db_locked(self) -> Fault | None:
+        """Another process holds the state database's write lock for a while (an operator's
+        sqlite3 shell): the supervisor supervises from memory and writes everything after."""
+        self.wait_all_healthy(40)
+        assert self.sup is not None
+        first_id = self._last_event_id()
+        t = time.monotonic()
+        locker = sqlite3.connect(self.state / "rlsup.db", isolation_level=None, timeout=30)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            time.sleep(6.0)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                locker.execute("COMMIT")
+            locker.close()
+        fault = Fault("db_locked", [], t, note="BEGIN EXCLUSIVE held for 6 s")
+        if self.sup.poll() is not None:
+            fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a locked db")
+        if not self._wait_for(lambda: self._event_since("state_db_unavailable", t), 30):
+            fault.problems.append("no state_db_unavailable event after the lock was released")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _step_clock(self, delta_s: float) -> bool:
+        if not delta_s:
+            return True
+        try:
+            now = time.clock_gettime(time.CLOCK_REALTIME)
+            time.clock_settime(time.CLOCK_REALTIME, now + delta_s)
+        except OSError as exc:
+            self.skipped["clock_step"] = f"cannot step the wall clock: {exc}"
+            return False
+        self.clock_offset_s += delta_s
+        return True
+
+    def _f_clock_step(self) -> Fault | None:
+        """The wall clock jumps five minutes ahead while the supervisor is down and its workers
+        are frozen: the new supervisor must still recognise them (pid + start ticks, not wall
+        clock create times) and stop them before it starts others; then the clock jumps back."""
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        assert self.sup is not None
+        victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        first_id = self._last_event_id()
+        t = time.monotonic()
+        for pid in victims.values():  # frozen: they cannot notice their parent die and leave
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+            self.stopped_pids.add(pid)
+        os.kill(self.sup.pid, signal.SIGKILL)
+        self._mark_killed(self.sup)
+        self.sup.wait(10)
+        if not self._step_clock(300.0):
+            for pid in victims.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            self.start_supervisor()
+            return Fault("clock_step", [], t, skipped=self.skipped["clock_step"])
+        self.start_supervisor()
+        self.wait_all_healthy(60)
+        self._step_clock(-300.0)
+        fault = Fault("clock_step", list(victims), t, victims, note="+300 s, then back")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _last_event_id(self) -> int:
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+            finally:
+                conn.close()
+        return 0
+
+    def _f_supervisor_kill(self) -> Fault | None:
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        assert self.sup is not None
+        victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        t = time.monotonic()
+        os.kill(self.sup.pid, signal.SIGKILL)
+        self._mark_killed(self.sup)
+        self.sup.wait(10)
+        self.start_supervisor()
+        return Fault("supervisor_kill", list(victims), t, victims, note="workers left running")
+
+    def _f_host_reboot(self) -> Fault | None:
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        assert self.sup is not None
+        victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        t = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.sup.pid, signal.SIGKILL)
+        _, pids = self.monitor.worker_processes()
+        for plist in pids.values():
+            for pid in plist:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._mark_killed(self.sup)
+        self.sup.wait(10)
+        for pid in [p for plist in pids.values() for p in plist]:
+            self._wait_gone(pid)
+        self.boot_n += 1
+        self.boot_file.write_text(f"soak-boot-{self.boot_n}\n")
+        self.start_supervisor()
+        return Fault(
+            "host_reboot", list(victims), t, victims, note=f"boot id soak-boot-{self.boot_n}"
+        )
+
+    def _f_scale_light(self) -> Fault | None:
+        return self._scale("light")
+
+    def _f_scale_auto(self) -> Fault | None:
+        return self._scale("auto")
+
+    def _scale(self, mode: str) -> Fault:
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        t = time.monotonic()
+        done = self.rlsup("scale", "--mode", mode)
+        fault = Fault(f"scale_{mode}", list(victims), t, victims, note=done.stdout.strip())
+        if mode == "auto":  # back to the policy's modes, which incidents may have lowered
+            # One policy step (every 5 s) acts on what happened during the pin; its cooldown
+            # (300 s) then keeps the modes still while the workers restart.
+            time.sleep(6.0)
+            fault.auto_envs = self._auto_envs()
+            for g, envs in fault.auto_envs.items():
+                if envs == LIGHT_ENVS:  # the same sizes as the pin: no restart is due
+                    fault.victims.pop(g, None)
+        for pid in fault.victims.values():  # the mode change restarts them: let it land
+            self._wait_gone(pid, 60)
+        self.wait_all_healthy(60)
+        if done.returncode != 0:
+            fault.problems.append(
+                f"rlsup scale --mode {mode}: exit {done.returncode}: {done.stderr}"
+            )
+        return fault
+
+    def _auto_envs(self) -> dict[str, int]:
+        """num_envs of each game's automatic mode: the lighter of its own and the host's."""
+        envs = {"light": LIGHT_ENVS, "medium": MEDIUM_ENVS}
+        conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+        try:
+            rows = dict(conn.execute("SELECT scope, mode FROM modes").fetchall())
+        finally:
+            conn.close()
+        host = envs.get(rows.get("*", "medium"), MEDIUM_ENVS)
+        return {g: min(host, envs.get(rows.get(g, "medium"), MEDIUM_ENVS)) for g in self.game_names}
+
+    def _f_disk_full(self) -> Fault | None:
+        if self.tmpfs is None:
+            return Fault(
+                "disk_full",
+                [self.tmpfs_game],
+                time.monotonic(),
+                skipped=self.skipped.get("disk_full"),
+            )
+        game = self.tmpfs_game
+        deadline = time.monotonic() + 60
+        # Fill the disk under a worker that trains for the current supervisor: not a leftover
+        # of a killed supervisor, not one SIGSTOPped and about to be replaced.
+        while time.monotonic() < deadline and not (
+            self._healthy_not_stopped(game) and self._owned(game)
+        ):
+            time.sleep(0.3)
+        life = self.monitor.current(game)
+        if life is None or self._done(game):
+            return None
+        t = time.monotonic()
+        ballast = self.tmpfs / ".soak-ballast"
+        with contextlib.suppress(OSError), open(ballast, "wb") as f:
+            chunk = b"\0" * (1 << 20)
+            while True:
+                f.write(chunk)
+                f.flush()
+        st = os.statvfs(self.tmpfs)
+        fault = Fault(
+            "disk_full",
+            [game],
+            t,
+            {game: life.pid},
+            note=f"tmpfs full ({st.f_bavail * st.f_frsize} bytes free)",
+        )
+        full_s = max(8.0, 5 * self.s.checkpoint_every_s)
+        self.disk_full_until = t + full_s
+        self._disk_fault = fault
+        self._disk_timer = threading.Timer(full_s, self.restore_disk)
+        self._disk_timer.daemon = True
+        self._disk_timer.start()
+        return fault
+
+    def restore_disk(self) -> None:
+        """Space returns: grow the tmpfs (then drop the ballast)."""
+        with self._disk_lock:
+            if not self.disk_full_until or self.tmpfs is None:
+                return
+            subprocess.run(["mount", "-o", "remount,size=128M", str(self.tmpfs)], check=False)
+            if self._disk_fault is not None:
+                self._disk_fault.t_end = time.monotonic()
+            with contextlib.suppress(OSError):
+                (self.tmpfs / ".soak-ballast").unlink()
+            self.disk_full_until = 0.0
+
+    def _f_oom(self) -> Fault | None:
+        """Move a worker into a small memory cgroup (v2, else v1): the kernel OOM-kills it."""
+        game = self.pick_game()
+        if game is None:
+            return None
+        life = self.monitor.current(game)
+        if life is None:
+            return None
+        cg, why = self._make_memcg()
+        if cg is None:
+            self.skipped["oom"] = why
+            return Fault("oom", [game], time.monotonic(), skipped=why)
+        t = time.monotonic()
+        try:
+            (cg / "cgroup.procs").write_text(f"{life.pid}\n")
+        except OSError as exc:
+            why = f"cannot move pid {life.pid} into {cg}: {exc}"
+            self.skipped["oom"] = why
+            return Fault("oom", [game], t, skipped=why)
+        fault = Fault("oom", [game], t, {game: life.pid}, note=f"memory cgroup {cg}")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and psutil.pid_exists(life.pid):
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(life.pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            time.sleep(0.05)
+        kills = self._oom_kills(cg)
+        if psutil.pid_exists(life.pid) and not kills:
+            # not killed: give it back its memory and record the skip honestly
+            with contextlib.suppress(OSError):
+                (cg.parent / "cgroup.procs").write_text(f"{life.pid}\n")
+            fault.skipped = "the kernel did not OOM-kill the worker within 20 s"
+        else:
+            fault.note += f" (oom_kill count {kills})"
+        return fault
+
+    def _make_memcg(self) -> tuple[Path | None, str]:
+        name = f"rlsup-soak-oom-{os.getpid()}-{len(self.cgroups)}"
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        if v2.exists() and "memory" in v2.read_text():
+            cg = Path("/sys/fs/cgroup") / name
+            limit_file, limit = "memory.max", "8M"
+        elif Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
+            cg = Path("/sys/fs/cgroup/memory") / name
+            limit_file, limit = "memory.limit_in_bytes", str(8 << 20)
+        else:
+            return None, "no memory cgroup controller (neither cgroup v2 memory nor v1)"
+        try:
+            cg.mkdir()
+            self.cgroups.append(cg)
+            (cg / limit_file).write_text(limit)
+            if limit_file == "memory.limit_in_bytes":
+                with contextlib.suppress(OSError):
+                    (cg / "memory.memsw.limit_in_bytes").write_text(limit)
+        except OSError as exc:
+            return None, f"cannot create a memory cgroup at {cg}: {exc}"
+        return cg, ""
+
+    @staticmethod
+    def _oom_kills(cg: Path) -> int:
+        for name in ("memory.events", "memory.oom_control"):
+            with contextlib.suppress(OSError):
+                for line in (cg / name).read_text().splitlines():
+                    k, _, v = line.partition(" ")
+                    if k == "oom_kill":
+                        return int(v)
+        return 0

@@ -1,0 +1,199 @@
+"""The one table of fault kinds: how each is injected, which events must follow it, which
+invariants it is judged by, and how often the schedule draws it.
+
+To add a kind: an `_f_<kind>` injection in soak_faults.Injector, a row here; the engine's
+schedule, the analysis and the figures pick it up from this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.chaos.soak_analysis import Analyst, EventLog
+from tests.chaos.soak_faults import Fault, Injector
+
+Expect = Callable[[EventLog], list[tuple[str, bool]]]
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    inject: Callable[[Injector], Fault | None]
+    expect: Expect
+    """(event description, seen) pairs: each one not seen is a problem."""
+    invariants: Callable[[Analyst, Fault], None] = Analyst.recovered
+    """Adds the fault's problems: by default, its victims' replacements recovered in bound."""
+    opening: int = 1
+    """How often it is in the opening schedule (shuffled; every kind at least once)."""
+    filler: int = 0
+    """Its weight among the random faults that fill the rest of a schedule."""
+    long_filler: int = 0
+    """Its weight added on long schedules (more than 40 faults): the global faults recur."""
+    forbid: tuple[str, ...] = ()
+    """Events it must not cause while it lasts (Fault.event_ids): e.g. no worker taken for
+    hung while the state database is down."""
+
+
+def _crash(ev: EventLog) -> tuple[str, bool]:
+    return "worker_crash (of the victim pid)", ev.crash_of_victim(("worker_crash",))
+
+
+def _state_db(ev: EventLog) -> list[tuple[str, bool]]:
+    return [("state_db_unavailable", ev.has("state_db_unavailable", None))]
+
+
+def _clock_step(ev: EventLog) -> list[tuple[str, bool]]:
+    stopped = set(ev.fault.victims.values())
+
+    def found_them(e: dict[str, Any]) -> bool:
+        listed = set(e["detail"].get("leftover_workers_stopped") or [])
+        return e["detail"].get("after") == "supervisor_crash" and stopped <= listed
+
+    return [("supervisor_start stopping every frozen leftover", ev.has(
+        "supervisor_start", None, found_them))]  # fmt: skip
+
+
+def _pinned(mode: str) -> Expect:
+    return lambda ev: [
+        (
+            f"mode_pinned({mode})",
+            ev.has("mode_pinned", None, lambda e: e["detail"].get("mode") == mode),
+        )
+    ]
+
+
+KINDS: dict[str, FaultKind] = {
+    # A worker SIGKILLed, anywhere in its loop.
+    "kill": FaultKind(Injector._f_kill, lambda ev: [_crash(ev)], opening=2, filler=2),
+    # ... while a `.staging-*` checkpoint is being written.
+    "kill_staging": FaultKind(
+        Injector._f_kill_staging, lambda ev: [_crash(ev)], opening=2, filler=1
+    ),
+    # A worker SIGSTOPped and left so: the watchdog must call it hung and replace it.
+    "sigstop": FaultKind(
+        Injector._f_sigstop,
+        lambda ev: [
+            (
+                "worker_hang",
+                ev.has(
+                    "worker_hang",
+                    ev.game,
+                    lambda e: e["detail"].get("pid") == ev.fault.victims.get(ev.game or ""),
+                ),
+            )
+        ],
+        filler=1,
+    ),
+    # The supervisor SIGKILLed; its workers left running (the next one stops them first).
+    "supervisor_kill": FaultKind(
+        Injector._f_supervisor_kill,
+        lambda ev: [
+            (
+                "supervisor_start(after=supervisor_crash)",
+                ev.has(
+                    "supervisor_start",
+                    None,
+                    lambda e: e["detail"].get("after") == "supervisor_crash",
+                ),
+            )
+        ],
+        long_filler=1,
+    ),
+    # Everything SIGKILLed and a new boot id: a host reboot.
+    "host_reboot": FaultKind(
+        Injector._f_host_reboot,
+        lambda ev: [("host_reboot", ev.has("host_reboot", None))],
+        long_filler=1,
+    ),
+    # The newest checkpoint's learner truncated / one bit flipped before the replacement loads.
+    "corrupt_truncate": FaultKind(
+        Injector._f_corrupt_truncate,
+        lambda ev: [_crash(ev), ("checkpoint_corrupt", ev.has("checkpoint_corrupt", ev.game))],
+        filler=1,
+    ),
+    "corrupt_bitflip": FaultKind(
+        Injector._f_corrupt_bitflip,
+        lambda ev: [_crash(ev), ("checkpoint_corrupt", ev.has("checkpoint_corrupt", ev.game))],
+        filler=1,
+    ),
+    # One game's checkpoint filesystem full for a while (tmpfs).
+    "disk_full": FaultKind(
+        Injector._f_disk_full,
+        lambda ev: [("checkpoint_failed", ev.has("checkpoint_failed", ev.game))],
+        invariants=Analyst.disk_survived,
+        long_filler=1,
+    ),
+    # A worker moved into an 8 MiB memory cgroup: the kernel OOM-kills it.
+    "oom": FaultKind(
+        Injector._f_oom,
+        lambda ev: [
+            ("worker_crash|worker_oom", ev.crash_of_victim(("worker_crash", "worker_oom")))
+        ],
+        long_filler=1,
+    ),
+    # A bit flipped in a replay chunk several checkpoints share, with the worker dead ...
+    "replay_rot": FaultKind(
+        Injector._f_replay_rot,
+        lambda ev: [
+            _crash(ev),
+            ("replay_damaged(when=load)", ev.has("replay_damaged", ev.game, ev.damaged("load"))),
+        ],
+        filler=1,
+    ),
+    # ... and under the running worker (its next checkpoint must not link the rotten base).
+    "replay_rot_live": FaultKind(
+        Injector._f_replay_rot_live,
+        lambda ev: [
+            (
+                "replay_damaged(when=checkpoint)",
+                ev.has("replay_damaged", ev.game, ev.damaged("checkpoint")),
+            )
+        ],
+        filler=1,
+    ),
+    # EIO on every checkpoint read of one game for a while (the store's read seam).
+    "read_eio": FaultKind(
+        Injector._f_read_eio,
+        lambda ev: [
+            _crash(ev),
+            ("checkpoint_unreadable", ev.has("checkpoint_unreadable", ev.game)),
+        ],
+        filler=1,
+    ),
+    # SIGSEGV/SIGABRT/SIGBUS/SIGILL right after each of three resumes.
+    "crash_storm": FaultKind(
+        Injector._f_crash_storm,
+        lambda ev: [("worker_exit + worker_crash for every storm signal", ev.storm_crashes())],
+        filler=1,
+    ),
+    # A running game's env_id changed and reloaded (refused), then reverted (accepted).
+    "env_id_change": FaultKind(Injector._f_env_id_change, lambda ev: [], long_filler=1),
+    # The whole state dir full (SQLite, logs, heartbeats) for 10 s.
+    "state_disk_full": FaultKind(
+        Injector._f_state_disk_full,
+        lambda ev: [*_state_db(ev), ("write_failed", ev.has("write_failed", None))],
+        long_filler=1,
+        forbid=("worker_hang", "worker_crash", "worker_oom"),
+    ),
+    # The state database's write lock held by another process for 6 s.
+    "db_locked": FaultKind(
+        Injector._f_db_locked,
+        _state_db,
+        long_filler=1,
+        forbid=("worker_hang", "worker_crash", "worker_oom"),
+    ),
+    # The wall clock 5 min ahead while the supervisor is down and its workers frozen.
+    # Neither a reboot nor a hang may be taken for it.
+    "clock_step": FaultKind(
+        Injector._f_clock_step, _clock_step, long_filler=1, forbid=("host_reboot", "worker_hang")
+    ),
+    # An operator's pins: `rlsup scale --mode light` early, `--mode auto` later (placed by the
+    # schedule, not drawn).
+    "scale_light": FaultKind(
+        Injector._f_scale_light, _pinned("light"), invariants=Analyst.scaled, opening=0
+    ),
+    "scale_auto": FaultKind(
+        Injector._f_scale_auto, _pinned("auto"), invariants=Analyst.scaled, opening=0
+    ),
+}

@@ -1,0 +1,44 @@
+"""The soak's table of fault kinds, without running a soak: every kind is scheduled, and no kind
+can pass on an empty event log (each expects something, or checks inline in its injection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.soak_analysis import EventLog
+from tests.chaos.soak_engine import KINDS, Soak, SoakSettings
+from tests.chaos.soak_faults import Fault
+
+# Judged inline by its injection (the refused and the accepted reload), not by later events.
+INLINE = {"env_id_change"}
+
+
+@pytest.mark.parametrize("phase_s", [200.0, 3510.0])
+def test_every_kind_is_scheduled_and_pins_come_in_order(tmp_path: Path, phase_s: float) -> None:
+    soak = Soak(SoakSettings(workdir=tmp_path, fault_phase_s=phase_s, min_faults=20))
+    plan = soak.schedule()
+    assert set(plan) == set(KINDS)
+    assert plan.index("scale_light") < plan.index("scale_auto")
+    assert len(plan) >= 20
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_no_kind_survives_an_empty_event_log(name: str) -> None:
+    fault = Fault(name, ["g"], 0.0, victims={"g": 12345}, event_ids=(0, 10))
+    fault.storm = {12345: 11} if name == "crash_storm" else {}
+    fault.damaged_file = "replay/frames-000001.bin"
+    seen = [ok for _, ok in KINDS[name].expect(EventLog([], fault, since=0.0))]
+    if name in INLINE:
+        assert seen == []
+    else:
+        assert seen and not all(seen), f"{name} would pass with no events at all"
+
+
+def test_a_forbidden_event_during_the_fault_is_a_problem() -> None:
+    fault = Fault("db_locked", [], 0.0, event_ids=(0, 10))
+    hang = {"id": 5, "kind": "worker_hang", "game": "g", "ts": 1.0, "detail": {}}
+    log = EventLog([hang], fault, since=0.0)
+    assert log.during(KINDS["db_locked"].forbid) == ["worker_hang g"]
+    assert log.during(KINDS["kill"].forbid) == []
