@@ -133,6 +133,7 @@ class Analyst:
     skipped: dict[str, str]
     game_names: list[str]
     wall_s: float
+    t0: float
 
     if TYPE_CHECKING:  # the engine's own
 
@@ -232,7 +233,7 @@ class Analyst:
             elif not (rep.first_step is not None and rep.first_step >= gdef.total_steps):
                 f.problems.append(f"{game}: replacement pid {rep.pid} never moved global_step")
             resumed = rep.resumed_from_step
-            before = self.monitor.committed_steps(game, before=rep.first_seen)
+            before = self.monitor.committed_steps(game, before=rep.started)
             valid_before = [s for s in before if s not in self.corrupted[game]]
             committed = valid_before[-1] if valid_before else None
             if game in f.expect_resume:
@@ -299,9 +300,6 @@ class Analyst:
         if life is None:
             f.problems.append(f"{game}: no worker during disk_full")
             return
-        in_window = [s for s, t in self.monitor.committed[game].items() if f.t + 0.5 < t <= end]
-        if in_window:
-            f.problems.append(f"{game}: checkpoints {in_window} committed on a full disk?")
         if life.checkpoint_failures < 1:
             f.problems.append(f"{game}: heartbeat checkpoint_failures stayed 0 on a full disk")
         moved = [s for t, s in life.steps if f.t <= t <= end]
@@ -320,11 +318,11 @@ class Analyst:
         """Every invariant as (message) for each violation; empty = nothing lost."""
         self.analyse()
         out: list[str] = []
-        n = len([f for f in self.faults if not f.skipped])
+        n = self.injected()
         if n < self.s.min_faults:
             out.append(f"only {n} faults injected (at least {self.s.min_faults} planned)")
         for f in self.faults:
-            out += [f"fault {f.kind}: {p}" for p in f.problems]
+            out += [f"fault [{f.n}] {f.kind} at t={f.t - self.t0:.0f}s: {p}" for p in f.problems]
         if self.final_rc != 0:
             out.append(f"the last `rlsup run --exit-when-done` exited {self.final_rc} (want 0)")
         for proc, killed in self.sups:
@@ -364,6 +362,9 @@ class Analyst:
             out.append(f"worker processes left running after the end: {pids}")
         out += self._verified_checkpoints_kept()
         return out
+
+    def injected(self) -> int:
+        return sum(1 for f in self.faults if not f.skipped)
 
     def _verified_checkpoints_kept(self) -> list[str]:
         """No checkpoint whose bytes verify is ever quarantined, or deleted but by retention

@@ -79,6 +79,7 @@ class Soak(Injector, Analyst):
         self.disk_full_until: float = 0.0
         self._disk_fault: Fault | None = None
         self._disk_timer: threading.Timer | None = None
+        self._filler = None
         self._disk_lock = threading.Lock()
         self.corrupted: dict[str, set[int]] = {g: set() for g in self.game_names}
         self.t0 = time.monotonic()
@@ -165,6 +166,8 @@ class Soak(Injector, Analyst):
         """Kill what is left, unmount, remove cgroups: always, whatever happened."""
         if self._disk_timer is not None:
             self._disk_timer.cancel()
+        if self._filler is not None:
+            self._filler.stop()
         for proc, _ in self.sups:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
@@ -261,7 +264,7 @@ class Soak(Injector, Analyst):
                 f"soak: {len(plan)} faults planned over ~{self.s.fault_phase_s:.0f} s", flush=True
             )
             for i, kind in enumerate(plan):
-                if time.monotonic() > deadline and len(self.faults) >= self.s.min_faults:
+                if time.monotonic() > deadline and self.injected() >= self.s.min_faults:
                     if "scale_auto" not in [f.kind for f in self.faults] and any(
                         f.kind == "scale_light" for f in self.faults
                     ):
@@ -272,6 +275,7 @@ class Soak(Injector, Analyst):
                     break
                 fault = self.kinds[kind].inject(self)
                 if fault is not None:
+                    fault.n = i + 1
                     self.faults.append(fault)
                     print(
                         f"soak: [{i + 1:3d}] t={fault.t - t_start:6.1f}s {fault.kind:17s} "

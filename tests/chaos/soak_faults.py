@@ -19,11 +19,13 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import MANIFEST_NAME, STAGING_PREFIX, ckpt_name, ckpt_step
 from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
 from tests.chaos.soak_monitor import Monitor, WorkerLife
@@ -46,6 +48,15 @@ class Fault:
         default_factory=dict
     )  # game -> step when killed mid-write
     skipped: str | None = None
+    n: int = 0  # its place in the schedule
+    # state_disk_full / db_locked: did the supervisor log a write failure in the window (an
+    # outage)? Then a state_db_unavailable event must say so. (A database whose WAL has room
+    # writes on through a full disk: no outage, nothing to report.)
+    window_wall: tuple[float, float] | None = None
+    db_outage: bool = True
+    # replay_rot_live: did the worker write into the flipped chunk before its next checkpoint?
+    # Then that checkpoint rewrites it from memory anyway: no comparison, no damage to report.
+    chunk_rewritten: bool = False
     recovery_s: float | None = None
     redone_steps: int | None = None
     survived: bool = True
@@ -53,6 +64,41 @@ class Fault:
     # crash_storm: the replacements killed right after their resume (not "the replacement")
     storm: dict[int, int] = field(default_factory=dict)  # pid -> signal
     t_storm_end: float | None = None
+
+
+class Filler:
+    """Keeps a filesystem full: a ballast file to the last page, then a thread that takes back
+    within ~20 ms any space freed meanwhile (a failed checkpoint's staging removed, retention
+    deleting an old one), as the other writers of a really full disk would."""
+
+    def __init__(self, directory: Path) -> None:
+        self.files = [directory / ".soak-ballast", directory / ".soak-ballast-tail"]
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._keep, daemon=True, name="soak-filler")
+
+    def start(self) -> None:
+        for path, block in zip(self.files, (1 << 20, 4096), strict=True):
+            self._append(path, block)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        for path in self.files:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _keep(self) -> None:
+        while not self._halt.wait(0.02):
+            self._append(self.files[1], 4096)
+
+    @staticmethod
+    def _append(path: Path, block: int) -> None:
+        with contextlib.suppress(OSError), open(path, "ab") as f:
+            while True:
+                f.write(b"\0" * block)
+                f.flush()
 
 
 class Injector:
@@ -80,6 +126,7 @@ class Injector:
     disk_full_until: float
     _disk_fault: Fault | None
     _disk_timer: threading.Timer | None
+    _filler: Filler | None
     _disk_lock: threading.Lock
     corrupted: dict[str, set[int]]
 
@@ -317,15 +364,31 @@ class Injector:
             later = [s for s in self.monitor.committed_steps(game) if s > after]
             if later:
                 self._verify_committed(game, later[0], fault)
+                fault.chunk_rewritten = self._chunk_written(newest, later[0], chunk)
+                if fault.chunk_rewritten:
+                    fault.note += " (then written by the worker: rewritten, nothing to compare)"
                 return fault
             time.sleep(0.1)
         if not self._done(game):
             fault.problems.append(f"{game}: no checkpoint committed after the bit flip")
         return fault
 
-    def _verify_committed(self, game: str, step: int, fault: Fault) -> None:
-        from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
+    def _chunk_written(self, before: Path, step: int, chunk: Path) -> bool:
+        """Did the buffer's write index pass through `chunk` between the snapshot of checkpoint
+        `before` and that of checkpoint `step`? (True when it cannot tell.)"""
+        try:
+            m0 = json.loads((before / "replay" / "meta.json").read_text())
+            after = before.parent / ckpt_name(step) / "replay" / "meta.json"
+            m1 = json.loads(after.read_text())
+        except (OSError, ValueError):
+            return True
+        cap, slots = int(m0["capacity"]), int(m0["chunk_slots"])
+        t0, t1 = int(m0["t"]), int(m1["t"])
+        c = int(chunk.stem.split("-")[1])
+        lo, hi = c * slots, (c + 1) * slots
+        return any(lo <= i % cap < hi for i in range(t0, min(t1, t0 + cap)))
 
+    def _verify_committed(self, game: str, step: int, fault: Fault) -> None:
         path = self.monitor.run_dir(game) / "checkpoints" / ckpt_name(step)
         try:
             CheckpointStore(path.parent).verify(CheckpointRef(path, step))
@@ -459,6 +522,10 @@ class Injector:
         self.wait_disk()
         self.wait_all_healthy(40)
         games = [g for g in self.game_names if not self._done(g)]
+        # Workers of the current supervisor only: a leftover of a killed one is about to be
+        # stopped, which is that fault's recovery, not this one's.
+        if not self._wait_for(lambda: all(self._owned(g) for g in games), 60):
+            return None
         lives = {g: lf for g in games if (lf := self.monitor.current(g)) is not None}
         if any(lf.max_step > 0.8 * self._total(g) for g, lf in lives.items()):
             return None  # a game would finish (its final checkpoint fails): not this fault
@@ -466,9 +533,10 @@ class Injector:
         sup_pid = self.sup.pid
         steps = {g: lf.max_step for g, lf in lives.items()}
         first_id = self._last_event_id()
-        t = time.monotonic()
+        t, t_wall = time.monotonic(), time.time()
+        filler = Filler(self.state)
         with self._disk_lock:
-            self._fill(self.state)
+            filler.start()
         full_s = 10.0
         time.sleep(full_s)
         fault = Fault("state_disk_full", list(lives), t, note=f"state dir full for {full_s:g} s")
@@ -479,14 +547,11 @@ class Injector:
             elif now.max_step <= steps[g]:
                 fault.problems.append(f"{g}: training did not go on while the state dir was full")
         with self._disk_lock:
-            for name in (".soak-ballast", ".soak-ballast-tail"):
-                with contextlib.suppress(OSError):
-                    (self.state / name).unlink()
+            filler.stop()
         fault.t_end = time.monotonic()
         if self.sup.poll() is not None or self.sup.pid != sup_pid:
             fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a full state dir")
-        if not self._wait_for(lambda: self._event_since("state_db_unavailable", t), 60):
-            fault.problems.append("no state_db_unavailable event after space returned")
+        self._judge_outage(fault, t_wall, time.time(), "after space returned")
         for g in lives:
             committed = self._wait_for(lambda g=g: self._committed_since(g, fault.t_end), 60)
             if not committed and not self._done(g):
@@ -494,15 +559,44 @@ class Injector:
         fault.event_ids = (first_id, self._last_event_id())
         return fault
 
-    def _fill(self, directory: Path) -> None:
-        with contextlib.suppress(OSError), open(directory / ".soak-ballast", "wb") as f:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        with contextlib.suppress(OSError), open(directory / ".soak-ballast-tail", "wb") as f:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
+    def _judge_outage(self, fault: Fault, t0: float, t1: float, when: str) -> None:
+        """An outage the supervisor logged in [t0, t1] (wall clock) must become a
+        state_db_unavailable event whose `since` lies in it; no outage logged, none expected."""
+        fault.window_wall = (t0 - 1.0, t1 + 1.0)
+        fault.db_outage = self._outage_logged(*fault.window_wall)
+        if not fault.db_outage:
+            fault.note += " (no database write failed: nothing to report)"
+            return
+        if not self._wait_for(lambda: self._outage_recorded(*fault.window_wall), 90):
+            fault.problems.append(f"no state_db_unavailable event for the outage {when}")
+
+    def _outage_logged(self, t0: float, t1: float) -> bool:
+        """The supervisor's log says a database write failed (`state_db_unavailable`) in
+        [t0, t1]."""
+        try:
+            lines = (self.state.parent / "supervisor.log").read_text(errors="replace")
+        except OSError:
+            return True  # cannot tell: expect the event
+        for line in lines.splitlines():
+            if '"event": "state_db_unavailable"' not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError):
+                stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
+                if t0 <= datetime.fromisoformat(stamp).timestamp() <= t1:
+                    return True
+        return False
+
+    def _outage_recorded(self, t0: float, t1: float) -> bool:
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                rows = conn.execute(
+                    "SELECT detail FROM events WHERE kind = 'state_db_unavailable'"
+                ).fetchall()
+            finally:
+                conn.close()
+            return any(t0 <= float(json.loads(r[0]).get("since", 0)) <= t1 for r in rows)
+        return False
 
     def _total(self, game: str) -> int:
         return next(g.total_steps for g in self.s.games if g.name == game)
@@ -517,7 +611,7 @@ class Injector:
         self.wait_all_healthy(40)
         assert self.sup is not None
         first_id = self._last_event_id()
-        t = time.monotonic()
+        t, t_wall = time.monotonic(), time.time()
         locker = sqlite3.connect(self.state / "rlsup.db", isolation_level=None, timeout=30)
         try:
             locker.execute("BEGIN EXCLUSIVE")
@@ -529,8 +623,7 @@ class Injector:
         fault = Fault("db_locked", [], t, note="BEGIN EXCLUSIVE held for 6 s")
         if self.sup.poll() is not None:
             fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a locked db")
-        if not self._wait_for(lambda: self._event_since("state_db_unavailable", t), 30):
-            fault.problems.append("no state_db_unavailable event after the lock was released")
+        self._judge_outage(fault, t_wall, time.time(), "after the lock was released")
         fault.event_ids = (first_id, self._last_event_id())
         return fault
 
@@ -682,12 +775,8 @@ class Injector:
         if life is None or self._done(game):
             return None
         t = time.monotonic()
-        ballast = self.tmpfs / ".soak-ballast"
-        with contextlib.suppress(OSError), open(ballast, "wb") as f:
-            chunk = b"\0" * (1 << 20)
-            while True:
-                f.write(chunk)
-                f.flush()
+        self._filler = Filler(self.tmpfs)
+        self._filler.start()
         st = os.statvfs(self.tmpfs)
         fault = Fault(
             "disk_full",
@@ -709,12 +798,38 @@ class Injector:
         with self._disk_lock:
             if not self.disk_full_until or self.tmpfs is None:
                 return
+            if self._filler is not None:
+                self._filler.stop()
+                self._filler = None
             subprocess.run(["mount", "-o", "remount,size=128M", str(self.tmpfs)], check=False)
-            if self._disk_fault is not None:
-                self._disk_fault.t_end = time.monotonic()
-            with contextlib.suppress(OSError):
-                (self.tmpfs / ".soak-ballast").unlink()
+            fault = self._disk_fault
+            if fault is not None:
+                fault.t_end = time.monotonic()
             self.disk_full_until = 0.0
+        if fault is not None:
+            self._verify_window_commits(fault)
+
+    def _verify_window_commits(self, fault: Fault) -> None:
+        """A checkpoint may commit while the disk is "full" (space freed by its own failed
+        staging or by retention, in the moment before the filler takes it back): what must
+        never happen is one committed that is not whole. Checked now, while it exists."""
+        game, end = fault.games[0], fault.t_end or fault.t
+        root = self.monitor.run_dir(game) / "checkpoints"
+        with self.monitor.lock:
+            steps = [s for s, t in self.monitor.committed[game].items() if fault.t < t <= end]
+        for step in steps:
+            for _ in range(2):  # a second look: retention may be deleting it just now
+                path = root / ckpt_name(step)
+                if not path.is_dir():
+                    break
+                try:
+                    CheckpointStore(root).verify(CheckpointRef(path, step))
+                    break
+                except CheckpointError as exc:
+                    problem = f"{game}: {ckpt_name(step)}, committed on a full disk: {exc}"
+                time.sleep(0.5)
+            else:
+                fault.problems.append(problem)
 
     def _f_oom(self) -> Fault | None:
         """Move a worker into a small memory cgroup (v2, else v1): the kernel OOM-kills it."""

@@ -40,7 +40,12 @@ def _crash(ev: EventLog) -> tuple[str, bool]:
 
 
 def _state_db(ev: EventLog) -> list[tuple[str, bool]]:
-    return [("state_db_unavailable", ev.has("state_db_unavailable", None))]
+    """The outage the supervisor logged in the window, as an event dated in it (the injection
+    found whether there was one: a database whose WAL has room writes on through a full disk)."""
+    window = ev.fault.window_wall or (ev.since, float("inf"))
+    recorded = ev.has("state_db_unavailable", None, lambda e: window[0] <= float(
+        e["detail"].get("since", 0)) <= window[1])  # fmt: skip
+    return [("state_db_unavailable (in the window)", recorded or not ev.fault.db_outage)]
 
 
 def _clock_step(ev: EventLog) -> list[tuple[str, bool]]:
@@ -147,7 +152,8 @@ KINDS: dict[str, FaultKind] = {
         lambda ev: [
             (
                 "replay_damaged(when=checkpoint)",
-                ev.has("replay_damaged", ev.game, ev.damaged("checkpoint")),
+                ev.fault.chunk_rewritten
+                or ev.has("replay_damaged", ev.game, ev.damaged("checkpoint")),
             )
         ],
         filler=1,
@@ -172,7 +178,17 @@ KINDS: dict[str, FaultKind] = {
     # The whole state dir full (SQLite, logs, heartbeats) for 10 s.
     "state_disk_full": FaultKind(
         Injector._f_state_disk_full,
-        lambda ev: [*_state_db(ev), ("write_failed", ev.has("write_failed", None))],
+        lambda ev: [
+            *_state_db(ev),
+            (
+                "write_failed (a worker's write, in the window)",
+                ev.has(
+                    "write_failed",
+                    None,
+                    lambda e: e["ts"] <= (ev.fault.window_wall or (0, 1e12))[1] + 5,
+                ),
+            ),
+        ],
         long_filler=1,
         forbid=("worker_hang", "worker_crash", "worker_oom"),
     ),

@@ -24,7 +24,8 @@ class WorkerLife:
 
     game: str
     pid: int
-    first_seen: float
+    first_seen: float  # its first heartbeat seen (late when heartbeats fail: a full disk)
+    started: float = 0.0  # its process's start (monotonic): what was committed before it counts
     resumed_from_step: int | None = None
     quarantined: list[str] = field(default_factory=list)
     num_envs: int = 0
@@ -144,7 +145,7 @@ class Monitor(threading.Thread):
         with self.lock:
             life = self.lives.get((game, pid))
             if life is None:
-                life = self.lives[(game, pid)] = WorkerLife(game, pid, now)
+                life = self.lives[(game, pid)] = WorkerLife(game, pid, now, process_start(pid, now))
             life.last_seen = now
             step = int(hb.get("global_step") or 0)
             if hb.get("phase") in ("training", "checkpointing", "stopping"):
@@ -209,3 +210,15 @@ class Monitor(threading.Thread):
             return sorted(
                 (lf for lf in self.lives.values() if lf.game == game), key=lambda lf: lf.first_seen
             )
+
+
+def process_start(pid: int, default: float) -> float:
+    """When `pid` started, on the monotonic clock (its start ticks since boot; no wall clock,
+    which the soak steps); `default` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return default
+    since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return min(default, time.monotonic() - since_start)
