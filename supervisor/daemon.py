@@ -49,7 +49,13 @@ from supervisor.restart import (
 )
 from supervisor.runtime import GameRuntime, WorkerLife, reconcile, summary
 from supervisor.sdnotify import Notifier
-from supervisor.startup import restore_states, start_events, stop_leftover_workers, supervisor_row
+from supervisor.startup import (
+    restore_states,
+    start_events,
+    stop_leftover_workers,
+    supervisor_row,
+    unrecorded_reports,
+)
 from supervisor.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
 from supervisor.waker import Waker
 from training import protocol
@@ -173,8 +179,9 @@ class Supervisor:
         boot_time = psutil.boot_time()
         self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time))
         leftovers = []
+        worker_rows = db.workers(self.conn)
         if outcome.same_boot:  # a new supervisor: stop our workers still alive BEFORE any start
-            leftovers = stop_leftover_workers(db.workers(self.conn), self.cfg, self.notifier)
+            leftovers = stop_leftover_workers(worker_rows, self.cfg, self.notifier)
         host_mode = modes.resume_host_mode(
             self.conn, self.cfg, self.steady(), write=self.journal.write
         )
@@ -187,6 +194,9 @@ class Supervisor:
         self.journal.write(lambda c: db.set_supervisor(c, **row))
         for kind, detail in start_events(outcome, leftovers, self.cfg.path, host_mode):
             self.event(kind, None, detail)
+        for game, kind, detail in unrecorded_reports(self.conn, worker_rows, self.cfg.run_dir):
+            self.event(kind, game, detail)
+            log.warning(kind, game=game, **detail)
         log.info(
             "supervisor_start",
             after=outcome.kind,

@@ -7,6 +7,7 @@ nothing here reads files, signals or writes. `Liveness` belongs to one worker pr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +87,9 @@ def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]
     """The (event kind, detail) of what `hb` reports for the first time; marks them seen.
 
     Quarantined checkpoints, failed checkpoint writes, damaged replay chunks, and the first
-    failed write of each kind of file (a full disk under the run dir or the log)."""
+    failed write of each kind of file (a full disk under the run dir or the log). Each detail
+    names the reporting worker's `pid`: a successor supervisor tells by it what its
+    predecessor recorded (`reported_from_events`)."""
     out: list[tuple[str, dict[str, Any]]] = []
     for name in hb.quarantined:
         if name not in seen.quarantined:
@@ -112,4 +115,26 @@ def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]
         if failures and kind not in seen.write_failures:
             seen.write_failures.add(kind)
             out.append(("write_failed", {"file": kind, "failures": failures}))
-    return out
+    return [(kind, {**detail, "pid": hb.pid}) for kind, detail in out]
+
+
+REPORT_KINDS = ("checkpoint_corrupt", "checkpoint_failed", "replay_damaged", "write_failed")
+
+
+def reported_from_events(pid: int, events: Iterable[tuple[str, dict[str, Any]]]) -> Reported:
+    """What of worker `pid`'s reports the (kind, detail) events already hold (those whose
+    detail names the pid): the inverse of `new_reports`, for a supervisor that takes over
+    from one that died between a worker's report and its event."""
+    seen = Reported()
+    for kind, d in events:
+        if d.get("pid") != pid:
+            continue
+        if kind == "checkpoint_corrupt":
+            seen.quarantined.add(str(d.get("checkpoint")))
+        elif kind == "checkpoint_failed":
+            seen.checkpoint_failures = max(seen.checkpoint_failures, int(d.get("failures") or 0))
+        elif kind == "replay_damaged":
+            seen.replay_damage += 1
+        elif kind == "write_failed":
+            seen.write_failures.add(str(d.get("file")))
+    return seen

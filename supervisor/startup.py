@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ import psutil  # type: ignore[import-untyped]
 import structlog
 
 from checkpoints.names import newest_step
+from supervisor import db
 from supervisor.config import Config
 from supervisor.db import BootOutcome
 from supervisor.launcher import find_leftover, start_ticks, stop_leftovers
+from supervisor.liveness import REPORT_KINDS, new_reports, reported_from_events
 from supervisor.runtime import GameRuntime
 from supervisor.sdnotify import Notifier, systemd_unit
 from supervisor.states import WorkerState
@@ -76,6 +79,31 @@ def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Not
     notifier.extend_timeout(cfg.stop_grace_s + 30, "stopping leftover workers")
     log.warning("leftover_workers", pids=[p.pid for p in procs])
     return stop_leftovers(procs, cfg.stop_grace_s)
+
+
+def unrecorded_reports(
+    conn: sqlite3.Connection, rows: list[dict[str, Any]], run_dir: Callable[[str], Path]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(game, kind, detail) of what the previous supervisor's workers reported in their last
+    heartbeat and it never turned into an event: it died in between (a damaged replay chunk
+    found at load, a quarantined checkpoint, a failed write). Read once those workers are
+    stopped, before any new worker overwrites the heartbeat; dedup by the pid each report
+    event names (its newest `_CATCH_UP_WINDOW` events of the game)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for row in rows:
+        hb = protocol.read_heartbeat(run_dir(row["game"]))
+        if hb is None or row.get("pid") is None or hb.pid != row["pid"]:
+            continue
+        recorded = db.events(
+            conn, game=row["game"], kind=list(REPORT_KINDS), limit=_CATCH_UP_WINDOW
+        )
+        seen = reported_from_events(hb.pid, ((e.kind, e.detail) for e in recorded))
+        for kind, detail in new_reports(seen, hb):
+            out.append((row["game"], kind, {**detail, "caught_up": True}))
+    return out
+
+
+_CATCH_UP_WINDOW = 500
 
 
 def restore_states(

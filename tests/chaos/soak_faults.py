@@ -29,6 +29,7 @@ from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import MANIFEST_NAME, STAGING_PREFIX, ckpt_name, ckpt_step
 from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
 from tests.chaos.soak_monitor import Monitor, WorkerLife
+from training.protocol import read_heartbeat
 
 
 @dataclass
@@ -340,6 +341,39 @@ class Injector:
             return fault
         fault.note = self._flip_bit(chunk, self.rng) + f" (nlink {os.stat(chunk).st_nlink})"
         fault.damaged_file = f"replay/{chunk.name}"
+        return fault
+
+    def _f_report_lost(self) -> Fault | None:
+        """A replay_rot whose report dies with the supervisor: it is stopped (SIGSTOP) as soon
+        as it has spawned the replacement and SIGKILLed once that worker's heartbeat reports
+        the damaged chunk, so no event records it. Its successor must, from that heartbeat."""
+        game = self.DQN_GAME
+        fault = self._f_replay_rot()
+        if fault is None or fault.kind != "replay_rot" or self.sup is None:
+            return fault
+        fault.kind = "report_lost"
+        old, sup = fault.victims[game], self.sup
+
+        def replacement() -> int | None:
+            pids = self.monitor.worker_processes()[1].get(game) or []
+            return next((p for p in pids if p != old), None)
+
+        pid = self._wait_for(replacement, 30)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sup.pid, signal.SIGSTOP)
+
+        def reported() -> bool:
+            hb = read_heartbeat(self.monitor.run_dir(game))
+            return hb is not None and hb.pid == pid and bool(hb.replay_damage)
+
+        if pid is None or not self._wait_for(reported, 60):
+            fault.problems.append(f"{game}: replacement {pid} never reported the damaged chunk")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sup.pid, signal.SIGKILL)
+        self._mark_killed(sup)
+        sup.wait(10)
+        self.start_supervisor()
+        fault.note += f"; supervisor killed before recording pid {pid}'s report"
         return fault
 
     def _f_replay_rot_live(self) -> Fault | None:

@@ -39,6 +39,12 @@ def _crash(ev: EventLog) -> tuple[str, bool]:
     return "worker_crash (of the victim pid)", ev.crash_of_victim(("worker_crash",))
 
 
+def _after_crash(ev: EventLog) -> tuple[str, bool]:
+    return "supervisor_start(after=supervisor_crash)", ev.has(
+        "supervisor_start", None, lambda e: e["detail"].get("after") == "supervisor_crash"
+    )
+
+
 def _state_db(ev: EventLog) -> list[tuple[str, bool]]:
     """The outage the supervisor logged in the window, as an event dated in it (the injection
     found whether there was one: a database whose WAL has room writes on through a full disk)."""
@@ -93,16 +99,7 @@ KINDS: dict[str, FaultKind] = {
     # The supervisor SIGKILLed; its workers left running (the next one stops them first).
     "supervisor_kill": FaultKind(
         Injector._f_supervisor_kill,
-        lambda ev: [
-            (
-                "supervisor_start(after=supervisor_crash)",
-                ev.has(
-                    "supervisor_start",
-                    None,
-                    lambda e: e["detail"].get("after") == "supervisor_crash",
-                ),
-            )
-        ],
+        lambda ev: [_after_crash(ev)],
         long_filler=1,
     ),
     # Everything SIGKILLed and a new boot id: a host reboot.
@@ -143,6 +140,19 @@ KINDS: dict[str, FaultKind] = {
         lambda ev: [
             _crash(ev),
             ("replay_damaged(when=load)", ev.has("replay_damaged", ev.game, ev.damaged("load"))),
+        ],
+        filler=1,
+    ),
+    # ... and with the supervisor killed between the replacement's report and its event.
+    "report_lost": FaultKind(
+        Injector._f_report_lost,
+        lambda ev: [
+            _crash(ev),
+            (
+                "replay_damaged(when=load), recorded by the successor",
+                ev.has("replay_damaged", ev.game, ev.damaged("load")),
+            ),
+            _after_crash(ev),
         ],
         filler=1,
     ),

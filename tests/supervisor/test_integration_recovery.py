@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import threading
@@ -112,10 +113,19 @@ def test_supervisor_crash_and_host_reboot_lose_nothing(tmp_path: Path) -> None:
             kill_quietly(pid)
         sup.wait()
         committed = {g: committed_step(state, g) for g in GAMES}
+        # The power went between a worker's report and the supervisor's event for it: alpha's
+        # last heartbeat says it dropped a damaged replay chunk; no event records that yet.
+        hb_file = state / "runs" / "alpha" / "heartbeat.json"
+        last = json.loads(hb_file.read_text())
+        damage = {"checkpoint": "ckpt-x", "when": "load", "files": ["replay/frames-000001.bin"]}
+        hb_file.write_text(json.dumps(last | {"replay_damage": [damage]}))
+        assert not events(state, "replay_damaged")
         (tmp_path / "boot_id").write_text("boot-2\n")
         done = rlsup("run", "--config", str(config), "--exit-when-done", env=env, timeout=200)
         assert done.returncode == 0, done.stderr[-3000:]
 
+        caught = events(state, "replay_damaged", "alpha")
+        assert [e["detail"] for e in caught] == [damage | {"pid": last["pid"], "caught_up": True}]
         reboot = events(state, "host_reboot")
         assert len(reboot) == 1 and reboot[0]["detail"]["downtime_s"] >= 0
         assert reboot[0]["detail"]["previous_boot_id"] == "boot-1"

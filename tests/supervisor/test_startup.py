@@ -1,0 +1,74 @@
+"""A supervisor's start catches up on what its predecessor's workers reported and it never
+recorded (it died between the heartbeat and the event): real SQLite, real heartbeat files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from supervisor import db
+from supervisor.liveness import Reported, new_reports, reported_from_events
+from supervisor.startup import unrecorded_reports
+from training.protocol import HEARTBEAT_FILE, Heartbeat
+
+DAMAGE = {
+    "checkpoint": "ckpt-000000005120",
+    "when": "load",
+    "files": ["replay/frames-000002.bin"],
+    "transitions_dropped": 512,
+}
+
+
+def _heartbeat(run: Path, pid: int, **kw: object) -> Heartbeat:
+    hb = Heartbeat(
+        seq=7, pid=pid, phase="training", phase_deadline_s=30.0, global_step=6000,
+        total_steps=10**6, episodes=3, sps=100.0, mean_return=None, last_checkpoint_step=5120,
+        resumed_from_step=5120, num_envs=4, batch_size=32, device="cpu", gpu_mem_mb=None,
+        **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+    run.mkdir(parents=True, exist_ok=True)
+    (run / HEARTBEAT_FILE).write_text(json.dumps(hb.to_json()))
+    return hb
+
+
+def test_reported_from_events_inverts_new_reports() -> None:
+    hb = Heartbeat(
+        seq=1, pid=41, phase="training", phase_deadline_s=30.0, global_step=1, total_steps=9,
+        episodes=0, sps=0.0, mean_return=None, last_checkpoint_step=None, resumed_from_step=None,
+        num_envs=1, batch_size=1, device="cpu", gpu_mem_mb=None, quarantined=["ckpt-1 (bad)"],
+        checkpoint_failures=2, replay_damage=[DAMAGE], write_failures={"progress": 3},
+    )  # fmt: skip
+    first = new_reports(Reported(), hb)
+    assert {k for k, _ in first} == {
+        "checkpoint_corrupt", "checkpoint_failed", "replay_damaged", "write_failed",
+    }  # fmt: skip
+    assert all(d["pid"] == 41 for _, d in first), "each report names its worker"
+    assert new_reports(reported_from_events(41, first), hb) == [], "all of them recorded"
+    assert len(new_reports(reported_from_events(42, first), hb)) == 4, "another worker's"
+    some = [(k, d) for k, d in first if k != "replay_damaged"]
+    assert [k for k, _ in new_reports(reported_from_events(41, some), hb)] == ["replay_damaged"]
+
+
+def test_start_records_a_report_the_dead_supervisor_never_did(tmp_path: Path) -> None:
+    conn = db.connect(tmp_path, owner=True)
+    run_dir = lambda g: tmp_path / "runs" / g  # noqa: E731
+    with db.transaction(conn):
+        db.upsert_worker(conn, "dqn", state="running", pid=41, pid_create_time=1.0)
+        db.upsert_worker(conn, "ppo", state="running", pid=52, pid_create_time=1.0)
+        db.upsert_worker(conn, "gone", state="running", pid=63, pid_create_time=1.0)
+    _heartbeat(run_dir("dqn"), 41, replay_damage=[DAMAGE])
+    _heartbeat(run_dir("ppo"), 99, replay_damage=[DAMAGE])  # a newer worker's: not ours
+    rows = db.workers(conn)
+
+    caught = unrecorded_reports(conn, rows, run_dir)
+    assert caught == [("dqn", "replay_damaged", {**DAMAGE, "pid": 41, "caught_up": True})]
+
+    # Recorded once (by the dead supervisor, or by this catch-up): never again.
+    for game, kind, detail in caught:
+        with db.transaction(conn):
+            db.add_event(conn, kind, game, detail, 2.0, 2.0)
+    assert unrecorded_reports(conn, rows, run_dir) == []
+    # A second damage report from the same worker is still new.
+    _heartbeat(run_dir("dqn"), 41, replay_damage=[DAMAGE, {**DAMAGE, "when": "checkpoint"}])
+    assert [d["when"] for _, _, d in unrecorded_reports(conn, rows, run_dir)] == ["checkpoint"]
+    conn.close()
