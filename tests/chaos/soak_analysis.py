@@ -173,6 +173,7 @@ class Analyst:
                 life.first_seen > f.t
                 and life.pid != victim
                 and life.pid not in f.storm  # killed right after its resume by the storm
+                and life.pid != f.reporter  # stopped as a leftover once it reported
                 and life.first_step is not None
             ):
                 return life
@@ -220,12 +221,13 @@ class Analyst:
                     continue
                 f.problems.append(f"{game}: no replacement worker ever trained after {f.kind}")
                 continue
+            loader = self.monitor.lives.get((game, f.reporter or 0)) or rep
             if f.damaged_file is not None and not any(
                 d.get("when") == "load" and f.damaged_file in (d.get("files") or [])
-                for d in rep.replay_damage
+                for d in loader.replay_damage
             ):
                 f.problems.append(
-                    f"{game}: heartbeat replay_damage={rep.replay_damage} does not report "
+                    f"{game}: heartbeat replay_damage={loader.replay_damage} does not report "
                     f"{f.damaged_file} dropped at load"
                 )
             if rep.moving_at is not None:

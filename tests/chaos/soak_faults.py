@@ -65,6 +65,9 @@ class Fault:
     # crash_storm: the replacements killed right after their resume (not "the replacement")
     storm: dict[int, int] = field(default_factory=dict)  # pid -> signal
     t_storm_end: float | None = None
+    # report_lost: the replacement that reported the damage, stopped as a leftover by the
+    # killed supervisor's successor (its report is judged, the next one's recovery).
+    reporter: int | None = None
 
 
 class Filler:
@@ -358,7 +361,7 @@ class Injector:
             pids = self.monitor.worker_processes()[1].get(game) or []
             return next((p for p in pids if p != old), None)
 
-        pid = self._wait_for(replacement, 30)
+        pid = fault.reporter = self._wait_for(replacement, 30)
         with contextlib.suppress(ProcessLookupError):
             os.kill(sup.pid, signal.SIGSTOP)
 
