@@ -81,6 +81,9 @@ def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Not
     return stop_leftovers(procs, cfg.stop_grace_s)
 
 
+_CATCH_UP_WINDOW = 500  # report events of a game searched for a worker's pid
+
+
 def unrecorded_reports(
     conn: sqlite3.Connection, rows: list[dict[str, Any]], run_dir: Callable[[str], Path]
 ) -> list[tuple[str, str, dict[str, Any]]]:
@@ -101,9 +104,6 @@ def unrecorded_reports(
         for kind, detail in new_reports(seen, hb):
             out.append((row["game"], kind, {**detail, "caught_up": True}))
     return out
-
-
-_CATCH_UP_WINDOW = 500
 
 
 def restore_states(
