@@ -234,7 +234,8 @@ def test_worker_reports_become_events_and_unreadable_checkpoints_back_off(make, 
     sup = make(game("rot", 100_000) + game("eio", 100), cap=2)
     spin(sup, lambda: sup.games["eio"].state is S.FATAL and sup.games["rot"].state is S.RUNNING)
     [event] = db.events(sup.conn, kind="replay_damaged", game="rot")  # type: ignore[arg-type]
-    assert event.detail == damage
+    life = sup.games["rot"].life
+    assert life is not None and event.detail == damage | {"pid": life.proc.pid}, "names its worker"
     unreadable = db.events(sup.conn, kind="checkpoint_unreadable", game="eio")  # type: ignore[arg-type]
     assert len(unreadable) == 2 and "EIO" in unreadable[0].detail["message"]
     assert db.events(sup.conn, kind="backoff", game="eio"), "retried after a backoff"
