@@ -1,0 +1,180 @@
+"""Mirroring committed local checkpoints to object storage, and restoring from it.
+
+Upload: every file of a committed checkpoint becomes the blob of its manifest sha256 unless the
+bucket already holds that blob (HEAD: size and sha256 metadata), so an incremental checkpoint
+uploads only its new bytes; a local file is hashed before it is uploaded (a file that rotted on
+this disk is never mirrored as good); the checkpoint's MANIFEST.json goes last, written once.
+
+Restore: the newest remote manifest whose blobs all arrive intact is written through the local
+store's normal writer (staging, fsync, manifest, rename) and so verifies like any checkpoint; a
+damaged or missing blob aborts that one and the next older manifest is tried.
+
+Garbage: the newest `keep` manifests of each game stay; blobs are swept after the manifests,
+only when no manifest names them and they are older than a grace period (an upload in flight
+has blobs but no manifest yet).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from checkpoints.errors import CheckpointError
+from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
+from checkpoints.names import MANIFEST_NAME, CheckpointRef, ckpt_name
+from checkpoints.remote import RemoteError, RemoteStore
+from checkpoints.store import CheckpointStore
+
+BLOB_GRACE_S = 3600.0
+
+
+@dataclass
+class Uploaded:
+    step: int
+    files: int = 0
+    bytes_uploaded: int = 0
+    bytes_present: int = 0  # already in the bucket (shared with an earlier checkpoint)
+    new_manifest: bool = True
+    seconds: float = 0.0
+
+
+def _sha256_of(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def upload_checkpoint(remote: RemoteStore, game: str, ref: CheckpointRef) -> Uploaded:
+    """Mirror one committed local checkpoint. Raises CheckpointError (a local file that no
+    longer matches its manifest, or an unreadable manifest) or RemoteError; a manifest is
+    only written after every blob it names is present and verified."""
+    started = time.monotonic()
+    raw = (ref.path / MANIFEST_NAME).read_bytes()
+    manifest = parse_manifest(raw, ref.step)
+    out = Uploaded(ref.step)
+    for name, entry in sorted(parse_file_entries(manifest["files"]).items()):
+        out.files += 1
+        if remote.has_blob(entry.sha256, entry.size):
+            out.bytes_present += entry.size
+            continue
+        path = ref.path / name
+        size, digest = _sha256_of(path)
+        if (size, digest) != (entry.size, entry.sha256):
+            raise CheckpointError(
+                f"{path}: {size} bytes, sha256 {digest[:12]} no longer match the manifest "
+                f"({entry.size} bytes, {entry.sha256[:12]}): not mirrored"
+            )
+        remote.put_blob(path, entry.sha256)
+        if not remote.has_blob(entry.sha256, entry.size):
+            raise RemoteError(f"blob {entry.sha256[:12]} of {name} is not there after upload")
+        out.bytes_uploaded += entry.size
+    out.new_manifest = remote.put_manifest(game, ref.step, raw)
+    out.seconds = time.monotonic() - started
+    return out
+
+
+@dataclass
+class Restored:
+    step: int
+    bytes_downloaded: int
+    skipped: list[str]  # "ckpt-<step>: why" for each newer manifest that could not be used
+
+
+def restore_newest(
+    remote: RemoteStore,
+    game: str,
+    store: CheckpointStore,
+    accept: Callable[[dict[str, object]], str | None] = lambda meta: None,
+) -> Restored | None:
+    """Commit the newest mirrored checkpoint of `game` whose blobs all verify into `store`;
+    None when the mirror has none. `accept(meta)` may refuse a manifest (a reason): one of
+    another env_id or algo."""
+    skipped: list[str] = []
+    for step in reversed(remote.manifest_steps(game)):
+        try:
+            manifest = parse_manifest(remote.get_manifest(game, step), step)
+            meta = manifest.get("meta") or {}
+            why = accept(meta)
+            if why is not None:
+                skipped.append(f"{ckpt_name(step)}: {why}")
+                continue
+            files = parse_file_entries(manifest["files"])
+            done = _download(remote, store, step, meta, files)
+        except (RemoteError, CheckpointError) as exc:
+            skipped.append(f"{ckpt_name(step)}: {exc}")
+            continue
+        return Restored(step, done, skipped)
+    if skipped:
+        raise CheckpointError(
+            f"no mirrored checkpoint of {game} could be restored: " + "; ".join(skipped)
+        )
+    return None
+
+
+def _download(
+    remote: RemoteStore,
+    store: CheckpointStore,
+    step: int,
+    meta: dict[str, object],
+    files: dict[str, FileEntry],
+) -> int:
+    writer = store.begin(step, meta)
+    total = 0
+    try:
+        for name, entry in sorted(files.items()):
+            got = writer.write_stream(name, remote.blob_chunks(entry.sha256, entry.size))
+            if got != entry:
+                raise RemoteError(f"{name}: downloaded {got}, manifest says {entry}")
+            total += entry.size
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return total
+
+
+@dataclass
+class Collected:
+    manifests_deleted: int = 0
+    blobs_deleted: int = 0
+    sweep_skipped: str | None = None  # why no blob was swept (a manifest that cannot be read)
+
+
+def collect_garbage(
+    remote: RemoteStore, keep: int, now: float | None = None, grace_s: float = BLOB_GRACE_S
+) -> Collected:
+    """Keep each game's newest `keep` manifests; then delete blobs no remaining manifest names
+    and older than `grace_s` (mark, then sweep: never a blob before its manifests). A kept
+    manifest that cannot be read stops the sweep: its blobs are unknown."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    out = Collected()
+    live: set[str] = set()
+    for game in remote.games():
+        steps = remote.manifest_steps(game)
+        for step in steps[:-keep]:
+            remote.delete(remote.manifest_key(game, step))
+            out.manifests_deleted += 1
+        for step in steps[-keep:]:
+            try:
+                files = parse_file_entries(
+                    parse_manifest(remote.get_manifest(game, step), step)["files"]
+                )
+            except CheckpointError as exc:
+                out.sweep_skipped = f"{game}/{ckpt_name(step)}: {exc}"
+                continue
+            live.update(e.sha256 for e in files.values())
+    if out.sweep_skipped is not None:
+        return out
+    cutoff = (time.time() if now is None else now) - grace_s
+    for sha, modified in remote.blobs().items():
+        if sha not in live and modified < cutoff:
+            remote.delete(remote.blob_key(sha))
+            out.blobs_deleted += 1
+    return out

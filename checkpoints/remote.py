@@ -1,0 +1,269 @@
+"""The object-storage side of the checkpoint mirror: content-addressed blobs and per-checkpoint
+manifests in one S3 bucket (any S3-compatible server).
+
+  <prefix>/blobs/sha256/<hex>                 one checkpoint file, by the sha256 of its bytes;
+                                              user metadata `sha256` and its size say what it is
+  <prefix>/manifests/<game>/ckpt-<step>.json  the checkpoint's MANIFEST.json, written last: only
+                                              after every blob it names is present and verified
+
+Object stores have no rename and no hard links: a file is uploaded once by its hash (the
+hard-linked replay chunks of successive checkpoints share hashes), and a manifest appears only
+when all of its blobs are there, so a reader never sees a checkpoint with a missing part. A
+multipart ETag is not an MD5 of the bytes: blobs are verified by their size and their own
+`sha256` metadata, and by hashing what is downloaded.
+
+boto3 is imported here only, and only when a mirror is configured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from checkpoints.errors import CheckpointError
+from checkpoints.names import ckpt_name, ckpt_step
+
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_GAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+_CHUNK = 1 << 20
+
+
+class RemoteError(CheckpointError):
+    """The object store refused or failed a request (after the client's own retries)."""
+
+
+@dataclass(frozen=True)
+class RemoteLocation:
+    bucket: str
+    prefix: str  # "" or "some/prefix/" (always ending in "/")
+
+    @classmethod
+    def parse(cls, url: str) -> RemoteLocation:
+        """`s3://bucket[/prefix]`; raises ValueError naming what is wrong."""
+        parsed = urlparse(url)
+        if parsed.scheme != "s3":
+            raise ValueError(f"mirror url {url!r} must start with s3://")
+        bucket = parsed.netloc
+        if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+            raise ValueError(
+                f"mirror url {url!r}: {bucket!r} is not a valid S3 bucket name "
+                "(3-63 lowercase letters, digits, dots and hyphens)"
+            )
+        parts = [p for p in parsed.path.split("/") if p]
+        for part in parts:
+            if part in (".", ".."):
+                raise ValueError(f"mirror url {url!r}: the prefix may not contain {part!r}")
+        return cls(bucket, "".join(f"{p}/" for p in parts))
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    """s3transfer's bounds: memory ≈ concurrency x chunk size; bandwidth in bytes/s."""
+
+    concurrency: int = 4
+    chunk_bytes: int = 8 << 20
+    bandwidth_bytes_s: int | None = None
+
+
+def make_client(endpoint_url: str | None = None, region: str | None = None) -> Any:
+    """A boto3 S3 client: endpoint, region and credentials from the standard AWS chain unless
+    given; checksums only where the operation requires them (many S3-compatible servers refuse
+    boto3's default CRC headers)."""
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    cfg = BotoConfig(
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        retries={"max_attempts": 5, "mode": "standard"},
+        connect_timeout=10,
+        read_timeout=60,
+        s3={"addressing_style": "path"},
+    )
+    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+
+
+class RemoteStore:
+    """Blobs and manifests of one mirror location."""
+
+    def __init__(self, client: Any, where: RemoteLocation, limits: TransferLimits | None = None):
+        from boto3.s3.transfer import TransferConfig
+
+        self.client = client
+        self.where = where
+        lim = limits or TransferLimits()
+        self.transfer = TransferConfig(
+            multipart_threshold=lim.chunk_bytes,
+            multipart_chunksize=lim.chunk_bytes,
+            max_concurrency=lim.concurrency,
+            max_bandwidth=lim.bandwidth_bytes_s,
+            use_threads=lim.concurrency > 1,
+        )
+
+    # ---- keys ---------------------------------------------------------------------------
+
+    def blob_key(self, sha256: str) -> str:
+        if not _SHA256_RE.fullmatch(sha256):
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        return f"{self.where.prefix}blobs/sha256/{sha256}"
+
+    def manifest_key(self, game: str, step: int) -> str:
+        return f"{self._manifests(game)}{ckpt_name(step)}.json"
+
+    def _manifests(self, game: str) -> str:
+        if not _GAME_RE.fullmatch(game):
+            raise ValueError(f"game name {game!r} cannot name a mirror folder")
+        return f"{self.where.prefix}manifests/{game}/"
+
+    # ---- requests -----------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return fn(**kw)
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
+            raise RemoteError(f"{what}: {exc}") from exc
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist (owned by us already is fine)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.where.bucket)
+            return
+        except ClientError as exc:
+            if _code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+                raise RemoteError(f"bucket {self.where.bucket}: {exc}") from exc
+        try:
+            self.client.create_bucket(Bucket=self.where.bucket)
+        except ClientError as exc:
+            if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise RemoteError(f"creating bucket {self.where.bucket}: {exc}") from exc
+
+    def has_blob(self, sha256: str, size: int) -> bool:
+        """Present with this size and our sha256 metadata (a partial or foreign object is
+        not the blob)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.where.bucket, Key=self.blob_key(sha256))
+        except ClientError as exc:
+            if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise RemoteError(f"HEAD blob {sha256[:12]}: {exc}") from exc
+        meta = head.get("Metadata") or {}
+        return int(head.get("ContentLength", -1)) == size and meta.get("sha256") == sha256
+
+    def put_blob(self, path: Path, sha256: str) -> None:
+        """Upload one file as the blob of `sha256` (the caller verified the bytes)."""
+        self._call(
+            f"uploading {path.name} as blob {sha256[:12]}",
+            self.client.upload_file,
+            Filename=str(path),
+            Bucket=self.where.bucket,
+            Key=self.blob_key(sha256),
+            ExtraArgs={"Metadata": {"sha256": sha256}},
+            Config=self.transfer,
+        )
+
+    def blob_chunks(self, sha256: str, size: int) -> Iterator[bytes]:
+        """The blob's bytes in chunks; after the last one, RemoteError if its size or sha256
+        is not what was asked for (the caller discards what it wrote)."""
+        body = self._call(
+            f"GET blob {sha256[:12]}",
+            self.client.get_object,
+            Bucket=self.where.bucket,
+            Key=self.blob_key(sha256),
+        )["Body"]
+        digest, n = hashlib.sha256(), 0
+        try:
+            for chunk in iter(lambda: body.read(_CHUNK), b""):
+                digest.update(chunk)
+                n += len(chunk)
+                yield chunk
+        finally:
+            body.close()
+        if n != size or digest.hexdigest() != sha256:
+            raise RemoteError(
+                f"blob {sha256[:12]} is damaged: {n} bytes, sha256 {digest.hexdigest()[:12]} "
+                f"(want {size} bytes, {sha256[:12]})"
+            )
+
+    def put_manifest(self, game: str, step: int, body: bytes) -> bool:
+        """Write the manifest once (`If-None-Match: *`): False when it already exists."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.where.bucket,
+                Key=self.manifest_key(game, step),
+                Body=body,
+                IfNoneMatch="*",
+                ContentType="application/json",
+            )
+        except ClientError as exc:
+            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise RemoteError(f"PUT manifest {game}/{ckpt_name(step)}: {exc}") from exc
+        return True
+
+    def get_manifest(self, game: str, step: int) -> bytes:
+        resp = self._call(
+            f"GET manifest {game}/{ckpt_name(step)}",
+            self.client.get_object,
+            Bucket=self.where.bucket,
+            Key=self.manifest_key(game, step),
+        )
+        body = resp["Body"]
+        try:
+            return bytes(body.read())
+        finally:
+            body.close()
+
+    def delete(self, key: str) -> None:
+        self._call(f"DELETE {key}", self.client.delete_object, Bucket=self.where.bucket, Key=key)
+
+    def manifest_steps(self, game: str) -> list[int]:
+        """The steps of the game's manifests, oldest first."""
+        prefix = self._manifests(game)
+        steps = []
+        for key, _ in self._list(prefix):
+            name = key[len(prefix) :]
+            if name.endswith(".json") and (step := ckpt_step(name[: -len(".json")])) is not None:
+                steps.append(step)
+        return sorted(steps)
+
+    def games(self) -> list[str]:
+        """Every game with a manifests/ folder."""
+        prefix = f"{self.where.prefix}manifests/"
+        return sorted({key[len(prefix) :].split("/", 1)[0] for key, _ in self._list(prefix)})
+
+    def blobs(self) -> dict[str, float]:
+        """sha256 -> last-modified time (unix seconds) of every blob."""
+        prefix = f"{self.where.prefix}blobs/sha256/"
+        return {key[len(prefix) :]: ts for key, ts in self._list(prefix)}
+
+    def _list(self, prefix: str) -> Iterator[tuple[str, float]]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.where.bucket, Prefix=prefix
+        )
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            for page in pages:
+                for obj in page.get("Contents") or []:
+                    yield obj["Key"], obj["LastModified"].timestamp()
+        except (ClientError, BotoCoreError) as exc:
+            raise RemoteError(f"listing {prefix}: {exc}") from exc
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
