@@ -92,6 +92,23 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class MirrorConfig:
+    """[mirror]: committed checkpoints copied to S3-compatible object storage."""
+
+    url: str  # s3://bucket[/prefix]
+    endpoint_url: str = ""  # an S3-compatible server; "" = AWS (or AWS_ENDPOINT_URL)
+    region: str = ""  # "" = the AWS chain's
+    every_s: float = 0.0  # 0 = each committed checkpoint ("each"), else at most one per N s
+    bandwidth_mb_s: float = 0.0  # 0 = unlimited
+    keep: int = 3  # newest manifests kept per game in the bucket
+    concurrency: int = 4  # parallel part uploads (memory ≈ concurrency x chunk_mb)
+    chunk_mb: float = 8.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path  # absolute path of the file it was read from
     state_dir: Path  # absolute
@@ -107,6 +124,7 @@ class Config:
     gpu: GpuConfig
     tick_s: float = 1.0  # added key: longest sleep of the main loop
     logs_dir_key: Path | None = None  # added key: where worker logs go (default <state>/logs)
+    mirror: MirrorConfig | None = None  # added table: [mirror]
 
     @property
     def logs_dir(self) -> Path:
@@ -156,6 +174,16 @@ def resolve_config_path(arg: str | os.PathLike[str] | None) -> Path:
 _NUM = (int, float)
 
 
+def _mirror_url_ok(v: Any) -> bool:
+    from checkpoints.remote import RemoteLocation  # no boto3: parsing only
+
+    try:
+        RemoteLocation.parse(v)
+    except ValueError:
+        return False
+    return True
+
+
 def _positive(v: Any) -> bool:
     return bool(v > 0)
 
@@ -175,7 +203,27 @@ _TOP: dict[str, Field] = {
     "tick_s": (_NUM, 1.0, _positive, "seconds > 0"),
     "logs_dir": ((str,), "", None, "a path (string)"),
 }
-_TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu")
+_TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu", "mirror")
+_MIRROR: dict[str, Field] = {
+    "url": ((str,), None, _mirror_url_ok, "s3://bucket[/prefix]"),
+    "endpoint_url": (
+        (str,),
+        "",
+        lambda v: v == "" or re.fullmatch(r"https?://\S+", v) is not None,
+        "an http(s):// URL of an S3-compatible server",
+    ),
+    "region": ((str,), "", None, "an AWS region name"),
+    "every": (
+        (str,),
+        "each",
+        lambda v: v == "each" or re.fullmatch(r"[0-9]+(\.[0-9]+)?s", v) is not None,
+        '"each" or seconds such as "600s"',
+    ),
+    "bandwidth_mb_s": (_NUM, 0.0, _non_negative, "MB/s >= 0 (0: unlimited)"),
+    "keep": ((int,), 3, _positive, "a positive integer"),
+    "concurrency": ((int,), 4, lambda v: 1 <= v <= 64, "an integer in 1..64"),
+    "chunk_mb": (_NUM, 8.0, lambda v: 5 <= v <= 512, "MB in 5..512 (S3's part sizes)"),
+}
 _MODE: dict[str, Field] = {
     "num_envs": ((int,), None, _positive, "a positive integer"),
     "batch_size": (
@@ -367,6 +415,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
     elif os.environ.get("LOGS_DIRECTORY"):  # under systemd (LogsDirectory=)
         logs_dir = Path(os.environ["LOGS_DIRECTORY"].split(":")[0])
     games = _parse_games(ctx, data.get("games"), modes, top["checkpoint_every_s"])
+    mirror = _parse_mirror(ctx, data["mirror"]) if "mirror" in data else None
     return Config(
         path=path,
         state_dir=state_dir,
@@ -382,7 +431,14 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         watchdog=sections["watchdog"],
         stability=stability,
         gpu=sections["gpu"],
+        mirror=mirror,
     )
+
+
+def _parse_mirror(ctx: _Ctx, data: Any) -> MirrorConfig:
+    v = _values(ctx, ["mirror"], data, _MIRROR)
+    every = v.pop("every")
+    return MirrorConfig(every_s=0.0 if every == "each" else float(every[:-1]), **v)
 
 
 def _parse_modes(ctx: _Ctx, data: Any) -> tuple[ModeSpec, ...]:
@@ -489,10 +545,23 @@ def _read_or_empty(path: Path) -> str:
 
 
 def worker_config(
-    game: GameSpec, mode: ModeSpec, run_dir: Path, checkpoint_every_s: float, threads: int | None
+    game: GameSpec,
+    mode: ModeSpec,
+    run_dir: Path,
+    checkpoint_every_s: float,
+    threads: int | None,
+    mirror: MirrorConfig | None = None,
 ) -> protocol.WorkerConfig:
-    """The worker's arguments for one game in one mode (validated by the protocol)."""
+    """The worker's arguments for one game in one mode (validated by the protocol); with a
+    mirror, where to restore from when the run dir has no checkpoint."""
     values: dict[str, Any] = {"n_steps": mode.n_steps, "checkpoint_every_s": checkpoint_every_s}
+    if mirror is not None:
+        values.update(
+            mirror_url=mirror.url,
+            mirror_endpoint_url=mirror.endpoint_url or None,
+            mirror_region=mirror.region or None,
+            mirror_name=game.name,
+        )
     values.update(game.args_dict)
     values.update(
         game=game.env_id,

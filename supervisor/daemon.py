@@ -57,6 +57,7 @@ from supervisor.startup import (
     unrecorded_reports,
 )
 from supervisor.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
+from supervisor.uploader import Uploader
 from supervisor.waker import Waker
 from training import protocol
 
@@ -132,6 +133,7 @@ class Supervisor:
         self.conn: sqlite3.Connection | None = None
         self.journal: Journal | None = None
         self.recorder: Recorder | None = None
+        self.uploader: Uploader | None = None  # the mirror's, from start() on
         self.mode_view: modes.ModeView | None = None
         self.boot_id = ""
         self.stopping = False
@@ -206,6 +208,7 @@ class Supervisor:
             games=list(self.games),
         )
         restore_states(self.games, db.workers(self.conn), self.cfg.run_dir)
+        self.uploader = Uploader(self.cfg, self.event)
         self.refresh_modes()
         for rt in self.games.values():
             if rt.state is S.STOPPED:
@@ -213,6 +216,8 @@ class Supervisor:
         self.notifier.ready(self.summary())
 
     def close(self) -> None:
+        if self.uploader is not None:
+            self.uploader.stop()
         self.waker.close()
         self.notifier.close()
         self.sampler.stop()
@@ -255,6 +260,8 @@ class Supervisor:
             self.refresh_modes()
             self.apply_modes(now)
             self.schedule(now)
+            if self.uploader is not None:
+                self.uploader.tick(now)
         self.escalate(now)
         self.persist()
         self.notify(now)
@@ -588,7 +595,9 @@ class Supervisor:
         run_dir = db.make_private_dir(self.cfg.run_dir(name))
         logs_dir = db.make_private_dir(self.cfg.logs_dir)
         rotate_log(logs_dir / f"{name}.log")
-        wcfg = worker_config(rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads)
+        wcfg = worker_config(
+            rt.spec, mode, run_dir, self.cfg.checkpoint_every_s, threads, self.cfg.mirror
+        )
         with contextlib.suppress(FileNotFoundError):
             (run_dir / protocol.HEARTBEAT_FILE).unlink()
         proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now, cwd=run_dir)
@@ -623,6 +632,8 @@ class Supervisor:
             new = dataclasses.replace(new, state_dir=self.cfg.state_dir)
         self.cfg = new
         self.gate.cfg = gate_config(new)
+        if self.uploader is not None:
+            self.uploader.reconfigure(new)
         change = reconcile(self.games, self.removed, new.games, self.wall())
         for rt in change.added:
             self._set(rt, S.WAITING, "added by config reload")

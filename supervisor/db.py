@@ -50,6 +50,10 @@ EVENT_KINDS = frozenset(
         "config_error",
         "state_db_unavailable",
         "write_failed",
+        "mirror_ok",
+        "mirror_failed",
+        "mirror_restored",
+        "uploader_exit",
     }
 )
 

@@ -81,6 +81,7 @@ class Reported:
     checkpoint_failures: int = 0
     replay_damage: int = 0
     write_failures: set[str] = field(default_factory=set)
+    mirror_restore: bool = False
 
 
 def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]]]:
@@ -115,10 +116,19 @@ def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]
         if failures and kind not in seen.write_failures:
             seen.write_failures.add(kind)
             out.append(("write_failed", {"file": kind, "failures": failures}))
+    if hb.mirror_restore and not seen.mirror_restore:
+        seen.mirror_restore = True
+        out.append(("mirror_restored", dict(hb.mirror_restore)))
     return [(kind, {**detail, "pid": hb.pid}) for kind, detail in out]
 
 
-REPORT_KINDS = ("checkpoint_corrupt", "checkpoint_failed", "replay_damaged", "write_failed")
+REPORT_KINDS = (
+    "checkpoint_corrupt",
+    "checkpoint_failed",
+    "replay_damaged",
+    "write_failed",
+    "mirror_restored",
+)
 
 
 def reported_from_events(pid: int, events: Iterable[tuple[str, dict[str, Any]]]) -> Reported:
@@ -137,4 +147,6 @@ def reported_from_events(pid: int, events: Iterable[tuple[str, dict[str, Any]]])
             seen.replay_damage += 1
         elif kind == "write_failed":
             seen.write_failures.add(str(d.get("file")))
+        elif kind == "mirror_restored":
+            seen.mirror_restore = True
     return seen

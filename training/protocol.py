@@ -163,6 +163,12 @@ class WorkerConfig:
     )
     vf_coef: float = _f(0.5, "PPO: value loss weight")
     ent_coef: float = _f(0.01, "PPO: entropy bonus weight")
+    mirror_url: str | None = _f(
+        None, "s3://bucket[/prefix]: with no local checkpoint, restore the newest mirrored one"
+    )
+    mirror_endpoint_url: str | None = _f(None, "the mirror's S3-compatible endpoint")
+    mirror_region: str | None = _f(None, "the mirror's region")
+    mirror_name: str | None = _f(None, "the game's folder in the mirror (default: the run dir's)")
 
     # ---- derived views -------------------------------------------------------------------
     @property
@@ -468,6 +474,8 @@ class Heartbeat:
     # transitions dropped) or when about to link them into a new checkpoint ("checkpoint":
     # rewritten from memory). Each: checkpoint, files, when, and transitions_dropped on load.
     replay_damage: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # A checkpoint restored from the mirror at start (no local one): step, bytes, skipped.
+    mirror_restore: dict[str, Any] | None = None
     # Writes that failed and were survived (a full disk, an I/O error), per file kind:
     # "heartbeat" (kept up in place), "progress" (rows kept and appended later), "eval", "log".
     write_failures: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -19,6 +19,7 @@ import torch
 
 from checkpoints import (
     CheckpointCorrupt,
+    CheckpointError,
     CheckpointStore,
     CheckpointUnreadable,
     LoadedCheckpoint,
@@ -53,6 +54,7 @@ STARTING_DEADLINE_S = 300.0
 STOPPING_DEADLINE_S = 120.0
 MIN_TRAINING_DEADLINE_S = 10.0  # the supervisor's hang_timeout_s is the operator's floor
 PROGRESS_EVERY_S = 2.0
+MIRROR_RESTORE_DEADLINE_S = 3600.0  # a download may take long: the step need not move
 
 
 class NoValidCheckpointError(ConfigError):
@@ -203,6 +205,8 @@ class TrainingSession:
             swept = store.sweep()
             if swept:
                 self.log.info("staging_swept", paths=[str(p) for p in swept])
+            if self.cfg.mirror_url and store.latest() is None:
+                self._restore_from_mirror(store, self.cfg.mirror_url)
             loaded = self._load_newest(store)
         except OSError as exc:  # listing or sweeping the store itself failed: not corruption
             raise CheckpointUnreadableError(
@@ -256,6 +260,45 @@ class TrainingSession:
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
         return loaded
+
+    def _restore_from_mirror(self, store: CheckpointStore, url: str) -> None:
+        """No local checkpoint (a fresh machine, a wiped disk): commit the newest mirrored one
+        whose blobs all verify into the local store, then load it like any other. A mirror
+        that cannot be read is a read error (retried after a backoff), never a start from
+        zero; one that holds only checkpoints that cannot be used is refused the same way."""
+        from checkpoints.mirror import restore_newest  # boto3: only with a mirror
+        from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
+
+        self.hb.set_phase(Phase.LOADING, MIRROR_RESTORE_DEADLINE_S)
+        name = self.cfg.mirror_name or self.run_dir.name
+        want = checkpoint_meta(self.cfg)
+
+        def accept(meta: dict[str, Any]) -> str | None:
+            if all(meta.get(key) in (None, value) for key, value in want.items()):
+                return None
+            return f"a checkpoint of {meta.get('game')} / {meta.get('algo')}"
+
+        try:
+            client = make_client(self.cfg.mirror_endpoint_url, self.cfg.mirror_region)
+            remote = RemoteStore(client, RemoteLocation.parse(url))
+            restored = restore_newest(remote, name, store, accept=accept)
+        except RemoteError as exc:
+            raise CheckpointUnreadableError(
+                f"no local checkpoint in {store.root} and the mirror {url} cannot be read: "
+                f"{exc}; not starting from zero (retried after a backoff)"
+            ) from exc
+        except CheckpointError as exc:
+            raise NoValidCheckpointError(
+                f"no local checkpoint in {store.root} and none in the mirror {url} can be "
+                f"used: {exc}; refusing to start from zero (remove [mirror] to start fresh)"
+            ) from exc
+        if restored is None:
+            self.log.info("mirror_empty", url=url, game=name)
+            return
+        entry = {"step": restored.step, "bytes": restored.bytes_downloaded,
+                 "skipped": restored.skipped, "url": url}  # fmt: skip
+        self.log.warning("mirror_restored", **entry)
+        self.hb.update(mirror_restore=entry)
 
     def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:
         want = checkpoint_meta(self.cfg)

@@ -43,6 +43,7 @@ from supervisor.commands.status_schema import (
     SupervisorDoc,
 )
 from supervisor.config import Config
+from supervisor.mirror_state import MirrorState
 from supervisor.states import ALIVE
 from training.protocol import CHECKPOINT_DIR, ERROR_FILE, HEARTBEAT_FILE, read_json_file
 
@@ -344,6 +345,10 @@ def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[Gam
     configured = {g.name for g in cfg.games}
     for name in sorted(set(workers) - configured):
         out.append(_game(cfg, name, None, None, 0, workers[name], modes, now, in_config=False))
+    mirror = MirrorState.read(cfg.state_dir) if cfg.mirror is not None else None
+    for g in out:
+        if mirror is not None:
+            g["mirror_step"], g["mirror_age_s"] = mirror.game_view(g["name"], now)
     return out
 
 
@@ -412,6 +417,8 @@ def _game(
         "mean_return": mean_return,
         "last_checkpoint_step": hb.get("last_checkpoint_step"),
         "last_checkpoint_age_s": _checkpoint_age(run_dir, hb, now),
+        "mirror_step": None,
+        "mirror_age_s": None,
         "restarts": int(w.get("restarts") or 0),
         "eta_s": eta,
         "heartbeat_age_s": hb_age,

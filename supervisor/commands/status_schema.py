@@ -90,6 +90,8 @@ class GameDoc(TypedDict):
     mean_return: float | None  # last 100 episodes
     last_checkpoint_step: int | None
     last_checkpoint_age_s: float | None
+    mirror_step: int | None  # newest checkpoint in the mirror (null without [mirror])
+    mirror_age_s: float | None  # how long ago that checkpoint was committed locally
     restarts: int
     eta_s: float | None  # null unless running with sps > 0
     heartbeat_age_s: float | None

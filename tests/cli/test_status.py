@@ -215,7 +215,7 @@ def test_status_loads_no_torch_numpy_or_envpool(state: StateFixture) -> None:
         "    rc2 = cli.main(['status', '--json', '--config', "
         f"{str(state.config)!r}])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'numpy', 'envpool', 'matplotlib'))\n"
+        "('torch', 'numpy', 'envpool', 'matplotlib', 'boto3', 'botocore'))\n"
         "print(rc, rc2, heavy)\n"
     )
     r = subprocess.run(
