@@ -261,7 +261,11 @@ class RemoteStore:
             for page in pages:
                 for obj in page.get("Contents") or []:
                     yield obj["Key"], obj["LastModified"].timestamp()
-        except (ClientError, BotoCoreError) as exc:
+        except ClientError as exc:
+            if _code(exc) == "NoSuchBucket":  # no bucket yet: nothing mirrored
+                return
+            raise RemoteError(f"listing {prefix}: {exc}") from exc
+        except BotoCoreError as exc:
             raise RemoteError(f"listing {prefix}: {exc}") from exc
 
 
