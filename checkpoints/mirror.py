@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoints.errors import CheckpointError
+from checkpoints.errors import CheckpointCorrupt, CheckpointError, CheckpointWriteFailed
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
 from checkpoints.names import MANIFEST_NAME, CheckpointRef, ckpt_name
-from checkpoints.remote import RemoteError, RemoteStore
+from checkpoints.remote import RemoteContentError, RemoteError, RemoteStore
 from checkpoints.store import CheckpointStore
 
 BLOB_GRACE_S = 3600.0
@@ -106,7 +106,12 @@ def restore_newest(
                 continue
             files = parse_file_entries(manifest["files"])
             done = _download(remote, store, step, meta, files)
-        except (RemoteError, CheckpointError) as exc:
+        except (RemoteContentError, CheckpointCorrupt) as exc:
+            skipped.append(f"{ckpt_name(step)}: {exc}")  # this one is damaged: try older
+            continue
+        except (RemoteError, CheckpointWriteFailed):
+            raise  # the store or the local disk failed: no verdict on any checkpoint
+        except CheckpointError as exc:  # a manifest that does not parse
             skipped.append(f"{ckpt_name(step)}: {exc}")
             continue
         return Restored(step, done, skipped)
@@ -130,7 +135,7 @@ def _download(
         for name, entry in sorted(files.items()):
             got = writer.write_stream(name, remote.blob_chunks(entry.sha256, entry.size))
             if got != entry:
-                raise RemoteError(f"{name}: downloaded {got}, manifest says {entry}")
+                raise RemoteContentError(f"{name}: downloaded {got}, manifest says {entry}")
             total += entry.size
         writer.commit()
     except BaseException:

@@ -38,6 +38,11 @@ class RemoteError(CheckpointError):
     """The object store refused or failed a request (after the client's own retries)."""
 
 
+class RemoteContentError(RemoteError):
+    """An object is missing or its bytes are not what its manifest says: proof against that
+    one checkpoint (an older one may do), not a failure of the store."""
+
+
 @dataclass(frozen=True)
 class RemoteLocation:
     bucket: str
@@ -129,7 +134,11 @@ class RemoteStore:
 
         try:
             return fn(**kw)
-        except (ClientError, BotoCoreError, Boto3Error) as exc:
+        except ClientError as exc:
+            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+                raise RemoteContentError(f"{what}: not found") from exc
+            raise RemoteError(f"{what}: {exc}") from exc
+        except (BotoCoreError, Boto3Error) as exc:
             raise RemoteError(f"{what}: {exc}") from exc
 
     def ensure_bucket(self) -> None:
@@ -183,16 +192,24 @@ class RemoteStore:
             Bucket=self.where.bucket,
             Key=self.blob_key(sha256),
         )["Body"]
+        from botocore.exceptions import BotoCoreError
+
         digest, n = hashlib.sha256(), 0
         try:
-            for chunk in iter(lambda: body.read(_CHUNK), b""):
+            while True:
+                try:
+                    chunk = body.read(_CHUNK)
+                except (BotoCoreError, OSError, ValueError) as exc:  # the connection broke
+                    raise RemoteError(f"GET blob {sha256[:12]}: {exc}") from exc
+                if not chunk:
+                    break
                 digest.update(chunk)
                 n += len(chunk)
                 yield chunk
         finally:
             body.close()
         if n != size or digest.hexdigest() != sha256:
-            raise RemoteError(
+            raise RemoteContentError(
                 f"blob {sha256[:12]} is damaged: {n} bytes, sha256 {digest.hexdigest()[:12]} "
                 f"(want {size} bytes, {sha256[:12]})"
             )

@@ -22,6 +22,7 @@ from checkpoints import (
     CheckpointError,
     CheckpointStore,
     CheckpointUnreadable,
+    CheckpointWriteFailed,
     LoadedCheckpoint,
     NoValidCheckpoint,
     write_json_atomic,
@@ -286,6 +287,12 @@ class TrainingSession:
             raise CheckpointUnreadableError(
                 f"no local checkpoint in {store.root} and the mirror {url} cannot be read: "
                 f"{exc}; not starting from zero (retried after a backoff)"
+            ) from exc
+        except CheckpointWriteFailed as exc:
+            raise CheckpointUnreadableError(
+                f"no local checkpoint in {store.root} and the one restored from the mirror "
+                f"{url} could not be written there: {exc}; nothing half-written is kept "
+                "(retried after a backoff)"
             ) from exc
         except CheckpointError as exc:
             raise NoValidCheckpointError(

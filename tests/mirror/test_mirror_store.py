@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from checkpoints import CheckpointError, CheckpointStore
+from checkpoints import CheckpointError, CheckpointStore, CheckpointWriteFailed
 from checkpoints.mirror import collect_garbage, restore_newest, upload_checkpoint
-from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
+from checkpoints.remote import (
+    RemoteContentError,
+    RemoteError,
+    RemoteLocation,
+    RemoteStore,
+    make_client,
+)
 from tests.mirror.conftest import BUCKET, prefix_for
 from tests.mirror.seaweed import Weed
 
@@ -191,3 +197,44 @@ def test_garbage_collection_deletes_blobs_after_their_manifests(
     assert set(remote.blobs()) == {e["sha256"] for e in live.values()}
     restored = restore_newest(remote, "a", CheckpointStore(tmp_path / "b"))
     assert restored is not None and restored.step == 300
+
+
+def test_a_store_that_is_down_is_no_verdict_on_any_checkpoint(tmp_path: Path) -> None:
+    """Connection refused: restore raises (the worker retries after a backoff), skipping
+    nothing as damaged and never starting from zero."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once we leave: nothing listens there
+    remote = RemoteStore(
+        make_client(f"http://127.0.0.1:{port}", "us-east-1"), RemoteLocation.parse("s3://x-y/z")
+    )
+    store = CheckpointStore(tmp_path / "c")
+    with pytest.raises(RemoteError) as info:
+        restore_newest(remote, "a", store)
+    assert not isinstance(info.value, RemoteContentError)
+    assert store.committed() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_full_local_disk_during_a_download_keeps_nothing_half_written(
+    weed: Weed, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    import subprocess
+
+    remote = _remote(weed, request)
+    store = CheckpointStore(tmp_path / "a")
+    _checkpoint(store, 100, [os.urandom(CHUNK) for _ in range(8)])  # ~520 KiB
+    upload_checkpoint(remote, "a", store.committed()[-1])
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
+    try:
+        fresh = CheckpointStore(small / "checkpoints")
+        with pytest.raises(CheckpointWriteFailed, match="No space left"):
+            restore_newest(remote, "a", fresh)
+        assert list(fresh.root.iterdir()) == [], "staging removed, nothing committed"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert remote.manifest_steps("a") == [100], "a local failure says nothing of the mirror"
