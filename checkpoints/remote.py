@@ -143,7 +143,7 @@ class RemoteStore:
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (owned by us already is fine)."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.head_bucket(Bucket=self.where.bucket)
@@ -151,22 +151,28 @@ class RemoteStore:
         except ClientError as exc:
             if _code(exc) not in ("404", "NoSuchBucket", "NotFound"):
                 raise RemoteError(f"bucket {self.where.bucket}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise RemoteError(f"bucket {self.where.bucket}: {exc}") from exc
         try:
             self.client.create_bucket(Bucket=self.where.bucket)
         except ClientError as exc:
             if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise RemoteError(f"creating bucket {self.where.bucket}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise RemoteError(f"creating bucket {self.where.bucket}: {exc}") from exc
 
     def has_blob(self, sha256: str, size: int) -> bool:
         """Present with this size and our sha256 metadata (a partial or foreign object is
         not the blob)."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             head = self.client.head_object(Bucket=self.where.bucket, Key=self.blob_key(sha256))
         except ClientError as exc:
             if _code(exc) in ("404", "NoSuchKey", "NotFound"):
                 return False
+            raise RemoteError(f"HEAD blob {sha256[:12]}: {exc}") from exc
+        except BotoCoreError as exc:
             raise RemoteError(f"HEAD blob {sha256[:12]}: {exc}") from exc
         meta = head.get("Metadata") or {}
         return int(head.get("ContentLength", -1)) == size and meta.get("sha256") == sha256
@@ -216,7 +222,7 @@ class RemoteStore:
 
     def put_manifest(self, game: str, step: int, body: bytes) -> bool:
         """Write the manifest once (`If-None-Match: *`): False when it already exists."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.put_object(
@@ -229,6 +235,8 @@ class RemoteStore:
         except ClientError as exc:
             if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 return False
+            raise RemoteError(f"PUT manifest {game}/{ckpt_name(step)}: {exc}") from exc
+        except BotoCoreError as exc:
             raise RemoteError(f"PUT manifest {game}/{ckpt_name(step)}: {exc}") from exc
         return True
 

@@ -95,7 +95,9 @@ def run_uploader(cfg: Config, stop: threading.Event, poll_s: float = 1.0) -> Non
                 created = json.loads((ref.path / "MANIFEST.json").read_bytes()).get("created")
             except FileNotFoundError:
                 continue  # retention removed it meanwhile: the next pass takes the newer one
-            except (RemoteError, CheckpointError, OSError, ValueError) as exc:
+            except Exception as exc:
+                if not isinstance(exc, RemoteError | CheckpointError | OSError | ValueError):
+                    log.exception("mirror_unexpected_error", game=game.name)
                 gm.failures += 1
                 gm.last_error = f"{ref.path.name}: {exc}"[:500]
                 gm.error_at = time.time()
