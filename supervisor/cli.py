@@ -21,6 +21,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("plot", "plot"),
     ("check-config", "check_config"),
     ("logs", "logs"),
+    ("pull", "pull"),
 )
 
 

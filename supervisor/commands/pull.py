@@ -1,0 +1,106 @@
+"""`rlsup pull --game G`: restore a game's newest mirrored checkpoint into its local run dir
+by hand (what a worker does by itself at start when it finds none)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from checkpoints import CheckpointError, CheckpointStore, CheckpointWriteFailed
+from supervisor.commands._common import (
+    EXIT_FAIL,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_config_argument,
+    load_config_or_exit,
+)
+from training.protocol import CHECKPOINT_DIR, LOCK_FILE
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "pull",
+        help="restore a game's newest mirrored checkpoint into its run dir",
+        description="Download the newest checkpoint of GAME from [mirror] whose files all "
+        "verify (an older one when a newer one is damaged) and commit it to the game's local "
+        "checkpoints. Nothing is done when the local store already has that step or a newer "
+        "one, or while a worker runs for the game.",
+    )
+    add_config_argument(p)
+    p.add_argument("--game", required=True, help="the game's name from the configuration")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config_or_exit(args)
+    if cfg.mirror is None:
+        print(f"rlsup pull: {cfg.path} has no [mirror] table", file=sys.stderr)
+        return EXIT_USAGE
+    games = {g.name: g for g in cfg.games}
+    if args.game not in games:
+        print(f"rlsup pull: no game {args.game!r}; configured: {', '.join(games)}", file=sys.stderr)
+        return EXIT_USAGE
+    game, run_dir = games[args.game], cfg.run_dir(args.game)
+    from checkpoints.mirror import restore_newest
+    from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
+
+    store = CheckpointStore(run_dir / CHECKPOINT_DIR)
+    remote = RemoteStore(
+        make_client(cfg.mirror.endpoint_url or None, cfg.mirror.region or None),
+        RemoteLocation.parse(cfg.mirror.url),
+    )
+
+    def accept(meta: dict[str, object]) -> str | None:
+        if meta.get("game") in (None, game.env_id) and meta.get("algo") in (None, game.algo):
+            return None
+        return f"a checkpoint of {meta.get('game')} / {meta.get('algo')}"
+
+    try:
+        with _run_dir_lock(run_dir):
+            steps = remote.manifest_steps(args.game)
+            local = store.latest()
+            if not steps:
+                print(f"rlsup pull: the mirror {cfg.mirror.url} has no checkpoint of {args.game}")
+                return EXIT_OK
+            if local is not None and local.step >= steps[-1]:
+                print(
+                    f"rlsup pull: {args.game} already has {local.path.name} locally "
+                    f"(the mirror's newest is step {steps[-1]}): nothing to pull"
+                )
+                return EXIT_OK
+            restored = restore_newest(remote, args.game, store, accept=accept)
+    except BlockingIOError:
+        print(
+            f"rlsup pull: a worker holds {run_dir / LOCK_FILE}: stop {args.game} first",
+            file=sys.stderr,
+        )
+        return EXIT_LOCKED
+    except (RemoteError, CheckpointWriteFailed, CheckpointError, OSError) as exc:
+        print(f"rlsup pull: {args.game}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    assert restored is not None
+    for why in restored.skipped:
+        print(f"rlsup pull: skipped {why}", file=sys.stderr)
+    print(
+        f"rlsup pull: {args.game}: restored ckpt step {restored.step} "
+        f"({restored.bytes_downloaded / 2**20:.1f} MiB) into {store.root}"
+    )
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """The worker's own lock: pull and a worker never write one store at once."""
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(fd)
