@@ -180,7 +180,10 @@ class Uploader:
     def _spawn(self) -> None:
         logs = self.cfg.logs_dir
         logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / "uploader.log", "ab") as out:
+        fd = os.open(
+            logs / "uploader.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+        with os.fdopen(fd, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "supervisor.uploader", "--config", str(self.cfg.path)],
                 stdin=subprocess.DEVNULL,
