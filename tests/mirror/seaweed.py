@@ -78,13 +78,12 @@ def start_weed(workdir: Path, timeout: float = 90.0, ports: list[int] | None = N
     argv = [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={workdir}"]
     argv += [f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}"]
     argv += ["-s3", f"-s3.port={s3}", "-master.volumeSizeLimitMB=64", "-volume.max=32"]
-    argv += ["-volume.preStopSeconds=0"]
+    argv += ["-volume.preStopSeconds=0", "-master.telemetry=false"]
     proc = subprocess.Popen(
         argv,
         stdout=log,
         stderr=log,
         start_new_session=True,
-        env={**os.environ, "WEED_TELEMETRY_ENABLED": "false"},
     )
     log.close()
     weed = Weed(proc, f"http://127.0.0.1:{s3}", workdir, [master, volume, filer, s3])
