@@ -52,5 +52,10 @@ class NoValidCheckpoint(CheckpointError):
     """Committed checkpoints existed but none verified.
 
     Raised instead of returning None so that a corrupt store never silently means
-    "start training from zero" (FIELD-NOTES lesson 4).
+    "start training from zero" (FIELD-NOTES lesson 4). `quarantined`: (name, reason) of the
+    checkpoints this load moved aside.
     """
+
+    def __init__(self, message: str, quarantined: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.quarantined = quarantined or []

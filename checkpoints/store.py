@@ -284,7 +284,8 @@ class CheckpointStore:
             return loaded
         tried = "; ".join(f"{name}: {reason}" for name, reason in quarantined)
         raise NoValidCheckpoint(
-            f"no checkpoint in {self.root} verified (all quarantined as .corrupt-*): {tried}"
+            f"no checkpoint in {self.root} verified (all quarantined as .corrupt-*): {tried}",
+            quarantined,
         )
 
     def newest_meta(self) -> tuple[CheckpointRef, dict[str, Any]] | None:

@@ -187,6 +187,7 @@ class TrainingSession:
         self.hb.start()
         self.progress = ProgressLog(run_dir, lambda: self.hb.count_failure("progress"))
         self.checkpoint_failures = 0
+        self.mirror_tried = False
 
     @property
     def trained(self) -> Learner:
@@ -244,10 +245,17 @@ class TrainingSession:
         try:
             loaded = store.load_latest(salvage=is_chunk_file)
         except NoValidCheckpoint as exc:
-            raise NoValidCheckpointError(
-                f"checkpoints exist in {store.root} but none verifies; refusing to start from "
-                f"zero: {exc}"
-            ) from exc
+            # Every local checkpoint was damaged (now quarantined): the mirror's may be whole.
+            url = None if self.mirror_tried else self.cfg.mirror_url
+            if not (url and self._restore_from_mirror(store, url)):
+                raise NoValidCheckpointError(
+                    f"checkpoints exist in {store.root} but none verifies; refusing to start "
+                    f"from zero: {exc}"
+                ) from exc
+            names = [f"{name} ({reason})" for name, reason in exc.quarantined]
+            self.log.warning("local_checkpoints_quarantined", quarantined=names)
+            self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
+            loaded = self._load_newest(store)
         except CheckpointUnreadable as exc:
             raise CheckpointUnreadableError(
                 f"{exc}; it was not moved (a read error is not corruption): the next start "
@@ -262,14 +270,16 @@ class TrainingSession:
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
         return loaded
 
-    def _restore_from_mirror(self, store: CheckpointStore, url: str) -> None:
-        """No local checkpoint (a fresh machine, a wiped disk): commit the newest mirrored one
-        whose blobs all verify into the local store, then load it like any other. A mirror
+    def _restore_from_mirror(self, store: CheckpointStore, url: str) -> bool:
+        """No local checkpoint (a fresh machine, a wiped disk, every one damaged): commit the
+        newest mirrored one whose blobs all verify into the local store (True), to be loaded
+        like any other; False when the mirror has none of this game. A mirror
         that cannot be read is a read error (retried after a backoff), never a start from
         zero; one that holds only checkpoints that cannot be used is refused the same way."""
         from checkpoints.mirror import restore_newest  # boto3: only with a mirror
         from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
 
+        self.mirror_tried = True  # once per session: a restored copy that fails is final
         self.hb.set_phase(Phase.LOADING, MIRROR_RESTORE_DEADLINE_S)
         name = self.cfg.mirror_name or self.run_dir.name
         want = checkpoint_meta(self.cfg)
@@ -301,11 +311,12 @@ class TrainingSession:
             ) from exc
         if restored is None:
             self.log.info("mirror_empty", url=url, game=name)
-            return
+            return False
         entry = {"step": restored.step, "bytes": restored.bytes_downloaded,
                  "skipped": restored.skipped, "url": url}  # fmt: skip
         self.log.warning("mirror_restored", **entry)
         self.hb.update(mirror_restore=entry)
+        return True
 
     def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:
         want = checkpoint_meta(self.cfg)

@@ -1,0 +1,73 @@
+"""A real worker restores from the mirror when every local checkpoint is damaged (they are
+quarantined, the mirror's copy is whole): it resumes from the mirrored step, not from zero."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoints import CheckpointStore
+from checkpoints.mirror import upload_checkpoint
+from checkpoints.remote import RemoteLocation, RemoteStore, make_client
+from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
+from tests.mirror.seaweed import Weed
+
+REPO = Path(__file__).resolve().parents[2]
+PPO = (
+    "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "64",
+    "--batch-size", "64", "--threads", "1", "--eval-episodes", "0",
+    "--checkpoint-every-steps", "1000",
+)  # fmt: skip
+
+
+def _worker(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "training.worker", "--run-dir", str(run_dir), *PPO, *args],
+        cwd=REPO,
+        env={**os.environ, **TEST_AWS_ENV, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_every_local_checkpoint_damaged_restores_from_the_mirror(
+    weed: Weed, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    url = f"s3://{BUCKET}/{prefix_for(request)}"
+    remote = RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
+    remote.ensure_bucket()
+    run_dir = tmp_path / "run"
+    first = _worker(run_dir, "--total-steps", "3000")
+    assert first.returncode == 0, first.stderr[-2000:]
+    store = CheckpointStore(run_dir / "checkpoints")
+    newest = store.committed()[-1]
+    upload_checkpoint(remote, "g", newest)
+    for ref in store.committed():  # the local disk rots under every checkpoint
+        path = ref.path / "learner.pt"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+    mirror = ("--mirror-url", url, "--mirror-endpoint-url", weed.endpoint, "--mirror-name", "g")
+    again = _worker(run_dir, "--total-steps", "6000", *mirror)
+    assert again.returncode == 0, again.stderr[-3000:]
+    hb = json.loads((run_dir / "heartbeat.json").read_text())
+    assert hb["resumed_from_step"] == newest.step, "from the mirrored step, not from zero"
+    assert hb["mirror_restore"]["step"] == newest.step
+    assert len(hb["quarantined"]) >= 1 and list((run_dir / "checkpoints").glob(".corrupt-*"))
+    assert hb["global_step"] >= 6000
+
+    # Without a mirror the same damage refuses to start from zero (exit 78), as before.
+    for ref in store.committed():
+        path = ref.path / "learner.pt"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    refused = _worker(run_dir, "--total-steps", "9000")
+    assert refused.returncode == 78
