@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
@@ -61,6 +63,7 @@ def test_a_lost_machine_resumes_from_the_mirror(
         sup.send_signal(signal.SIGKILL)  # the machine is gone: no goodbye
         sup.wait(30)
         wait_for(lambda: heartbeat(state, "dqn") is None or not _alive(state), 30, "worker gone")
+        wait_for(lambda: not _uploaders(config), 30, "the uploader gone with its supervisor")
     assert events(state, "mirror_ok", "dqn"), "each mirrored checkpoint is an event"
     mirrored = remote.manifest_steps("dqn")[-1]
     manifest = json.loads(remote.get_manifest("dqn", mirrored))
@@ -80,6 +83,7 @@ def test_a_lost_machine_resumes_from_the_mirror(
         first = next(csv.DictReader(f))
     assert int(first["global_step"]) > step, "the new machine went on from the mirrored step"
     assert not events(state, "worker_crash")
+    assert not _uploaders(config), "the uploader stops with the supervisor"
 
 
 def _alive(state: Path) -> bool:
@@ -87,9 +91,18 @@ def _alive(state: Path) -> bool:
     if hb is None:
         return False
     try:
-        import os
-
         os.kill(hb["pid"], 0)
     except ProcessLookupError:
         return False
     return True
+
+
+def _uploaders(config: Path) -> list[int]:
+    """Uploader processes of this test's configuration still running."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        alive = p.info["status"] != psutil.STATUS_ZOMBIE
+        if alive and "supervisor.uploader" in cmd and str(config) in cmd:
+            found.append(p.pid)
+    return found
