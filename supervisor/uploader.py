@@ -140,9 +140,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlsup uploader: {cfg.path} has no [mirror] table", file=sys.stderr)
         return 2
     # SIGTERM keeps its default (exit at once): killed anywhere, an upload leaves no manifest
-    # without its blobs, so there is nothing to finish first.
+    # without its blobs, so there is nothing to finish first. The same when the supervisor
+    # dies: the kernel sends it (PR_SET_PDEATHSIG), even in the middle of a long upload.
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # it died before the request took effect
+        return 0
     run_uploader(cfg, threading.Event())
     return 0
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
 # ---- the supervisor's handle ------------------------------------------------------------
