@@ -12,7 +12,6 @@ Ends with one JSON line of the figures.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import signal
@@ -27,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.supervision_overhead import rate  # noqa: E402
 from tests.mirror.conftest import TEST_AWS_ENV  # noqa: E402
 from tests.mirror.seaweed import running_weed  # noqa: E402
 
@@ -54,13 +54,6 @@ replay_chunk_kib = 512
 [stability]
 ceiling = "light"
 """
-
-
-def rate(progress: Path) -> float:
-    rows = list(csv.DictReader(progress.open()))
-    first, last = rows[1], rows[-1]
-    steps = int(last["global_step"]) - int(first["global_step"])
-    return steps / (float(last["time"]) - float(first["time"]))
 
 
 def run(tmp: Path, seconds: float, mirror: str) -> tuple[float, list[dict[str, float]]]:

@@ -32,6 +32,8 @@ _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _GAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 _CHUNK = 1 << 20
+_NOT_FOUND = ("404", "NoSuchKey", "NotFound")
+_TOLERATED = object()  # what `_call` returns for a tolerated error code
 
 
 class RemoteError(CheckpointError):
@@ -128,14 +130,18 @@ class RemoteStore:
 
     # ---- requests -----------------------------------------------------------------------
 
-    def _call(self, what: str, fn: Any, **kw: Any) -> Any:
+    def _call(self, what: str, fn: Any, *, tolerate: tuple[str, ...] = (), **kw: Any) -> Any:
+        """fn(**kw); `_TOLERATED` when the store answers one of the `tolerate` error codes. A
+        missing object is a RemoteContentError, any other failure a RemoteError."""
         from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return fn(**kw)
         except ClientError as exc:
-            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if _code(exc) in tolerate:
+                return _TOLERATED
+            if _code(exc) in _NOT_FOUND:
                 raise RemoteContentError(f"{what}: not found") from exc
             raise RemoteError(f"{what}: {exc}") from exc
         except (BotoCoreError, Boto3Error) as exc:
@@ -143,37 +149,31 @@ class RemoteStore:
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (owned by us already is fine)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.head_bucket(Bucket=self.where.bucket)
-            return
-        except ClientError as exc:
-            if _code(exc) not in ("404", "NoSuchBucket", "NotFound"):
-                raise RemoteError(f"bucket {self.where.bucket}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise RemoteError(f"bucket {self.where.bucket}: {exc}") from exc
-        try:
-            self.client.create_bucket(Bucket=self.where.bucket)
-        except ClientError as exc:
-            if _code(exc) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise RemoteError(f"creating bucket {self.where.bucket}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise RemoteError(f"creating bucket {self.where.bucket}: {exc}") from exc
+        bucket = self.where.bucket
+        missing = ("NoSuchBucket", *_NOT_FOUND)
+        if (
+            self._call(f"bucket {bucket}", self.client.head_bucket, tolerate=missing, Bucket=bucket)
+            is _TOLERATED
+        ):
+            self._call(
+                f"creating bucket {bucket}",
+                self.client.create_bucket,
+                tolerate=("BucketAlreadyOwnedByYou", "BucketAlreadyExists"),
+                Bucket=bucket,
+            )
 
     def has_blob(self, sha256: str, size: int) -> bool:
         """Present with this size and our sha256 metadata (a partial or foreign object is
         not the blob)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.where.bucket, Key=self.blob_key(sha256))
-        except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise RemoteError(f"HEAD blob {sha256[:12]}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise RemoteError(f"HEAD blob {sha256[:12]}: {exc}") from exc
+        head = self._call(
+            f"HEAD blob {sha256[:12]}",
+            self.client.head_object,
+            tolerate=_NOT_FOUND,
+            Bucket=self.where.bucket,
+            Key=self.blob_key(sha256),
+        )
+        if head is _TOLERATED:
+            return False
         meta = head.get("Metadata") or {}
         return int(head.get("ContentLength", -1)) == size and meta.get("sha256") == sha256
 
@@ -222,23 +222,17 @@ class RemoteStore:
 
     def put_manifest(self, game: str, step: int, body: bytes) -> bool:
         """Write the manifest once (`If-None-Match: *`): False when it already exists."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.put_object(
-                Bucket=self.where.bucket,
-                Key=self.manifest_key(game, step),
-                Body=body,
-                IfNoneMatch="*",
-                ContentType="application/json",
-            )
-        except ClientError as exc:
-            if _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                return False
-            raise RemoteError(f"PUT manifest {game}/{ckpt_name(step)}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise RemoteError(f"PUT manifest {game}/{ckpt_name(step)}: {exc}") from exc
-        return True
+        done = self._call(
+            f"PUT manifest {game}/{ckpt_name(step)}",
+            self.client.put_object,
+            tolerate=("PreconditionFailed", "412", "ConditionalRequestConflict"),
+            Bucket=self.where.bucket,
+            Key=self.manifest_key(game, step),
+            Body=body,
+            IfNoneMatch="*",
+            ContentType="application/json",
+        )
+        return done is not _TOLERATED
 
     def get_manifest(self, game: str, step: int) -> bytes:
         resp = self._call(

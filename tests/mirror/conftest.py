@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from checkpoints.remote import RemoteLocation, RemoteStore, make_client
 from tests.mirror.seaweed import Weed, running_weed, weed_binary
 
 # Any credentials: SeaweedFS without -s3.config accepts them. Never the host's profile.
@@ -35,3 +36,11 @@ BUCKET = "rlsup-test"  # one bucket (a SeaweedFS collection, with its own volume
 def prefix_for(request: pytest.FixtureRequest) -> str:
     """A folder of the test bucket of this test's own."""
     return request.node.name.replace("_", "-")[:60]
+
+
+def remote_for(weed: Weed, request: pytest.FixtureRequest) -> tuple[str, RemoteStore]:
+    """This test's mirror url (its own folder of the test bucket) and a store on it."""
+    url = f"s3://{BUCKET}/{prefix_for(request)}"
+    remote = RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
+    remote.ensure_bucket()
+    return url, remote

@@ -19,17 +19,14 @@ from checkpoints.remote import (
     RemoteStore,
     make_client,
 )
-from tests.mirror.conftest import BUCKET, prefix_for
+from tests.mirror.conftest import remote_for
 from tests.mirror.seaweed import Weed
 
 CHUNK = 64 * 1024
 
 
 def _remote(weed: Weed, request: pytest.FixtureRequest) -> RemoteStore:
-    where = RemoteLocation.parse(f"s3://{BUCKET}/{prefix_for(request)}/runs")
-    remote = RemoteStore(make_client(weed.endpoint, "us-east-1"), where)
-    remote.ensure_bucket()
-    return remote
+    return remote_for(weed, request)[1]
 
 
 def _checkpoint(store: CheckpointStore, step: int, chunks: list[bytes]) -> None:

@@ -11,8 +11,7 @@ import pytest
 
 from checkpoints import CheckpointStore
 from checkpoints.mirror import upload_checkpoint
-from checkpoints.remote import RemoteLocation, RemoteStore, make_client
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
+from tests.mirror.conftest import TEST_AWS_ENV, remote_for
 from tests.mirror.seaweed import Weed
 from tests.supervisor.helpers import env_for, rlsup, write_config
 
@@ -20,9 +19,7 @@ from tests.supervisor.helpers import env_for, rlsup, write_config
 def test_pull_restores_once_and_respects_a_running_worker(
     weed: Weed, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    url = f"s3://{BUCKET}/{prefix_for(request)}"
-    remote = RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
-    remote.ensure_bucket()
+    url, remote = remote_for(weed, request)
     other = CheckpointStore(tmp_path / "elsewhere")
     w = other.begin(700, {"game": "CartPole-v1", "algo": "ppo"})
     w.write_bytes("learner.pt", os.urandom(10_000))

@@ -13,8 +13,7 @@ import pytest
 
 from checkpoints import CheckpointStore
 from checkpoints.mirror import upload_checkpoint
-from checkpoints.remote import RemoteLocation, RemoteStore, make_client
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
+from tests.mirror.conftest import TEST_AWS_ENV, remote_for
 from tests.mirror.seaweed import Weed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,9 +38,7 @@ def _worker(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_every_local_checkpoint_damaged_restores_from_the_mirror(
     weed: Weed, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    url = f"s3://{BUCKET}/{prefix_for(request)}"
-    remote = RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
-    remote.ensure_bucket()
+    url, remote = remote_for(weed, request)
     run_dir = tmp_path / "run"
     first = _worker(run_dir, "--total-steps", "3000")
     assert first.returncode == 0, first.stderr[-2000:]
