@@ -466,6 +466,14 @@ def render_human(doc: StatusDoc) -> str:
     lines = [_supervisor_line(doc, now), _host_line(doc["host"], now)]
     lines += _mode_lines(doc["mode"], now)
     lines += ["", _games_table(doc["games"], now)]
+    mirrored = [
+        f"{g['name']} {render.fmt_count(g['mirror_step'])} "
+        f"({render.fmt_duration(g['mirror_age_s'])} old)"
+        for g in doc["games"]
+        if g["mirror_step"] is not None
+    ]
+    if mirrored:
+        lines += ["", "mirrored: " + ", ".join(mirrored)]
     notes = _notes(doc["games"], now)
     if notes:
         lines += ["", *notes]

@@ -59,6 +59,8 @@ def test_a_lost_machine_resumes_from_the_mirror(
         status = json.loads(rlsup("status", "--json", "--config", str(config), env=env).stdout)
         [game] = status["games"]
         assert game["mirror_step"] is not None and game["mirror_age_s"] is not None
+        human = rlsup("status", "--config", str(config), env=env).stdout
+        assert "mirrored: dqn " in human, human
     finally:
         sup.send_signal(signal.SIGKILL)  # the machine is gone: no goodbye
         sup.wait(30)
