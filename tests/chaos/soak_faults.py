@@ -801,6 +801,7 @@ class Injector:
                 skipped=self.skipped.get("disk_full"),
             )
         game = self.tmpfs_game
+        self.wait_disk()  # one disk fault at a time: the previous one's space back and used
         deadline = time.monotonic() + 60
         # Fill the disk under a worker that trains for the current supervisor: not a leftover
         # of a killed supervisor, not one SIGSTOPped and about to be replaced.
@@ -812,8 +813,7 @@ class Injector:
         if life is None or self._done(game):
             return None
         t = time.monotonic()
-        self._filler = Filler(self.tmpfs)
-        self._filler.start()
+        self._fill(self.tmpfs)
         st = os.statvfs(self.tmpfs)
         fault = Fault(
             "disk_full",
@@ -829,6 +829,17 @@ class Injector:
         self._disk_timer.daemon = True
         self._disk_timer.start()
         return fault
+
+    def _fill(self, directory: Path) -> None:
+        """Start keeping `directory`'s filesystem full. A filler an earlier fault left running
+        is stopped first: a second one replacing it would orphan it, and an orphaned filler
+        keeps the disk full for the rest of the run (the first 60-minute soak on this
+        version lost its last half hour that way: one game could never checkpoint again)."""
+        with self._disk_lock:
+            if self._filler is not None:
+                self._filler.stop()
+            self._filler = Filler(directory)
+            self._filler.start()
 
     def restore_disk(self) -> None:
         """Space returns: grow the tmpfs (then drop the ballast)."""

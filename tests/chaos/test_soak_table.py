@@ -3,6 +3,10 @@ can pass on an empty event log (each expects something, or checks inline in its 
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -42,3 +46,27 @@ def test_a_forbidden_event_during_the_fault_is_a_problem() -> None:
     log = EventLog([hang], fault, since=0.0)
     assert log.during(KINDS["db_locked"].forbid) == ["worker_hang g"]
     assert log.during(KINDS["kill"].forbid) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_second_disk_fault_never_orphans_the_first_filler(tmp_path: Path) -> None:
+    """Two fillers at once: the first, no longer referenced, would keep the disk full for the
+    rest of the run (seen in a 60-minute soak: a game that could never checkpoint again)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)], check=True)
+    soak = Soak(SoakSettings(workdir=tmp_path / "soak", fault_phase_s=200.0))
+    try:
+        soak._fill(disk)
+        soak._fill(disk)
+        fillers = [t for t in threading.enumerate() if t.name == "soak-filler" and t.is_alive()]
+        assert len(fillers) == 1
+        assert shutil.disk_usage(disk).free < 64 * 1024
+        with soak._disk_lock:
+            assert soak._filler is not None
+            soak._filler.stop()
+            soak._filler = None
+        assert not [t for t in threading.enumerate() if t.name == "soak-filler" and t.is_alive()]
+        assert shutil.disk_usage(disk).free > 900 * 1024, "space back once the filler stops"
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
