@@ -32,7 +32,9 @@ def main() -> int:
         workdir=workdir,
         fault_phase_s=phase_s,
         seed=args.seed,
-        min_faults=max(20, int(phase_s / 10)),
+        # A fault takes ~14 s on this 2-core machine (waits for health, recovery): one per
+        # 10 s of schedule kept a 60-minute soak injecting for ~85 min.
+        min_faults=max(20, int(phase_s / 16)),
         finish_timeout_s=max(240.0, phase_s * 0.3),
     )
     print(f"soak: {args.minutes} min, seed {args.seed}, workdir {workdir}", flush=True)
