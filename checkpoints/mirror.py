@@ -86,6 +86,18 @@ class Restored:
     skipped: list[str]  # "ckpt-<step>: why" for each newer manifest that could not be used
 
 
+def same_run(want: dict[str, object]) -> Callable[[dict[str, object]], str | None]:
+    """`accept` for `restore_newest`: a manifest whose meta names another game or algorithm
+    than `want` is refused with a reason (a key it lacks is no objection)."""
+
+    def accept(meta: dict[str, object]) -> str | None:
+        if all(meta.get(key) in (None, value) for key, value in want.items()):
+            return None
+        return f"a checkpoint of {meta.get('game')} / {meta.get('algo')}"
+
+    return accept
+
+
 def restore_newest(
     remote: RemoteStore,
     game: str,

@@ -276,23 +276,18 @@ class TrainingSession:
         like any other; False when the mirror has none of this game. A mirror
         that cannot be read is a read error (retried after a backoff), never a start from
         zero; one that holds only checkpoints that cannot be used is refused the same way."""
-        from checkpoints.mirror import restore_newest  # boto3: only with a mirror
+        from checkpoints.mirror import restore_newest, same_run  # boto3: only with a mirror
         from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
 
         self.mirror_tried = True  # once per session: a restored copy that fails is final
         self.hb.set_phase(Phase.LOADING, MIRROR_RESTORE_DEADLINE_S)
         name = self.cfg.mirror_name or self.run_dir.name
-        want = checkpoint_meta(self.cfg)
-
-        def accept(meta: dict[str, Any]) -> str | None:
-            if all(meta.get(key) in (None, value) for key, value in want.items()):
-                return None
-            return f"a checkpoint of {meta.get('game')} / {meta.get('algo')}"
-
         try:
             client = make_client(self.cfg.mirror_endpoint_url, self.cfg.mirror_region)
             remote = RemoteStore(client, RemoteLocation.parse(url))
-            restored = restore_newest(remote, name, store, accept=accept)
+            restored = restore_newest(
+                remote, name, store, accept=same_run(checkpoint_meta(self.cfg))
+            )
         except RemoteError as exc:
             raise CheckpointUnreadableError(
                 f"no local checkpoint in {store.root} and the mirror {url} cannot be read: "

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlsup pull: no game {args.game!r}; configured: {', '.join(games)}", file=sys.stderr)
         return EXIT_USAGE
     game, run_dir = games[args.game], cfg.run_dir(args.game)
-    from checkpoints.mirror import restore_newest
+    from checkpoints.mirror import restore_newest, same_run
     from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
 
     store = CheckpointStore(run_dir / CHECKPOINT_DIR)
@@ -55,11 +55,6 @@ def run(args: argparse.Namespace) -> int:
         make_client(cfg.mirror.endpoint_url or None, cfg.mirror.region or None),
         RemoteLocation.parse(cfg.mirror.url),
     )
-
-    def accept(meta: dict[str, object]) -> str | None:
-        if meta.get("game") in (None, game.env_id) and meta.get("algo") in (None, game.algo):
-            return None
-        return f"a checkpoint of {meta.get('game')} / {meta.get('algo')}"
 
     try:
         with _run_dir_lock(run_dir):
@@ -74,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                     f"(the mirror's newest is step {steps[-1]}): nothing to pull"
                 )
                 return EXIT_OK
+            accept = same_run({"game": game.env_id, "algo": game.algo})
             restored = restore_newest(remote, args.game, store, accept=accept)
     except BlockingIOError:
         print(
