@@ -18,6 +18,18 @@ class CheckpointWriteFailed(CheckpointError):
     """
 
 
+class PlacementFenced(CheckpointError):
+    """A commit refused: the game's placement fence in the mirror has moved past this
+    writer's epoch (the game was placed on another host since). Nothing was committed."""
+
+    def __init__(self, game: str, epoch: int, fence: int) -> None:
+        self.game, self.epoch, self.fence = game, epoch, fence
+        super().__init__(
+            f"{game}: placement epoch {epoch} is fenced off (the mirror's fence is at {fence}: "
+            "the game was placed elsewhere since); not committed"
+        )
+
+
 class CheckpointCorrupt(CheckpointError):
     """A checkpoint's bytes do not match its manifest: proof of damage, not a read error.
 

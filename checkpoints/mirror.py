@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from checkpoints.errors import CheckpointCorrupt, CheckpointError, CheckpointWriteFailed
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
@@ -50,10 +51,14 @@ def _sha256_of(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def upload_checkpoint(remote: RemoteStore, game: str, ref: CheckpointRef) -> Uploaded:
+def upload_checkpoint(
+    remote: RemoteStore, game: str, ref: CheckpointRef, epoch: int | None = None
+) -> Uploaded:
     """Mirror one committed local checkpoint. Raises CheckpointError (a local file that no
     longer matches its manifest, or an unreadable manifest) or RemoteError; a manifest is
-    only written after every blob it names is present and verified."""
+    only written after every blob it names is present and verified. With a placement
+    `epoch` (several hosts), PlacementFenced when the game's fence has moved past it: then
+    no manifest is written (its blobs, named by no manifest, age out as garbage)."""
     started = time.monotonic()
     raw = (ref.path / MANIFEST_NAME).read_bytes()
     manifest = parse_manifest(raw, ref.step)
@@ -74,9 +79,21 @@ def upload_checkpoint(remote: RemoteStore, game: str, ref: CheckpointRef) -> Upl
         if not remote.has_blob(entry.sha256, entry.size):
             raise RemoteError(f"blob {entry.sha256[:12]} of {name} is not there after upload")
         out.bytes_uploaded += entry.size
+    if epoch is not None:
+        remote.check_fence(game, epoch)
     out.new_manifest = remote.put_manifest(game, ref.step, raw)
     out.seconds = time.monotonic() - started
     return out
+
+
+def newest_meta(remote: RemoteStore, game: str) -> tuple[int, dict[str, Any]] | None:
+    """The step and `meta` of the game's newest mirrored manifest (None: none mirrored)."""
+    steps = remote.manifest_steps(game)
+    if not steps:
+        return None
+    manifest = parse_manifest(remote.get_manifest(game, steps[-1]), steps[-1])
+    meta = manifest.get("meta")
+    return steps[-1], dict(meta) if isinstance(meta, dict) else {}
 
 
 @dataclass

@@ -5,6 +5,9 @@ manifests in one S3 bucket (any S3-compatible server).
                                               user metadata `sha256` and its size say what it is
   <prefix>/manifests/<game>/ckpt-<step>.json  the checkpoint's MANIFEST.json, written last: only
                                               after every blob it names is present and verified
+  <prefix>/fences/<game>.json                 the game's placement fence (several hosts): the
+                                              epoch of its newest placement; a writer of an
+                                              older epoch commits and mirrors nothing
 
 Object stores have no rename and no hard links: a file is uploaded once by its hash (the
 hard-linked replay chunks of successive checkpoints share hashes), and a manifest appears only
@@ -18,6 +21,7 @@ boto3 is imported here only, and only when a mirror is configured.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from checkpoints.errors import CheckpointError
+from checkpoints.errors import CheckpointError, PlacementFenced
 from checkpoints.names import ckpt_name, ckpt_step
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -233,6 +237,56 @@ class RemoteStore:
             ContentType="application/json",
         )
         return done is not _TOLERATED
+
+    # ---- placement fences (several hosts) -------------------------------------------------
+
+    def fence_key(self, game: str) -> str:
+        if not _GAME_RE.fullmatch(game):
+            raise ValueError(f"game name {game!r} cannot name a mirror object")
+        return f"{self.where.prefix}fences/{game}.json"
+
+    def get_fence(self, game: str) -> int:
+        """The epoch of the game's newest placement (0: never placed with a fence)."""
+        resp = self._call(
+            f"GET fence {game}",
+            self.client.get_object,
+            tolerate=_NOT_FOUND,
+            Bucket=self.where.bucket,
+            Key=self.fence_key(game),
+        )
+        if resp is _TOLERATED:
+            return 0
+        body = resp["Body"]
+        try:
+            data = json.loads(body.read())
+        except ValueError as exc:
+            raise RemoteContentError(f"fence of {game} is not JSON: {exc}") from exc
+        finally:
+            body.close()
+        epoch = data.get("epoch") if isinstance(data, dict) else None
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise RemoteContentError(f"fence of {game} holds no epoch: {data!r}"[:300])
+        return epoch
+
+    def advance_fence(self, game: str, detail: dict[str, Any] | None = None) -> int:
+        """A new placement of `game`: its fence moves one past the newest, which is returned.
+        From then on a writer of any older epoch commits and mirrors nothing."""
+        epoch = self.get_fence(game) + 1
+        self._call(
+            f"PUT fence {game}",
+            self.client.put_object,
+            Bucket=self.where.bucket,
+            Key=self.fence_key(game),
+            Body=json.dumps({**(detail or {}), "epoch": epoch}).encode(),
+            ContentType="application/json",
+        )
+        return epoch
+
+    def check_fence(self, game: str, epoch: int) -> None:
+        """Raise PlacementFenced when the game was placed again after `epoch`."""
+        fence = self.get_fence(game)
+        if fence > epoch:
+            raise PlacementFenced(game, epoch, fence)
 
     def get_manifest(self, game: str, step: int) -> bytes:
         resp = self._call(

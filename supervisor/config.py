@@ -109,6 +109,23 @@ class MirrorConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """[cluster]: where workers run. "local" (this host) or "ray" (the hosts of a Ray
+    cluster that ran `rlsup join`; needs [mirror]: a game that moves resumes from it)."""
+
+    backend: str = "local"
+    address: str = "auto"  # the Ray head (host:port); "auto": the cluster this host joined
+    namespace: str = "rlsup"  # Ray namespace of the workers' actors (one per supervisor)
+    cpus_per_game: float = 1.0  # Ray resources each game's actor holds on its host
+    gpus_per_game: float = 0.0  # a fraction shares a GPU between games
+    games_per_host: int = 0  # most games on one host; 0 = as many as its CPUs allow
+    host_lost_after_s: float = 30.0  # a worker's host unreachable this long is lost
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path  # absolute path of the file it was read from
     state_dir: Path  # absolute
@@ -125,6 +142,7 @@ class Config:
     tick_s: float = 1.0  # added key: longest sleep of the main loop
     logs_dir_key: Path | None = None  # added key: where worker logs go (default <state>/logs)
     mirror: MirrorConfig | None = None  # added table: [mirror]
+    cluster: ClusterConfig = ClusterConfig()  # added table: [cluster]
 
     @property
     def logs_dir(self) -> Path:
@@ -203,7 +221,29 @@ _TOP: dict[str, Field] = {
     "tick_s": (_NUM, 1.0, _positive, "seconds > 0"),
     "logs_dir": ((str,), "", None, "a path (string)"),
 }
-_TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu", "mirror")
+_TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster")
+_ADDRESS_RE = r"[A-Za-z0-9.\[\]:-]+:[0-9]+"
+_CLUSTER: dict[str, Field] = {
+    "backend": ((str,), "local", lambda v: v in ("local", "ray"), '"local" or "ray"'),
+    "address": (
+        (str,),
+        "auto",
+        lambda v: (
+            v == "auto" or re.fullmatch(r"(ray://)?[A-Za-z0-9.\[\]:-]+:[0-9]+", v) is not None
+        ),
+        '"auto" or the Ray head\'s host:port',
+    ),
+    "namespace": (
+        (str,),
+        "rlsup",
+        lambda v: re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v) is not None,
+        "a Ray namespace (letters, digits, _ . -)",
+    ),
+    "cpus_per_game": (_NUM, 1.0, _non_negative, "CPUs >= 0"),
+    "gpus_per_game": (_NUM, 0.0, _non_negative, "GPUs >= 0 (a fraction shares one)"),
+    "games_per_host": ((int,), 0, _non_negative, "an integer >= 0 (0: by CPUs)"),
+    "host_lost_after_s": (_NUM, 30.0, _positive, "seconds > 0"),
+}
 _MIRROR: dict[str, Field] = {
     "url": ((str,), None, _mirror_url_ok, "s3://bucket[/prefix]"),
     "endpoint_url": (
@@ -416,6 +456,13 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         logs_dir = Path(os.environ["LOGS_DIRECTORY"].split(":")[0])
     games = _parse_games(ctx, data.get("games"), modes, top["checkpoint_every_s"])
     mirror = _parse_mirror(ctx, data["mirror"]) if "mirror" in data else None
+    cluster = ClusterConfig(**_values(ctx, ["cluster"], data.get("cluster", {}), _CLUSTER))
+    if cluster.backend == "ray" and mirror is None:
+        raise ctx.fail(
+            ["cluster", "backend"],
+            'got "ray" without a [mirror] table: on several hosts a game that moves resumes '
+            'from the mirror (add [mirror] url = "s3://bucket/prefix")',
+        )
     return Config(
         path=path,
         state_dir=state_dir,
@@ -432,6 +479,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         stability=stability,
         gpu=sections["gpu"],
         mirror=mirror,
+        cluster=cluster,
     )
 
 

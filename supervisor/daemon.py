@@ -34,7 +34,7 @@ from supervisor.config import (
 from supervisor.exits import StopReason, WorkerExit, route_exit
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, worker_env
 from supervisor.journal import Journal
-from supervisor.launcher import Launcher, WorkerProcess, rotate_log
+from supervisor.launcher import Launcher, NoRoom, WorkerProcess, rotate_log
 from supervisor.liveness import Liveness, hang_reason, new_reports
 from supervisor.lock import LockHeld, acquire_lock
 from supervisor.oomwatch import KernelOomWatch
@@ -85,6 +85,15 @@ def gate_config(cfg: Config) -> GateConfig:
     )
 
 
+def make_launcher(cfg: Config) -> Launcher:
+    """The launcher of `[cluster] backend`: this host, or the hosts of a Ray cluster."""
+    if cfg.cluster.backend == "ray":
+        from supervisor.raylaunch import RayLauncher  # imports Ray: only for this backend
+
+        return RayLauncher(cfg)
+    return Launcher()
+
+
 class Supervisor:
     def __init__(
         self,
@@ -102,7 +111,7 @@ class Supervisor:
         oom_watch: KernelOomWatch | None = None,
     ) -> None:
         self.cfg = cfg
-        self.launcher = launcher or Launcher()
+        self.launcher = launcher or make_launcher(cfg)
         self.clock = clock
         self.wall = wall
         # The step-free clock (`steady`): the wall clock once, then monotonic. Incident
@@ -141,12 +150,16 @@ class Supervisor:
         self.finished = False
         self.rng = random.Random()
         self._tick_errors = 0
+        self._no_room: set[str] = set()  # games told "no host has room" (once each)
 
     # ---- start-up ---------------------------------------------------------------------------
 
     def run(self) -> int:
         try:
             self.start()
+        except StartFailed:
+            self.close()
+            raise
         except (OSError, sqlite3.Error) as exc:
             # Before the loop the state database must open and be read (the boot ledger, the
             # leftovers to stop): say so plainly; every write after that is journaled.
@@ -184,6 +197,12 @@ class Supervisor:
         worker_rows = db.workers(self.conn)
         if outcome.same_boot:  # a new supervisor: stop our workers still alive BEFORE any start
             leftovers = stop_leftover_workers(worker_rows, self.cfg, self.notifier)
+        try:
+            self.launcher.connect()
+            # Workers of a predecessor on other hosts (their actors), stopped before any start.
+            elsewhere = self.launcher.stop_leftovers(self.cfg.stop_grace_s)
+        except OSError as exc:
+            raise StartFailed(f"backend {self.launcher.backend}: {exc}") from exc
         host_mode = modes.resume_host_mode(
             self.conn, self.cfg, self.steady(), write=self.journal.write
         )
@@ -196,6 +215,8 @@ class Supervisor:
         self.journal.write(lambda c: db.set_supervisor(c, **row))
         for kind, detail in start_events(outcome, leftovers, self.cfg.path, host_mode):
             self.event(kind, None, detail)
+        if elsewhere:
+            self.event("leftovers_stopped", None, {"actors": elsewhere, "backend": "ray"})
         for game, kind, detail in unrecorded_reports(self.conn, worker_rows, self.cfg.run_dir):
             self.event(kind, game, detail)
             log.warning(kind, game=game, **detail)
@@ -208,7 +229,8 @@ class Supervisor:
             games=list(self.games),
         )
         restore_states(self.games, db.workers(self.conn), self.cfg.run_dir)
-        self.uploader = Uploader(self.cfg, self.event)
+        if self.launcher.backend == "local":  # on several hosts, each host mirrors its games
+            self.uploader = Uploader(self.cfg, self.event)
         self.refresh_modes()
         for rt in self.games.values():
             if rt.state is S.STOPPED:
@@ -218,6 +240,7 @@ class Supervisor:
     def close(self) -> None:
         if self.uploader is not None:
             self.uploader.stop()
+        self.launcher.close()
         self.waker.close()
         self.notifier.close()
         self.sampler.stop()
@@ -253,6 +276,9 @@ class Supervisor:
             self.flags.reload = False
             self.reload(now)
         self.reap(now)
+        for kind, game, detail in self.launcher.observe(now):
+            self.event(kind, game, detail)
+            log.warning(kind, game=game, **detail)
         if not self.stopping:
             self.observe(now)
             self.recorder.sample(self.sampler.latest(), now)
@@ -370,6 +396,7 @@ class Supervisor:
             self.event(event[0], rt.spec.name, event[1])
         self.waker.unwatch(life.proc.pidfd)
         life.proc.close()
+        self.launcher.forget(life.proc)
         rt.life = None
         removed = rt.spec.name in self.removed
         route = route_exit(info.kind, life.stop_reason, removed=removed, stopping=self.stopping)
@@ -535,8 +562,8 @@ class Supervisor:
     def _gpu_gate(self, rt: GameRuntime, now: float) -> bool:
         """May this game's worker start now? CPU games always; CUDA (or auto) games once the
         GPU's free memory covers their need, or past gpu.timeout_s one rung lower (gpugate)."""
-        if rt.spec.device == "cpu":
-            return True
+        if rt.spec.device == "cpu" or self.launcher.backend != "local":
+            return True  # several hosts: Ray's num_gpus places GPU games
         assert self.conn is not None and self.journal is not None
         name, current = rt.spec.name, self.view.game(rt.spec.name)
         lighter = modes.one_rung_lower(self.cfg, current)
@@ -571,6 +598,13 @@ class Supervisor:
         restarting = rt.state is S.BACKOFF
         try:
             proc = self._launch(rt, mode, threads, now)
+        except NoRoom as exc:
+            # Several hosts, all full (or none joined): the game waits for room, no failure.
+            if rt.spec.name not in self._no_room:
+                self._no_room.add(rt.spec.name)
+                self.event("no_host", rt.spec.name, {"message": str(exc)})
+                log.warning("no_host", game=rt.spec.name, message=str(exc))
+            return
         except OSError as exc:
             # A full disk, a full process table, a failed pidfd: no child is left running
             # (the launcher kills what it cannot track); retried after a backoff.
@@ -578,6 +612,7 @@ class Supervisor:
             return
         if restarting:
             rt.restarts += 1
+        self._no_room.discard(rt.spec.name)
         rt.life, rt.mode = WorkerLife(proc, mode, Liveness(since=now)), mode
         self._set(
             rt,
@@ -588,6 +623,7 @@ class Supervisor:
             batch_size=mode.batch_size,
             n_steps=mode.n_steps,
             threads=threads,
+            **proc.placement(),
         )
 
     def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float) -> WorkerProcess:
@@ -605,7 +641,7 @@ class Supervisor:
             self.waker.watch(proc.pidfd, name)
         except (OSError, ValueError) as exc:
             self.launcher.kill(proc)
-            proc.popen.wait()
+            proc.wait()
             proc.close()
             raise OSError(f"cannot watch the new worker's pidfd: {exc}") from exc
         return proc
@@ -630,6 +666,9 @@ class Supervisor:
         if new.state_dir != self.cfg.state_dir:
             log.warning("config_reload_state_dir_ignored", old=str(self.cfg.state_dir))
             new = dataclasses.replace(new, state_dir=self.cfg.state_dir)
+        if new.cluster != self.cfg.cluster:  # placements are the running launcher's
+            log.warning("config_reload_cluster_ignored", kept=self.cfg.cluster.as_dict())
+            new = dataclasses.replace(new, cluster=self.cfg.cluster)
         self.cfg = new
         self.gate.cfg = gate_config(new)
         if self.uploader is not None:

@@ -35,6 +35,8 @@ class Route(enum.StrEnum):
     CONFIG_ERROR = "config_error"  # exit 78 -> FATAL at once: a restart cannot help
     SHUTDOWN = "shutdown"  # -> STOPPED: the supervisor is stopping
     REQUEUE = "requeue"  # -> WAITING: asked to stop, or stopped cleanly: not a failure
+    MOVE = "move"  # -> WAITING: its host was lost; placed again on another (not a failure)
+    FENCED = "fenced"  # exit 77 -> FATAL: another placement owns the game
     FAILURE = "failure"  # a crash, an OOM, a signal, a hang: backoff (or FATAL past the budget)
 
 
@@ -62,8 +64,12 @@ def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopp
         return Route.REMOVED
     if kind is ExitKind.CONFIG:
         return Route.CONFIG_ERROR
+    if kind is ExitKind.FENCED:
+        return Route.FENCED
     if stopping:
         return Route.SHUTDOWN
+    if kind is ExitKind.HOST_LOST:
+        return Route.MOVE
     if asked in _REQUEUED:
         return Route.REQUEUE
     if kind is ExitKind.STOPPED and asked is not StopReason.HANG:
@@ -76,6 +82,12 @@ _SETTLED = {
     Route.DONE: (WorkerState.DONE, "total_steps reached"),
     Route.REMOVED: (WorkerState.STOPPED, "removed from the configuration"),
     Route.SHUTDOWN: (WorkerState.STOPPED, "supervisor shutdown"),
+    Route.MOVE: (WorkerState.WAITING, "its host was lost: placed again on another host"),
+    Route.FENCED: (
+        WorkerState.FATAL,
+        "fenced: the game was placed again by someone else (exit 77); is a second supervisor "
+        "using the same mirror prefix?",
+    ),
 }
 
 

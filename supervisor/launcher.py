@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
@@ -52,6 +53,10 @@ def same_process(pid: int | None, ticks: int | None, create_time: float | None =
         return False
 
 
+class NoRoom(OSError):
+    """No host has room for another game now (several hosts): the game waits, no failure."""
+
+
 @dataclass
 class WorkerProcess:
     """A spawned worker: its Popen, a pidfd (readable when it exits), its identity."""
@@ -69,6 +74,13 @@ class WorkerProcess:
     def poll(self) -> int | None:
         return self.popen.poll()
 
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self.popen.wait(timeout)
+
+    def placement(self) -> dict[str, Any]:
+        """Where it runs, for its events: {} on this host; host and epoch on several."""
+        return {}
+
     def close(self) -> None:
         if self.pidfd >= 0:
             with contextlib.suppress(OSError):
@@ -77,11 +89,34 @@ class WorkerProcess:
 
 
 class Launcher:
-    """Spawns `python -m training.worker ARGV` in its own session, logs to a private file."""
+    """Spawns `python -m training.worker ARGV` in its own session, logs to a private file.
+
+    The seam the tick loop places workers through: this one on this host; `raylaunch.
+    RayLauncher` on the hosts of a Ray cluster (the hooks below are no-ops here)."""
+
+    backend = "local"
 
     def __init__(self, python: str = sys.executable, module: str = WORKER_MODULE) -> None:
         self.python = python
         self.module = module
+
+    def connect(self) -> None:
+        """Before the first spawn (several hosts: join the cluster). OSError when it cannot."""
+
+    def close(self) -> None:
+        """At the supervisor's exit."""
+
+    def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """Once a tick: events about the hosts (several hosts: joined, lost, rebooted)."""
+        return []
+
+    def stop_leftovers(self, grace_s: float) -> list[str]:
+        """At start-up, workers of a predecessor that this launcher alone can find (several
+        hosts: actors on other hosts); this host's are found by pid in the database."""
+        return []
+
+    def forget(self, proc: WorkerProcess) -> None:
+        """The tick loop is done with `proc` (it exited and was reaped)."""
 
     def spawn(
         self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None = None

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 from training.protocol import ExitCode
 
+# Not an exit status (those are 0..255): the launcher's word that the worker's host is gone
+# (several hosts: its Ray node died or stayed unreachable), so its exit status is unknowable.
+HOST_LOST_RC = 1000
+
 
 class ExitKind(enum.StrEnum):
     DONE = "done"
@@ -17,6 +21,8 @@ class ExitKind(enum.StrEnum):
     CONFIG = "config_error"
     CRASH = "crash"  # any other exit status
     SIGNALED = "killed_by_signal"
+    HOST_LOST = "host_lost"  # several hosts: its host died; the game moves (no failure)
+    FENCED = "fenced"  # exit 77: placed elsewhere since (a second supervisor on the mirror?)
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,8 @@ class ExitInfo:
 
 def classify_exit(returncode: int) -> ExitInfo:
     """Popen's returncode (negative = killed by that signal) → what happened."""
+    if returncode == HOST_LOST_RC:
+        return ExitInfo(ExitKind.HOST_LOST, returncode, "its host was lost")
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -43,6 +51,7 @@ def classify_exit(returncode: int) -> ExitInfo:
         ExitCode.STOPPED: ExitKind.STOPPED,
         ExitCode.OOM: ExitKind.OOM,
         ExitCode.CONFIG: ExitKind.CONFIG,
+        ExitCode.FENCED: ExitKind.FENCED,
     }
     kind = known.get(returncode, ExitKind.CRASH)  # type: ignore[call-overload]
     return ExitInfo(kind, returncode, f"exit status {returncode} ({kind})")

@@ -18,6 +18,7 @@ import structlog
 import torch
 
 from checkpoints import CheckpointStore, CheckpointWriteFailed, LoadedCheckpoint
+from checkpoints.errors import PlacementFenced
 from training import rng
 from training.protocol import WorkerConfig
 
@@ -42,6 +43,7 @@ class CheckpointResult:
     error: str | None = None
     # Base files that no longer matched their bytes when about to be linked (rewritten).
     bad_bases: tuple[str, ...] = ()
+    fenced: bool = False  # refused: the game was placed on another host since
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +97,13 @@ class Checkpointer:
         cfg: WorkerConfig,
         log: structlog.stdlib.BoundLogger,
         on_result: Callable[[CheckpointResult], None],
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.cfg = cfg
         self.log = log
         self.on_result = on_result
+        self.fence = fence  # raises PlacementFenced when this placement may no longer commit
         self._thread: threading.Thread | None = None
         self.last_result: CheckpointResult | None = None
 
@@ -136,6 +140,8 @@ class Checkpointer:
 
     def _write(self, cap: Capture, pause_s: float | None) -> CheckpointResult:
         meta = checkpoint_meta(self.cfg)
+        if self.cfg.epoch:
+            meta["epoch"] = self.cfg.epoch  # which placement wrote it (several hosts)
         try:
             with self.store.begin(cap.step, meta) as writer:
                 writer.write_bytes(LEARNER_FILE, cap.learner_blob)
@@ -143,6 +149,8 @@ class Checkpointer:
                 writer.write_json(CONFIG_FILE, self.cfg.to_json())
                 if cap.replay is not None:
                     cap.replay.save(writer, cap.replay_snapshot)
+                if self.fence is not None:
+                    self.fence()  # the last moment before the rename: abort, not commit
                 writer.commit()
             if cap.replay is not None:
                 cap.replay.mark_committed(cap.replay_snapshot, cap.step)
@@ -156,6 +164,8 @@ class Checkpointer:
                 bytes_linked=writer.stats.bytes_linked,
                 bad_bases=tuple(writer.stats.bad_bases),
             )
+        except PlacementFenced as exc:
+            result = dataclasses.replace(self._failed(cap, pause_s, exc), fenced=True)
         except (CheckpointWriteFailed, OSError) as exc:
             result = self._failed(cap, pause_s, exc)
         except Exception as exc:  # a bug must not take training down with it

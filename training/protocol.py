@@ -50,6 +50,7 @@ class ExitCode(enum.IntEnum):
     DONE = 0  # total_steps reached (and the final checkpoint and evaluation written)
     STOPPED = 75  # stopped on request (SIGTERM/SIGINT/parent gone) after a checkpoint
     OOM = 76  # CUDA or host out of memory
+    FENCED = 77  # several hosts: the game was placed elsewhere since; nothing committed
     CONFIG = 78  # configuration error: restarting cannot help
 
 
@@ -169,6 +170,12 @@ class WorkerConfig:
     mirror_endpoint_url: str | None = _f(None, "the mirror's S3-compatible endpoint")
     mirror_region: str | None = _f(None, "the mirror's region")
     mirror_name: str | None = _f(None, "the game's folder in the mirror (default: the run dir's)")
+    epoch: int = _f(
+        0,
+        "placement epoch (several hosts): commit nothing once the mirror's fence for this game "
+        "has moved past it, and resume from the mirror when it holds a newer placement's "
+        "checkpoint; 0 = no fence",
+    )
 
     # ---- derived views -------------------------------------------------------------------
     @property
@@ -476,6 +483,11 @@ class Heartbeat:
     replay_damage: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # A checkpoint restored from the mirror at start (no local one): step, bytes, skipped.
     mirror_restore: dict[str, Any] | None = None
+    # Several hosts: local checkpoints of an earlier placement moved aside at start because
+    # the mirror held a newer placement's: local and mirror [epoch, step], moved_to.
+    superseded: dict[str, Any] | None = None
+    # Several hosts: the host this worker runs on (set by the node's actor when it relays).
+    host: str | None = None
     # Writes that failed and were survived (a full disk, an I/O error), per file kind:
     # "heartbeat" (kept up in place), "progress" (rows kept and appended later), "eval", "log".
     write_failures: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -7,6 +7,7 @@ import csv
 import errno
 import io
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +69,13 @@ class CheckpointMismatch(ConfigError):
     """The run dir's checkpoints were trained for another env id or algorithm."""
 
     kind = "checkpoint_mismatch"
+
+
+class PlacementFencedError(RuntimeError):
+    """Several hosts: this game was placed on another host since this worker started (the
+    mirror's fence moved past its epoch). It committed nothing after that and exits 77."""
+
+    kind = "fenced"
 
 
 class CheckpointUnreadableError(RuntimeError):
@@ -188,6 +196,8 @@ class TrainingSession:
         self.progress = ProgressLog(run_dir, lambda: self.hb.count_failure("progress"))
         self.checkpoint_failures = 0
         self.mirror_tried = False
+        self.fenced: str | None = None  # why a commit was refused by the placement fence
+        self._remote_store: Any = None
 
     @property
     def trained(self) -> Learner:
@@ -207,7 +217,9 @@ class TrainingSession:
             swept = store.sweep()
             if swept:
                 self.log.info("staging_swept", paths=[str(p) for p in swept])
-            if self.cfg.mirror_url and store.latest() is None:
+            if self.cfg.mirror_url and (
+                store.latest() is None or (self.cfg.epoch and self._superseded(store))
+            ):
                 self._restore_from_mirror(store, self.cfg.mirror_url)
             loaded = self._load_newest(store)
         except OSError as exc:  # listing or sweeping the store itself failed: not corruption
@@ -224,7 +236,8 @@ class TrainingSession:
             self.hb.update(global_step=loaded.step, last_checkpoint_step=loaded.step)
             return ExitCode.DONE
         loaded, counters = self._restore(device, store, loaded)
-        checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint)
+        fence = self._check_fence if self.cfg.epoch and self.cfg.mirror_url else None
+        checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint, fence)
         return self._train(stop, checkpointer, counters, loaded)
 
     def close(self) -> None:
@@ -269,6 +282,59 @@ class TrainingSession:
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
         return loaded
+
+    # ---- several hosts: the placement fence ------------------------------------------------
+    def _remote(self) -> Any:
+        from checkpoints.remote import RemoteLocation, RemoteStore, make_client
+
+        if self._remote_store is None:
+            assert self.cfg.mirror_url
+            client = make_client(self.cfg.mirror_endpoint_url, self.cfg.mirror_region)
+            self._remote_store = RemoteStore(client, RemoteLocation.parse(self.cfg.mirror_url))
+        return self._remote_store
+
+    def _mirror_name(self) -> str:
+        return self.cfg.mirror_name or self.run_dir.name
+
+    def _check_fence(self) -> None:
+        """Before each commit: raise PlacementFenced when the game was placed elsewhere since.
+        A mirror that cannot be read cannot say so: the commit goes on (a checkpoint of an
+        older placement is superseded when the game comes back here: `_superseded`)."""
+        from checkpoints.remote import RemoteError
+
+        try:
+            self._remote().check_fence(self._mirror_name(), self.cfg.epoch)
+        except RemoteError as exc:
+            self.log.warning("fence_unreadable", error=str(exc), epoch=self.cfg.epoch)
+
+    def _superseded(self, store: CheckpointStore) -> bool:
+        """A new placement on a host that holds this game's checkpoints of an earlier one:
+        when the mirror's newest is ahead of the local newest by (placement epoch, step), the
+        local ones belong to a superseded placement (the game ran elsewhere since). They are
+        moved aside (`checkpoints.superseded/`, the previous such copy removed) and the
+        mirror's newest is restored instead. A mirror that cannot be read keeps them."""
+        from checkpoints.mirror import newest_meta
+        from checkpoints.remote import RemoteError
+
+        newest = store.newest_meta()
+        if newest is None:
+            return False
+        local = (int(newest[1].get("epoch") or 0), newest[0].step)
+        try:
+            remote = newest_meta(self._remote(), self._mirror_name())
+        except RemoteError as exc:
+            self.log.warning("mirror_unreadable", error=str(exc), kept="local checkpoints")
+            return False
+        if remote is None or (int(remote[1].get("epoch") or 0), remote[0]) <= local:
+            return False
+        aside = self.run_dir / (CHECKPOINT_DIR + ".superseded")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(store.root, aside)
+        entry = {"local": list(local), "mirror": [int(remote[1].get("epoch") or 0), remote[0]],
+                 "moved_to": str(aside)}  # fmt: skip
+        self.log.warning("local_checkpoints_superseded", **entry)
+        self.hb.update(superseded=entry)
+        return True
 
     def _restore_from_mirror(self, store: CheckpointStore, url: str) -> bool:
         """No local checkpoint (a fresh machine, a wiped disk, every one damaged): commit the
@@ -430,7 +496,7 @@ class TrainingSession:
         next_eval = _next_multiple(learner.global_step, cfg.eval_every_steps)
         longest_iter_s = 0.0
         self.hb.set_phase(Phase.TRAINING, STARTING_DEADLINE_S)
-        while learner.global_step < cfg.total_steps and not stop:
+        while learner.global_step < cfg.total_steps and not stop and self.fenced is None:
             t0 = time.monotonic()
             learner.iterate()
             now = time.monotonic()
@@ -452,6 +518,8 @@ class TrainingSession:
                 next_eval = _next_multiple(self.step, cfg.eval_every_steps)
                 self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
         self.progress.append(self._progress_row(counters))
+        if self.fenced is not None:
+            raise PlacementFencedError(f"stopped at step {self.step}: {self.fenced}")
         if stop:
             return self._stop(stop.reason, checkpointer, counters, last_saved_step)
         return self._finish(checkpointer, counters, last_saved_step)
@@ -465,6 +533,8 @@ class TrainingSession:
         committed = max(saved, self.hb.current.last_checkpoint_step or -1)
         if self.step > committed:
             result = checkpointer.save_sync(self.trained, self._counters(counters))
+            if result.fenced:
+                raise PlacementFencedError(f"stopped at step {self.step}: {result.error}")
             if not result.ok:
                 # Exit 75 would tell the supervisor that nothing was lost: say what was.
                 raise FinalCheckpointFailed(
@@ -479,6 +549,8 @@ class TrainingSession:
         checkpointer.wait()
         if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
             result = checkpointer.save_sync(self.trained, self._counters(counters))
+            if result.fenced:
+                raise PlacementFencedError(f"stopped at step {self.step}: {result.error}")
             if not result.ok:
                 raise FinalCheckpointFailed(
                     f"total_steps reached but the final checkpoint at step {self.step} "
@@ -590,6 +662,9 @@ class TrainingSession:
         if result.ok:
             self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())
             self.log.info("checkpoint", **fields)
+        elif result.fenced:
+            self.fenced = result.error
+            self.log.warning("checkpoint_fenced", error=result.error, **fields)
         else:
             self.checkpoint_failures += 1
             self.hb.update(

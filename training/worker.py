@@ -158,7 +158,9 @@ class Worker:
                 kind, where = ("cuda_oom", "CUDA") if cuda else ("host_oom", "host")
                 return self._error_exit(ExitCode.OOM, kind, f"{where} out of memory: {exc}")
             kind = getattr(exc, "kind", "crash")
-            return self._error_exit(1, kind, f"{type(exc).__name__}: {exc}")
+            # Several hosts: placed elsewhere since (session.PlacementFencedError): exit 77.
+            code = ExitCode.FENCED if kind == "fenced" else 1
+            return self._error_exit(code, kind, f"{type(exc).__name__}: {exc}")
 
     def _error_exit(self, code: int, kind: str, message: str) -> int:
         detail = {

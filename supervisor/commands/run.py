@@ -29,6 +29,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="exit (0) once every game is done or fatal, instead of idling",
     )
+    p.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        help="where workers run: this host, or the hosts of a Ray cluster (overrides "
+        "[cluster] backend)",
+    )
+    p.add_argument(
+        "--address",
+        help="the Ray head's host:port (overrides [cluster] address; default: auto)",
+    )
     p.set_defaults(func=run)
 
 
@@ -44,12 +54,27 @@ def state_umask(env: Mapping[str, str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
+    import dataclasses
+
     from supervisor import db
     from supervisor.config import ConfigError, check_runs_match
     from supervisor.daemon import LockHeld, StartFailed, Supervisor, acquire_lock
     from supervisor.logs import configure_logging
 
     try:
+        cluster = cfg.cluster
+        if args.backend or args.address:
+            cluster = dataclasses.replace(
+                cluster,
+                backend=args.backend or cluster.backend,
+                address=args.address or cluster.address,
+            )
+            if cluster.backend == "ray" and cfg.mirror is None:
+                raise ConfigError(
+                    f"{cfg.path}: --backend ray needs a [mirror] table: on several hosts a "
+                    "game that moves resumes from the mirror"
+                )
+            cfg = dataclasses.replace(cfg, cluster=cluster)
         check_runs_match(cfg)
     except ConfigError as exc:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)

@@ -1,0 +1,587 @@
+"""Several hosts: the launcher seam on a Ray cluster (`[cluster] backend = "ray"`).
+
+The tick loop, the state machine, the restart budget, hang detection and the stability policy
+are the ones of a single host; only the launcher differs. `RayLauncher.spawn` places a game on
+a host that joined with `rlsup join` (fewest of our games first, then most CPUs, at most
+`games_per_host`), moves the game's placement fence in the mirror one epoch on, and starts a
+detached, named actor there (`WorkerHost`, max_restarts=0: rlsup owns every restart decision).
+The actor runs the same `python -P -m training.worker` in the host's own run dir
+(`$RLSUP_NODE_DIR/runs/<game>`) with that epoch, and mirrors the game's checkpoints from the
+host (the epoch checked before each manifest). Each tick `poll()` relays the worker's
+heartbeat.json and error.json into the supervisor's run dir, so liveness, reports and errors
+are read as on one host. A host that dies (Ray reports the actor dead) or stays unreachable for
+`host_lost_after_s` gives HOST_LOST_RC: the game is placed again on another host and resumes
+from the mirror; a worker left running on a host declared lost commits nothing more (the
+fence).
+
+Ray is optional (`pip install 'rlsup[ray]'`) and imported only here, only by this backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor.config import Config
+from supervisor.launcher import (
+    PROJECT_ROOT,
+    WORKER_MODULE,
+    Launcher,
+    NoRoom,
+    WorkerProcess,
+)
+from supervisor.restart import HOST_LOST_RC
+from training import protocol
+
+log = structlog.get_logger("rlsup.ray")
+
+RAY_VERSION = "2.60.0"  # the one version a head and its hosts run (checked by `rlsup join`)
+HOST_LABEL = "rlsup-host"  # node label: the host's name
+BOOT_LABEL = "rlsup-boot"  # node label: the host's boot id when it joined
+NODE_DIR_ENV = "RLSUP_NODE_DIR"  # a host's own state: runs/<game>, logs/
+START_TIMEOUT_S = 120.0  # actor placed, worker process started
+OBSERVE_EVERY_S = 2.0
+UPLOAD_EVERY_S = 1.0
+FINAL_UPLOAD_TIMEOUT_S = 300.0
+
+
+def node_dir() -> Path:
+    """This host's rlsup state: $RLSUP_NODE_DIR, else /var/lib/rlsup-node (root) or
+    ~/.local/state/rlsup-node."""
+    if env := os.environ.get(NODE_DIR_ENV):
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/rlsup-node")
+    return Path.home() / ".local" / "state" / "rlsup-node"
+
+
+def _private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return protocol.read_regular_file(path)
+    except OSError:
+        return None
+
+
+# ---- the host side: one actor per placed game ---------------------------------------------
+
+
+class WorkerHost:
+    """Runs one game's worker on its host and mirrors its checkpoints (a Ray actor's class;
+    a plain class, so it is tested without Ray too)."""
+
+    def __init__(self, game: str, epoch: int, mirror: dict[str, Any] | None) -> None:
+        self.game, self.epoch, self.mirror = game, epoch, mirror
+        self.root = node_dir()
+        self.run_dir = self.root / "runs" / game
+        self.log_path = self.root / "logs" / f"{game}.log"
+        self.host = os.environ.get("RLSUP_HOST") or os.uname().nodename
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.rc: int | None = None
+        self.mirror_step: int | None = None
+        self.mirror_created: float | None = None
+        self.mirror_error: str | None = None
+        self.mirror_failures = 0
+        self.fenced = False
+        self._remote: Any = None
+
+    def start(self, cfg_json: dict[str, Any]) -> dict[str, Any]:
+        cfg = protocol.WorkerConfig.from_json(
+            {**cfg_json, "run_dir": str(self.run_dir), "epoch": self.epoch}
+        )
+        _private_dir(self.run_dir)
+        _private_dir(self.log_path.parent)
+        with contextlib.suppress(FileNotFoundError):
+            (self.run_dir / protocol.HEARTBEAT_FILE).unlink()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.log_path, flags, 0o600)
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-P", "-m", WORKER_MODULE, *cfg.to_argv()],
+                cwd=self.run_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            os.close(fd)
+        threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
+        return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root)}
+
+    def _watch(self) -> None:
+        """Mirror the newest checkpoint while the worker runs, once more after it exits (its
+        final one), then publish its exit status."""
+        assert self.popen is not None
+        while True:
+            try:
+                self.popen.wait(timeout=UPLOAD_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                self._upload()
+        deadline = time.monotonic() + FINAL_UPLOAD_TIMEOUT_S
+        while not self._upload() and time.monotonic() < deadline and not self.fenced:
+            time.sleep(UPLOAD_EVERY_S)
+        self.rc = self.popen.returncode
+
+    def _upload(self) -> bool:
+        """Mirror the newest committed checkpoint if it is newer than the last mirrored one.
+        True when nothing is left to mirror (or mirroring is off or fenced)."""
+        if self.mirror is None or self.fenced:
+            return True
+        from checkpoints import CheckpointError, CheckpointStore
+        from checkpoints.errors import PlacementFenced
+        from checkpoints.mirror import upload_checkpoint
+        from checkpoints.remote import RemoteLocation, RemoteStore, make_client
+
+        try:
+            ref = CheckpointStore(self.run_dir / protocol.CHECKPOINT_DIR).latest()
+        except OSError:
+            return False
+        if ref is None or (self.mirror_step is not None and ref.step <= self.mirror_step):
+            return True
+        try:
+            if self._remote is None:
+                client = make_client(self.mirror["endpoint_url"], self.mirror["region"])
+                self._remote = RemoteStore(client, RemoteLocation.parse(self.mirror["url"]))
+                self._remote.ensure_bucket()
+            upload_checkpoint(self._remote, self.game, ref, epoch=self.epoch)
+            created = json.loads((ref.path / "MANIFEST.json").read_bytes()).get("created")
+        except FileNotFoundError:
+            return False  # retention removed it meanwhile: the next pass takes the newer one
+        except PlacementFenced as exc:
+            self.fenced, self.mirror_error = True, str(exc)
+            return True
+        except (CheckpointError, OSError, ValueError) as exc:
+            self.mirror_failures += 1
+            self.mirror_error = f"{ref.path.name}: {exc}"[:500]
+            return False
+        self.mirror_step, self.mirror_created, self.mirror_error = ref.step, created, None
+        return False  # look again: a newer one may have been committed meanwhile
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "rc": self.rc,
+            "pid": self.popen.pid if self.popen else None,
+            "heartbeat": _read(self.run_dir / protocol.HEARTBEAT_FILE),
+            "error": _read(self.run_dir / protocol.ERROR_FILE),
+            "mirror_step": self.mirror_step,
+            "mirror_created": self.mirror_created,
+            "mirror_error": self.mirror_error,
+            "mirror_failures": self.mirror_failures,
+            "fenced": self.fenced,
+        }
+
+    def signal(self, sig: int) -> None:
+        """SIGTERM (+SIGCONT: a stopped process cannot act on it) or SIGKILL its group."""
+        if self.popen is None or self.popen.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(self.popen.pid, signal.SIGCONT)
+
+
+_ACTOR: Any = None
+
+
+def _actor_class() -> Any:
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        _ACTOR = ray.remote(WorkerHost)
+    return _ACTOR
+
+
+# ---- the supervisor side ------------------------------------------------------------------
+
+
+def actor_name(game: str, epoch: int) -> str:
+    return f"{game}@{epoch}"
+
+
+def _game_of(name: str) -> str:
+    return name.rsplit("@", 1)[0]
+
+
+@dataclasses.dataclass(eq=False)
+class RayWorkerProcess(WorkerProcess):
+    """A worker on another host, seen through its actor. `pid` is its pid on that host;
+    `pidfd` a pipe that never turns readable (exits are found by polling, once a tick)."""
+
+    game: str = ""
+    host: str = ""
+    node_id: str = ""
+    epoch: int = 0
+    actor: Any = None
+    view_dir: Path = Path()  # the supervisor's run dir of the game: relayed files land here
+    lost_after_s: float = 30.0
+    remote_pid: int = 0
+    returncode: int | None = None
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _ref: Any = None
+    _ok_at: float = 0.0
+    _killed: bool = False
+    _write_fd: int = -1
+
+    @property
+    def pid(self) -> int:
+        return self.remote_pid
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        import ray
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        now = time.monotonic()
+        if self._ref is None:
+            self._ref = self.actor.status.remote()
+        ready, _ = ray.wait([self._ref], timeout=0)
+        if not ready:
+            return self._unreachable(now)
+        ref, self._ref = self._ref, None
+        try:
+            st = ray.get(ref, timeout=5)
+        except (ActorUnavailableError, GetTimeoutError):
+            return self._unreachable(now)
+        except RayActorError as exc:
+            # Dead: its host died or was removed (or we killed it after a kill_at).
+            self._exit(-signal.SIGKILL if self._killed else HOST_LOST_RC, str(exc))
+            return self.returncode
+        self._ok_at = now
+        self.report = st
+        self._relay(protocol.HEARTBEAT_FILE, st.get("heartbeat"), host=self.host)
+        self._relay(protocol.ERROR_FILE, st.get("error"))
+        if st.get("rc") is not None:
+            self._exit(int(st["rc"]), None)
+        return self.returncode
+
+    def _unreachable(self, now: float) -> int | None:
+        if now - self._ok_at < self.lost_after_s:
+            return None
+        log.warning("host_unreachable", game=self.game, host=self.host, after_s=self.lost_after_s)
+        self._exit(HOST_LOST_RC, f"unreachable for {self.lost_after_s:g} s")
+        return self.returncode
+
+    def _exit(self, rc: int, why: str | None) -> None:
+        self.returncode = rc
+        if why:
+            self.report = {**self.report, "lost": why}
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)  # done with it (or gone): free its name
+
+    def _relay(self, name: str, data: bytes | None, host: str | None = None) -> None:
+        if data is None:
+            return
+        if host is not None:
+            with contextlib.suppress(ValueError, TypeError):
+                hb = json.loads(data)
+                if isinstance(hb, dict):
+                    data = json.dumps({**hb, "host": host}).encode()
+        path = self.view_dir / name
+        tmp = path.with_name(f".{name}.relay")
+        with contextlib.suppress(OSError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = time.monotonic() + (timeout if timeout is not None else 60.0)
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self.returncode
+
+    def placement(self) -> dict[str, Any]:
+        return {"host": self.host, "epoch": self.epoch}
+
+    def close(self) -> None:
+        super().close()
+        if self._write_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._write_fd)
+            self._write_fd = -1
+
+
+@dataclasses.dataclass
+class HostSeen:
+    node_id: str
+    boot_id: str
+    alive: bool
+    cpus: float
+    gpus: float
+
+
+class RayLauncher(Launcher):
+    """Places games on the hosts of a Ray cluster; see the module's docstring."""
+
+    backend = "ray"
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.placed: dict[str, RayWorkerProcess] = {}  # game -> its live placement
+        self.hosts: dict[str, HostSeen] = {}
+        self.next_observe = 0.0
+        self._remote: Any = None
+
+    def configure(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    # ---- connection ---------------------------------------------------------------------
+    def connect(self) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise OSError(
+                "[cluster] backend = \"ray\" needs Ray: pip install 'rlsup[ray]' "
+                f"(ray=={RAY_VERSION})"
+            ) from exc
+        if ray.__version__ != RAY_VERSION:
+            raise OSError(f"Ray {ray.__version__} is installed; rlsup needs ray=={RAY_VERSION}")
+        c = self.cfg.cluster
+        try:
+            ray.init(
+                address=c.address,
+                namespace=c.namespace,
+                log_to_driver=False,
+                configure_logging=False,
+                ignore_reinit_error=True,
+            )
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise OSError(f"cannot reach the Ray cluster at {c.address}: {exc}") from exc
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+
+    def remote(self) -> Any:
+        from checkpoints.remote import RemoteLocation, RemoteStore, make_client
+
+        m = self.cfg.mirror
+        assert m is not None  # config: backend "ray" requires [mirror]
+        if self._remote is None:
+            client = make_client(m.endpoint_url or None, m.region or None)
+            self._remote = RemoteStore(client, RemoteLocation.parse(m.url))
+            self._remote.ensure_bucket()
+        return self._remote
+
+    # ---- hosts ----------------------------------------------------------------------------
+    def _nodes(self) -> list[dict[str, Any]]:
+        import ray
+
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        return [n for n in nodes if (n.get("Labels") or {}).get(HOST_LABEL)]
+
+    def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """The host ledger: host_joined, host_reboot (back with a new boot id), host_lost."""
+        if now < self.next_observe:
+            return []
+        self.next_observe = now + OBSERVE_EVERY_S
+        try:
+            nodes = self._nodes()
+        except Exception as exc:  # the GCS unreachable: say so, keep supervising
+            log.warning("ray_nodes_unreadable", error=str(exc))
+            return []
+        alive: dict[str, dict[str, Any]] = {}
+        for n in nodes:
+            if n.get("Alive"):
+                alive[n["Labels"][HOST_LABEL]] = n
+        events: list[tuple[str, str | None, dict[str, Any]]] = []
+        for host, n in alive.items():
+            boot = n["Labels"].get(BOOT_LABEL, "")
+            res = n.get("Resources") or {}
+            seen = HostSeen(n["NodeID"], boot, True, res.get("CPU", 0.0), res.get("GPU", 0.0))
+            old = self.hosts.get(host)
+            detail = {"host": host, "node_id": seen.node_id, "boot_id": boot,
+                      "cpus": seen.cpus, "gpus": seen.gpus}  # fmt: skip
+            if old is None:
+                events.append(("host_joined", None, detail))
+            elif old.boot_id and boot and old.boot_id != boot:
+                events.append(("host_reboot", None, {**detail, "previous_boot_id": old.boot_id,
+                                                     "unexpected": old.alive}))  # fmt: skip
+            elif not old.alive or old.node_id != seen.node_id:
+                events.append(("host_joined", None, {**detail, "rejoined": True}))
+            self.hosts[host] = seen
+        for host, old in self.hosts.items():
+            if old.alive and host not in alive:
+                old.alive = False
+                games = sorted(g for g, p in self.placed.items() if p.host == host)
+                lost = {"host": host, "node_id": old.node_id, "boot_id": old.boot_id}
+                events.append(("host_lost", None, {**lost, "games": games}))
+        return events
+
+    def _choose(self, game: str) -> tuple[str, str, float]:
+        """(host, node id, its CPUs) for a new placement of `game`."""
+        c = self.cfg.cluster
+        counts: dict[str, int] = {}
+        for g, p in self.placed.items():
+            if g != game and p.returncode is None:
+                counts[p.host] = counts.get(p.host, 0) + 1
+        best: tuple[int, float, str, str] | None = None
+        for n in self._nodes():
+            if not n.get("Alive"):
+                continue
+            host, res = n["Labels"][HOST_LABEL], n.get("Resources") or {}
+            cpus, gpus = res.get("CPU", 0.0), res.get("GPU", 0.0)
+            room = c.games_per_host or (int(cpus // c.cpus_per_game) if c.cpus_per_game else 64)
+            if c.gpus_per_game:
+                room = min(room, int(gpus // c.gpus_per_game))
+            have = counts.get(host, 0)
+            if have >= room:
+                continue
+            key = (have, -cpus, host, n["NodeID"])
+            if best is None or key < best:
+                best = key
+        if best is None:
+            raise NoRoom(f"no joined host has room for {game} (hosts: {sorted(counts) or 'none'})")
+        return best[2], best[3], -best[1]
+
+    # ---- the seam -------------------------------------------------------------------------
+    def spawn(
+        self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None = None
+    ) -> WorkerProcess:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from checkpoints.remote import RemoteError
+
+        cfg = protocol.WorkerConfig.from_argv(argv)
+        game = cfg.mirror_name or Path(cfg.run_dir).name
+        view_dir = Path(cwd or cfg.run_dir)
+        c = self.cfg.cluster
+        host, node_id, _ = self._choose(game)
+        try:
+            epoch = self.remote().advance_fence(game, {"host": host, "at": time.time()})
+        except (RemoteError, ValueError) as exc:
+            raise OSError(
+                f"cannot move the placement fence of {game} in the mirror: {exc}"
+            ) from exc
+        threads = max(1, round(c.cpus_per_game)) if c.cpus_per_game else cfg.threads
+        cfg = dataclasses.replace(cfg, threads=threads, epoch=epoch)
+        m = self.cfg.mirror
+        mirror = None if m is None else {"url": m.url, "endpoint_url": m.endpoint_url or None,
+                                          "region": m.region or None}  # fmt: skip
+        actor = (
+            _actor_class()
+            .options(
+                name=actor_name(game, epoch),
+                namespace=c.namespace,
+                lifetime="detached",
+                max_restarts=0,
+                max_concurrency=4,
+                num_cpus=c.cpus_per_game,
+                num_gpus=c.gpus_per_game,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote(game, epoch, mirror)
+        )
+        try:
+            info = ray.get(actor.start.remote(cfg.to_json()), timeout=START_TIMEOUT_S)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            raise OSError(f"cannot start {game} on host {host}: {exc}") from exc
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        proc = RayWorkerProcess(
+            popen=None,  # type: ignore[arg-type]
+            pidfd=read_fd,
+            create_time=0.0,  # not a process of this host: never a local leftover
+            started_mono=now_mono,
+            start_ticks=None,
+            game=game,
+            host=str(info.get("host") or host),
+            node_id=node_id,
+            epoch=epoch,
+            actor=actor,
+            view_dir=view_dir,
+            lost_after_s=c.host_lost_after_s,
+            remote_pid=int(info["pid"]),
+            _ok_at=time.monotonic(),
+            _write_fd=write_fd,
+        )
+        self.placed[game] = proc
+        log.info("placed", game=game, host=proc.host, epoch=epoch, pid=proc.pid)
+        return proc
+
+    def terminate(self, proc: WorkerProcess) -> None:
+        assert isinstance(proc, RayWorkerProcess)
+        with contextlib.suppress(Exception):
+            proc.actor.signal.remote(int(signal.SIGTERM))
+
+    def kill(self, proc: WorkerProcess) -> None:
+        assert isinstance(proc, RayWorkerProcess)
+        import ray
+
+        proc._killed = True
+        with contextlib.suppress(Exception):
+            ray.get(proc.actor.signal.remote(int(signal.SIGKILL)), timeout=5)
+        with contextlib.suppress(Exception):
+            ray.kill(proc.actor, no_restart=True)
+
+    def stop_leftovers(self, grace_s: float) -> list[str]:
+        """A new supervisor: stop every actor of ours a predecessor left running (SIGTERM, its
+        final checkpoint mirrored, then killed) before any game is placed again."""
+        import ray
+        from ray.util import list_named_actors
+
+        names = list_named_actors()
+        if not names:
+            return []
+        actors = {}
+        for name in names:
+            with contextlib.suppress(Exception):
+                actors[name] = ray.get_actor(name, namespace=self.cfg.cluster.namespace)
+        for actor in actors.values():
+            with contextlib.suppress(Exception):
+                actor.signal.remote(int(signal.SIGTERM))
+        deadline = time.monotonic() + grace_s
+        pending = dict(actors)
+        while pending and time.monotonic() < deadline:
+            for name, actor in list(pending.items()):
+                try:
+                    if ray.get(actor.status.remote(), timeout=5)["rc"] is not None:
+                        del pending[name]
+                except Exception:
+                    del pending[name]  # dead already
+            if pending:
+                time.sleep(0.5)
+        for actor in actors.values():
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        log.info("leftover_actors_stopped", actors=sorted(actors), unfinished=sorted(pending))
+        return sorted(actors)
+
+    def forget(self, proc: WorkerProcess) -> None:
+        if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
+            del self.placed[proc.game]
