@@ -348,6 +348,7 @@ class RayLauncher(Launcher):
         super().__init__()
         self.cfg = cfg
         self.placed: dict[str, RayWorkerProcess] = {}  # game -> its live placement
+        self.lost_on: dict[str, set[str]] = {}  # host -> games whose worker was lost there
         self.hosts: dict[str, HostSeen] = {}
         self.next_observe = 0.0
         self._remote: Any = None
@@ -367,6 +368,11 @@ class RayLauncher(Launcher):
         if ray.__version__ != RAY_VERSION:
             raise OSError(f"Ray {ray.__version__} is installed; rlsup needs ray=={RAY_VERSION}")
         c = self.cfg.cluster
+        # ray.init installs its own SIGTERM/SIGINT handlers (exit at once): the supervisor's
+        # (a flag: stop the workers, then exit) must stay in force.
+        ours = {
+            sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        }
         try:
             ray.init(
                 address=c.address,
@@ -377,6 +383,10 @@ class RayLauncher(Launcher):
             )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise OSError(f"cannot reach the Ray cluster at {c.address}: {exc}") from exc
+        finally:
+            for sig, handler in ours.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -436,7 +446,8 @@ class RayLauncher(Launcher):
         for host, old in self.hosts.items():
             if old.alive and host not in alive:
                 old.alive = False
-                games = sorted(g for g, p in self.placed.items() if p.host == host)
+                here = {g for g, p in self.placed.items() if p.host == host}
+                games = sorted(here | self.lost_on.pop(host, set()))
                 lost = {"host": host, "node_id": old.node_id, "boot_id": old.boot_id}
                 events.append(("host_lost", None, {**lost, "games": games}))
         return events
@@ -585,3 +596,5 @@ class RayLauncher(Launcher):
     def forget(self, proc: WorkerProcess) -> None:
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]
+            if proc.returncode == HOST_LOST_RC:  # for the host's host_lost event
+                self.lost_on.setdefault(proc.host, set()).add(proc.game)

@@ -1,0 +1,121 @@
+"""A real Ray cluster on loopback for the several-hosts tests: `ray.cluster_utils.Cluster` with a
+head that places nothing (num_cpus 0, no dashboard) and N hosts labelled as `rlsup join` labels
+them (name, boot id), each with its own RLSUP_NODE_DIR, one CPU, a small object store, and
+short health checks so that a removed node is declared dead within seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from supervisor.raylaunch import BOOT_LABEL, HOST_LABEL, NODE_DIR_ENV
+
+STORE = 80 << 20
+FAST_HEALTH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 4,
+}
+
+
+@dataclass
+class LoopbackCluster:
+    cluster: Any
+    root: Path
+    env: dict[str, str]
+    nodes: dict[str, Any] = field(default_factory=dict)  # host -> ray node
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def node_dir(self, host: str) -> Path:
+        return self.root / host
+
+    def add_host(self, host: str, boot: int = 1) -> None:
+        self.nodes[host] = self.cluster.add_node(
+            num_cpus=1,
+            object_store_memory=STORE,
+            labels={HOST_LABEL: host, BOOT_LABEL: f"boot-{host}-{boot}"},
+            env_vars={**self.env, NODE_DIR_ENV: str(self.node_dir(host)), "RLSUP_HOST": host},
+        )
+
+    def kill_host(self, host: str) -> None:
+        """The host dies: every process of its node SIGKILLed, no goodbye."""
+        self.cluster.remove_node(self.nodes.pop(host), allow_graceful=False)
+
+
+def _ray_processes() -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "ray" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "ray::" in cmd):
+            out.append(p)
+    return out
+
+
+@contextlib.contextmanager
+def loopback_cluster(root: Path, hosts: list[str], env: dict[str, str]) -> Iterator[LoopbackCluster]:
+    from ray.cluster_utils import Cluster
+
+    before = {p.pid for p in _ray_processes()}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": STORE,
+            "_system_config": FAST_HEALTH,
+        },
+    )
+    lc = LoopbackCluster(cluster, root, env)
+    try:
+        for host in hosts:
+            lc.add_host(host)
+        yield lc
+    finally:
+        with contextlib.suppress(Exception):
+            cluster.shutdown()
+        # Nothing left behind: Ray's own processes of this cluster, and any worker of ours.
+        for p in _ray_processes():
+            if p.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGKILL)
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "training.worker" in cmd and any(str(root) in c for c in cmd):
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGKILL)
+
+
+def worker_processes(root: Path, game: str) -> list[psutil.Process]:
+    """Live training workers of `game` on any loopback host (their run dirs lie under root)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if (
+            "training.worker" in cmd
+            and any(c.startswith(str(root)) and c.endswith(f"/runs/{game}") for c in cmd)
+            and p.info["status"] != psutil.STATUS_ZOMBIE
+        ):
+            out.append(p)
+    return out
+
+
+def python_env(base: dict[str, str]) -> dict[str, str]:
+    """What the hosts' raylets (and so the actors and workers) need from the test's env."""
+    keep = ("PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+            "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED")  # fmt: skip
+    out = {k: base[k] for k in keep if k in base}
+    out["RAY_USAGE_STATS_ENABLED"] = "0"
+    out.setdefault("PYTHONPATH", os.pathsep.join(sys.path))
+    return out

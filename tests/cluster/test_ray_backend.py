@@ -1,0 +1,254 @@
+"""Several hosts on a real Ray cluster (loopback: a head and two or three hosts, each its own
+raylet and run dir) with a real mirror (SeaweedFS): `rlsup run` places real CartPole workers
+on the hosts; a host is killed (every process of its node SIGKILLed) and its game must resume on
+a surviving host from the mirror, never below the last mirrored step and never with two
+workers at once; a killed supervisor's successor stops the actors it left before placing any
+game again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpoints.remote import RemoteLocation, RemoteStore, make_client
+from tests.cluster.ray_cluster import (
+    LoopbackCluster,
+    loopback_cluster,
+    python_env,
+    worker_processes,
+)
+from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for, weed  # noqa: F401
+from tests.mirror.seaweed import Weed
+from tests.supervisor.helpers import env_for, events, heartbeat, start_supervisor, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytest.importorskip("ray", reason="the ray extra (make test installs it)")
+
+DQN_ARGS = (
+    "args = { eval_episodes = 0, buffer_size = 5000, learning_starts = 500,"
+    " replay_chunk_kib = 64 }\n"
+)
+
+
+def write_cluster_config(
+    tmp: Path, lc: LoopbackCluster, weed: Weed, url: str, games: list[str]
+) -> Path:
+    text = (
+        'state_dir = "state"\ncheckpoint_every_s = 1\nstop_grace_s = 30\ntick_s = 0.5\n'
+        "[modes.light]\nnum_envs = 4\nbatch_size = 64\nn_steps = 64\nmax_concurrent = 4\n"
+        + "".join(
+            f'[[games]]\nname = "{g}"\nenv_id = "CartPole-v1"\nalgo = "dqn"\n'
+            f'total_steps = 50000000\nseed = {i + 1}\ndevice = "cpu"\n{DQN_ARGS}'
+            for i, g in enumerate(games)
+        )
+        + "[restart]\nbackoff_base_s = 0.3\nbackoff_max_s = 1\nbudget = 5\n"
+        "budget_window_s = 600\nstable_after_s = 30\n"
+        "[watchdog]\nstartup_grace_s = 120\nhang_timeout_s = 60\nkill_grace_s = 10\n"
+        f'[mirror]\nurl = "{url}"\nendpoint_url = "{weed.endpoint}"\nkeep = 3\n'
+        f'[cluster]\nbackend = "ray"\naddress = "{lc.address}"\nhost_lost_after_s = 15\n'
+    )
+    path = tmp / "rlsup.toml"
+    path.write_text(text)
+    return path
+
+
+def placements(state: Path, game: str) -> list[dict[str, Any]]:
+    """Every start of the game's worker, oldest first: its host and placement epoch."""
+    return [
+        e["detail"]
+        for e in events(state, None, game)
+        if e["detail"].get("to") == "starting" and "host" in e["detail"]
+    ]
+
+
+class MaxWorkers:
+    """Samples the game's live worker processes (on every host) until stopped: the most seen."""
+
+    def __init__(self, root: Path, game: str) -> None:
+        self.root, self.game, self.most = root, game, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.most = max(self.most, len(worker_processes(self.root, self.game)))
+            self._stop.wait(0.1)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.most
+
+
+@pytest.fixture
+def ray_env(tmp_path: Path) -> dict[str, str]:
+    return env_for(tmp_path, **TEST_AWS_ENV, RAY_USAGE_STATS_ENABLED="0")
+
+
+def _mirror(weed: Weed, request: pytest.FixtureRequest) -> tuple[str, RemoteStore]:
+    url = f"s3://{BUCKET}/{prefix_for(request)}"
+    return url, RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
+
+
+def _stop(sup: Any) -> None:
+    if sup.poll() is None:
+        sup.send_signal(signal.SIGTERM)
+        try:
+            sup.wait(90)
+        except Exception:
+            sup.kill()
+            sup.wait(10)
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
+    with loopback_cluster(tmp_path / "hosts", ["h1", "h2"], python_env(ray_env)) as lc:
+        yield lc
+
+
+@pytest.fixture
+def three_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
+    with loopback_cluster(tmp_path / "hosts", ["h1", "h2", "h3"], python_env(ray_env)) as lc:
+        yield lc
+
+
+def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
+    two_hosts: LoopbackCluster,
+    weed: Weed,  # noqa: F811
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    ray_env: dict[str, str],
+) -> None:
+    lc = two_hosts
+    url, remote = _mirror(weed, request)
+    config = write_cluster_config(tmp_path, lc, weed, url, ["g1"])
+    state = tmp_path / "state"
+    sup = start_supervisor(config, ray_env)
+    watch = MaxWorkers(lc.root, "g1")
+    try:
+        [first] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed on a host")
+        wait_for(lambda: len(remote.manifest_steps("g1")) >= 2, 180, "2 mirrored checkpoints")
+        hb = heartbeat(state, "g1")  # relayed from the host into the supervisor's run dir
+        assert hb is not None and hb["host"] == first["host"] and hb["pid"] == first["pid"]
+
+        lc.kill_host(first["host"])
+        mirrored = remote.manifest_steps("g1")[-1]  # nothing uploads from a dead host
+        assert remote.get_fence("g1") == first["epoch"]
+
+        moved = wait_for(lambda: placements(state, "g1")[1:], 120, "g1 placed again")[0]
+        survivor = "h2" if first["host"] == "h1" else "h1"
+        assert moved["host"] == survivor
+        assert moved["epoch"] > first["epoch"] and remote.get_fence("g1") == moved["epoch"]
+        resumed = wait_for(
+            lambda: (h := heartbeat(state, "g1")) and h["pid"] == moved["pid"]
+            and h["resumed_from_step"] is not None and h,
+            180,
+            "the moved worker resumed",
+        )  # fmt: skip
+        assert resumed["resumed_from_step"] >= mirrored, (resumed, mirrored)
+        assert resumed["mirror_restore"]["step"] == resumed["resumed_from_step"]
+
+        lost = events(state, "host_lost")
+        assert [e["detail"]["host"] for e in lost] == [first["host"]]
+        assert lost[0]["detail"]["games"] == ["g1"]
+        [exit_] = [e for e in events(state, None, "g1") if e["detail"].get("to") == "exited"]
+        assert exit_["detail"]["exit"] == "host_lost"
+        assert not events(state, "worker_crash") and not events(state, "restart")
+        # It trains on: its next checkpoint reaches the mirror from the surviving host.
+        wait_for(lambda: remote.manifest_steps("g1")[-1] > resumed["resumed_from_step"], 120,
+                 "a checkpoint of the moved game mirrored")  # fmt: skip
+    finally:
+        _stop(sup)
+        most = watch.stop()
+    assert sup.returncode == 0
+    assert most == 1, f"{most} workers of g1 ran at once"
+    assert not worker_processes(lc.root, "g1"), "the supervisor stopped the worker it placed"
+
+
+def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
+    three_hosts: LoopbackCluster,
+    weed: Weed,  # noqa: F811
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    ray_env: dict[str, str],
+) -> None:
+    lc = three_hosts
+    url, remote = _mirror(weed, request)
+    config = write_cluster_config(tmp_path, lc, weed, url, ["g1", "g2"])
+    state = tmp_path / "state"
+    sup = start_supervisor(config, ray_env)
+    try:
+        [p1] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed")
+        [p2] = wait_for(lambda: placements(state, "g2"), 120, "g2 placed")
+        assert p1["host"] != p2["host"], "spread: one game per host while hosts are free"
+        wait_for(lambda: remote.manifest_steps("g1"), 180, "g1 mirrored")
+        lc.kill_host(p1["host"])
+        mirrored = remote.manifest_steps("g1")[-1]
+        moved = wait_for(lambda: placements(state, "g1")[1:], 120, "g1 placed again")[0]
+        [free] = {"h1", "h2", "h3"} - {p1["host"], p2["host"]}
+        assert moved["host"] == free
+        resumed = wait_for(
+            lambda: (h := heartbeat(state, "g1")) and h["pid"] == moved["pid"]
+            and h["resumed_from_step"] is not None and h,
+            180,
+            "g1 resumed",
+        )  # fmt: skip
+        assert resumed["resumed_from_step"] >= mirrored
+        assert placements(state, "g2") == [p2], "the game on a healthy host is left alone"
+        assert [e["detail"]["host"] for e in events(state, "host_lost")] == [p1["host"]]
+        joined = sorted(e["detail"]["host"] for e in events(state, "host_joined"))
+        assert joined == ["h1", "h2", "h3"]
+    finally:
+        _stop(sup)
+    assert sup.returncode == 0
+
+
+def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
+    two_hosts: LoopbackCluster,
+    weed: Weed,  # noqa: F811
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    ray_env: dict[str, str],
+) -> None:
+    lc = two_hosts
+    url, remote = _mirror(weed, request)
+    config = write_cluster_config(tmp_path, lc, weed, url, ["g1"])
+    state = tmp_path / "state"
+    sup = start_supervisor(config, ray_env)
+    watch = MaxWorkers(lc.root, "g1")
+    try:
+        [first] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed")
+        wait_for(lambda: remote.manifest_steps("g1"), 180, "g1 mirrored")
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(30)
+        time.sleep(2)
+        assert len(worker_processes(lc.root, "g1")) == 1, "its detached actor runs on"
+
+        sup = start_supervisor(config, ray_env)
+        [stopped] = wait_for(lambda: events(state, "leftovers_stopped"), 120, "leftovers")
+        assert stopped["detail"]["actors"] == [f"g1@{first['epoch']}"]
+        second = wait_for(lambda: placements(state, "g1")[1:], 120, "g1 placed again")[0]
+        assert second["epoch"] == first["epoch"] + 1
+        resumed = wait_for(
+            lambda: (h := heartbeat(state, "g1")) and h["pid"] == second["pid"]
+            and h["resumed_from_step"] is not None and h,
+            180,
+            "g1 resumed",
+        )  # fmt: skip
+        # The leftover stopped with a final checkpoint, mirrored before it was killed.
+        assert resumed["resumed_from_step"] >= remote.manifest_steps("g1")[0]
+        log = (lc.node_dir(first["host"]) / "logs" / "g1.log").read_text()
+        assert '"stop_requested"' in log or "stop_requested" in log
+    finally:
+        _stop(sup)
+        most = watch.stop()
+    assert most == 1, f"{most} workers of g1 ran at once"
+    assert json.loads((state / "runs" / "g1" / "heartbeat.json").read_text())["host"]
