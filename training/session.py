@@ -519,6 +519,7 @@ class TrainingSession:
                 self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
         self.progress.append(self._progress_row(counters))
         if self.fenced is not None:
+            checkpointer.wait()  # one already begun is refused by the fence too, and cleaned up
             raise PlacementFencedError(f"stopped at step {self.step}: {self.fenced}")
         if stop:
             return self._stop(stop.reason, checkpointer, counters, last_saved_step)

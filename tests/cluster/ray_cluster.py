@@ -64,7 +64,9 @@ def _ray_processes() -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def loopback_cluster(root: Path, hosts: list[str], env: dict[str, str]) -> Iterator[LoopbackCluster]:
+def loopback_cluster(
+    root: Path, hosts: list[str], env: dict[str, str]
+) -> Iterator[LoopbackCluster]:
     from ray.cluster_utils import Cluster
 
     before = {p.pid for p in _ray_processes()}
@@ -113,8 +115,15 @@ def worker_processes(root: Path, game: str) -> list[psutil.Process]:
 
 def python_env(base: dict[str, str]) -> dict[str, str]:
     """What the hosts' raylets (and so the actors and workers) need from the test's env."""
-    keep = ("PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-            "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED")  # fmt: skip
+    keep = (
+        "PYTHONPATH",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_DEFAULT_REGION",
+        "AWS_CONFIG_FILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_EC2_METADATA_DISABLED",
+    )
     out = {k: base[k] for k in keep if k in base}
     out["RAY_USAGE_STATS_ENABLED"] = "0"
     out.setdefault("PYTHONPATH", os.pathsep.join(sys.path))

@@ -24,7 +24,7 @@ from tests.cluster.ray_cluster import (
     python_env,
     worker_processes,
 )
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for, weed  # noqa: F401
+from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
 from tests.mirror.seaweed import Weed
 from tests.supervisor.helpers import env_for, events, heartbeat, start_supervisor, wait_for
 
@@ -122,7 +122,7 @@ def three_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackClu
 
 def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
     two_hosts: LoopbackCluster,
-    weed: Weed,  # noqa: F811
+    weed: Weed,
     request: pytest.FixtureRequest,
     tmp_path: Path,
     ray_env: dict[str, str],
@@ -175,7 +175,7 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
 
 def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
     three_hosts: LoopbackCluster,
-    weed: Weed,  # noqa: F811
+    weed: Weed,
     request: pytest.FixtureRequest,
     tmp_path: Path,
     ray_env: dict[str, str],
@@ -213,7 +213,7 @@ def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
 
 def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
     two_hosts: LoopbackCluster,
-    weed: Weed,  # noqa: F811
+    weed: Weed,
     request: pytest.FixtureRequest,
     tmp_path: Path,
     ray_env: dict[str, str],
