@@ -163,6 +163,21 @@ BAD = [
         ["stability.cooldown_s", "nan", "a finite number"],
     ),
     (
+        "ray backend without a mirror",
+        ('ceiling = "heavy"', 'ceiling = "heavy"\n[cluster]\nbackend = "ray"'),
+        ["cluster.backend", "[mirror]"],
+    ),
+    (
+        "unknown backend",
+        ('ceiling = "heavy"', 'ceiling = "heavy"\n[cluster]\nbackend = "slurm"'),
+        ["cluster.backend", "slurm", '"local" or "ray"'],
+    ),
+    (
+        "bad head address",
+        ('ceiling = "heavy"', 'ceiling = "heavy"\n[cluster]\naddress = "head"'),
+        ["cluster.address", "head", "host:port"],
+    ),
+    (
         "toml syntax",
         ("total_steps = 1000\n\n[[games]]", "total_steps = = 1000\n\n[[games]]"),
         ["not valid TOML", "line 19"],
@@ -207,3 +222,20 @@ def test_missing_file_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFi
         main(["scale", "--mode", "light", "--config", str(tmp_path / "nope.toml")])
     assert exc.value.code == 2
     assert "nope.toml" in capsys.readouterr().err
+
+
+def test_cluster_table_defaults_to_this_host_and_reads_the_ray_backend(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    assert load_config(path).cluster.backend == "local"
+    path.write_text(
+        GOOD + '[mirror]\nurl = "s3://rlsup-bucket/p"\n[cluster]\nbackend = "ray"\n'
+        'address = "10.0.0.1:6379"\ncpus_per_game = 2\ngpus_per_game = 0.5\n'
+    )
+    c = load_config(path).cluster
+    assert (c.backend, c.address, c.cpus_per_game, c.gpus_per_game) == (
+        "ray",
+        "10.0.0.1:6379",
+        2.0,
+        0.5,
+    )

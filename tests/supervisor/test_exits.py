@@ -31,6 +31,14 @@ ROUTES = [
     (K.CRASH, None, False, False, R.FAILURE),
     (K.OOM, None, False, False, R.FAILURE),
     (K.SIGNALED, None, False, False, R.FAILURE),
+    # Several hosts: a lost host moves the game (no failure, whoever asked what); a fenced
+    # worker (exit 77) means someone else placed the game: FATAL, restarting cannot help.
+    (K.HOST_LOST, None, False, False, R.MOVE),
+    (K.HOST_LOST, A.HANG, False, False, R.MOVE),
+    (K.HOST_LOST, None, False, True, R.SHUTDOWN),
+    (K.HOST_LOST, None, True, False, R.REMOVED),
+    (K.FENCED, None, False, False, R.FENCED),
+    (K.FENCED, None, False, True, R.FENCED),
 ]
 
 
@@ -114,3 +122,16 @@ def test_settle(
 def test_every_route_settles_or_is_a_failure() -> None:
     ex = WorkerExit(classify_exit(0), 1.0, None, None, False, None)
     assert [r for r in Route if ex.settle(r, None) is None] == [R.FAILURE]
+
+
+def test_host_lost_and_fenced_are_classified_and_settled() -> None:
+    from supervisor.restart import HOST_LOST_RC
+
+    lost = classify_exit(HOST_LOST_RC)
+    assert lost.kind is ExitKind.HOST_LOST and not lost.is_failure
+    fenced = classify_exit(77)
+    assert fenced.kind is ExitKind.FENCED and not fenced.is_failure
+    ex = WorkerExit(lost, 5.0, None, None, False, None)
+    assert ex.settle(Route.MOVE, None) == (WorkerState.WAITING, ex.settle(Route.MOVE, None)[1])
+    state, why = WorkerExit(fenced, 5.0, None, None, False, None).settle(Route.FENCED, None)
+    assert state is WorkerState.FATAL and "second supervisor" in why

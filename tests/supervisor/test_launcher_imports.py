@@ -27,3 +27,25 @@ def test_a_package_in_the_working_directory_cannot_shadow_rlsups(
         proc.close()
     assert not (tmp_path / "SHADOWED").exists(), "the operator's package was imported"
     assert "python -m training.worker" in log.read_text()  # rlsup's worker answered
+
+
+def test_the_single_host_supervisor_never_imports_ray() -> None:
+    """Ray is the several-hosts backend's alone: `rlsup run` on one host, `rlsup status` and
+    the CLI keep their start-up time without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, supervisor.cli, supervisor.daemon, supervisor.commands.join\n"
+        "from supervisor.config import load_config\n"
+        "from supervisor.daemon import make_launcher\n"
+        "cfg = load_config(sys.argv[1])\n"
+        "assert make_launcher(cfg).backend == 'local'\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    example = Path(__file__).resolve().parents[2] / "supervisor" / "example.toml"
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(example)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
