@@ -371,9 +371,12 @@ def _game(
     last_row = tail[-1] if tail else {}
     state = w.get("state") or "not_started"
     pid = w.get("pid") or hb.get("pid")
+    # Several hosts: a worker on another host (its heartbeat relayed, naming the host) is no
+    # process of this one: its liveness is the heartbeat's to tell.
+    host = hb.get("host") if isinstance(hb.get("host"), str) else None
     alive = (
         pid_alive(pid, w.get("pid_start_ticks"), w.get("pid_create_time"))
-        if state in LIVE_STATES
+        if state in LIVE_STATES and host is None
         else None
     )
 
@@ -390,7 +393,7 @@ def _game(
     hb_age = max(0.0, now - hb["time"]) if hb.get("time") else None
     stale = state == "running" and (hb_age is None or hb_age > HEARTBEAT_STALE_S)
     eta = None
-    if not (state in LIVE_STATES and alive):
+    if not (state in LIVE_STATES and (alive or (host is not None and not stale))):
         sps = None  # the last speed of a worker that is not running is no current speed
     if state == "running" and sps and sps > 0 and total > step and not stale:
         eta = (total - step) / sps
@@ -404,6 +407,7 @@ def _game(
         "state_since": w.get("state_since"),
         "pid": pid,
         "pid_alive": alive,
+        "host": host,
         "phase": hb.get("phase"),
         "mode": w.get("mode") or modes.get(name) or modes.get("*"),
         "num_envs": w.get("num_envs") or hb.get("num_envs") or None,
@@ -603,7 +607,7 @@ def _games_table(games: list[GameDoc], now: float) -> str:
             [
                 g["name"] + ("" if g["in_config"] else "?"),
                 state,
-                str(g["pid"]) if g["pid"] and g["state"] in LIVE_STATES else "-",
+                _pid_cell(g),
                 g["mode"] or "-",
                 str(g["num_envs"] or "-"),
                 str(g["batch_size"] or "-"),
@@ -619,6 +623,12 @@ def _games_table(games: list[GameDoc], now: float) -> str:
             ]
         )
     return render.render_table(_HEADERS, rows)
+
+
+def _pid_cell(g: GameDoc) -> str:
+    if not (g["pid"] and g["state"] in LIVE_STATES):
+        return "-"
+    return f"{g['pid']}@{g['host']}" if g.get("host") else str(g["pid"])
 
 
 def _notes(games: list[GameDoc], now: float) -> list[str]:

@@ -77,6 +77,7 @@ class GameDoc(TypedDict):
     state_since: float | None
     pid: int | None
     pid_alive: bool | None
+    host: str | None  # several hosts: the host its worker runs on (null on a single host)
     phase: str | None
     mode: str | None
     num_envs: int | None
