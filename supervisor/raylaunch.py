@@ -437,9 +437,8 @@ class RayLauncher(Launcher):
                       "cpus": seen.cpus, "gpus": seen.gpus}  # fmt: skip
             if old is None:
                 events.append(("host_joined", None, detail))
-            elif old.boot_id and boot and old.boot_id != boot:
-                events.append(("host_reboot", None, {**detail, "previous_boot_id": old.boot_id,
-                                                     "unexpected": old.alive}))  # fmt: skip
+            elif old.boot_id and boot and old.boot_id != boot:  # back from a reboot
+                events.append(("host_reboot", None, {**detail, "previous_boot_id": old.boot_id}))
             elif not old.alive or old.node_id != seen.node_id:
                 events.append(("host_joined", None, {**detail, "rejoined": True}))
             self.hosts[host] = seen

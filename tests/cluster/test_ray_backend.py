@@ -165,6 +165,13 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
         # It trains on: its next checkpoint reaches the mirror from the surviving host.
         wait_for(lambda: remote.manifest_steps("g1")[-1] > resumed["resumed_from_step"], 120,
                  "a checkpoint of the moved game mirrored")  # fmt: skip
+        # The dead host comes back from a reboot (a new boot id): the ledger says so.
+        lc.add_host(first["host"], boot=2)
+        [reboot] = wait_for(lambda: events(state, "host_reboot"), 60, "host_reboot")
+        assert reboot["detail"]["host"] == first["host"]
+        assert reboot["detail"]["previous_boot_id"] == f"boot-{first['host']}-1"
+        assert reboot["detail"]["boot_id"] == f"boot-{first['host']}-2"
+        assert placements(state, "g1")[1:] == [moved], "the game stays where it moved"
     finally:
         _stop(sup)
         most = watch.stop()
