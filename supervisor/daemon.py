@@ -229,8 +229,8 @@ class Supervisor:
             games=list(self.games),
         )
         restore_states(self.games, db.workers(self.conn), self.cfg.run_dir)
-        if self.launcher.backend == "local":  # on several hosts, each host mirrors its games
-            self.uploader = Uploader(self.cfg, self.event)
+        # On several hosts each host mirrors its own games: events from mirror.json only.
+        self.uploader = Uploader(self.cfg, self.event, self.launcher.backend == "local")
         self.refresh_modes()
         for rt in self.games.values():
             if rt.state is S.STOPPED:

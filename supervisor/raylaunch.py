@@ -41,6 +41,7 @@ from supervisor.launcher import (
     NoRoom,
     WorkerProcess,
 )
+from supervisor.mirror_state import GameMirror, MirrorState
 from supervisor.restart import HOST_LOST_RC
 from training import protocol
 
@@ -50,7 +51,7 @@ RAY_VERSION = "2.60.0"  # the one version a head and its hosts run (checked by `
 HOST_LABEL = "rlsup-host"  # node label: the host's name
 BOOT_LABEL = "rlsup-boot"  # node label: the host's boot id when it joined
 NODE_DIR_ENV = "RLSUP_NODE_DIR"  # a host's own state: runs/<game>, logs/
-START_TIMEOUT_S = 120.0  # actor placed, worker process started
+START_TIMEOUT_S = 30.0  # actor placed, worker process started (the tick waits: < WatchdogSec)
 OBSERVE_EVERY_S = 2.0
 UPLOAD_EVERY_S = 1.0
 FINAL_UPLOAD_TIMEOUT_S = 300.0
@@ -245,6 +246,7 @@ class RayWorkerProcess(WorkerProcess):
     _ok_at: float = 0.0
     _killed: bool = False
     _write_fd: int = -1
+    on_report: Any = None  # (proc, status) -> None: the launcher's mirror bookkeeping
 
     @property
     def pid(self) -> int:
@@ -273,6 +275,8 @@ class RayWorkerProcess(WorkerProcess):
             return self.returncode
         self._ok_at = now
         self.report = st
+        if self.on_report is not None:
+            self.on_report(self, st)
         self._relay(protocol.HEARTBEAT_FILE, st.get("heartbeat"), host=self.host)
         self._relay(protocol.ERROR_FILE, st.get("error"))
         if st.get("rc") is not None:
@@ -352,6 +356,12 @@ class RayLauncher(Launcher):
         self.hosts: dict[str, HostSeen] = {}
         self.next_observe = 0.0
         self._remote: Any = None
+        url = cfg.mirror.url if cfg.mirror else ""
+        state = MirrorState.read(cfg.state_dir)
+        self.mirror_state = (
+            state if state is not None and state.url == url else MirrorState(url=url)
+        )
+        self._failures_seen: dict[int, int] = {}  # id(proc) -> its actor's failures reported
 
     def configure(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -539,6 +549,7 @@ class RayLauncher(Launcher):
             remote_pid=int(info["pid"]),
             _ok_at=time.monotonic(),
             _write_fd=write_fd,
+            on_report=self._on_report,
         )
         self.placed[game] = proc
         log.info("placed", game=game, host=proc.host, epoch=epoch, pid=proc.pid)
@@ -592,7 +603,30 @@ class RayLauncher(Launcher):
         log.info("leftover_actors_stopped", actors=sorted(actors), unfinished=sorted(pending))
         return sorted(actors)
 
+    def _on_report(self, proc: RayWorkerProcess, st: dict[str, Any]) -> None:
+        """mirror.json for `rlsup status` and the mirror events, from the hosts' reports."""
+        gm = self.mirror_state.games.setdefault(proc.game, GameMirror())
+        changed = False
+        step = st.get("mirror_step")
+        if step is not None and step != gm.step:
+            gm.step, gm.created, gm.uploaded_at = step, st.get("mirror_created"), time.time()
+            gm.uploads += 1
+            gm.last_error = None
+            changed = True
+        failures = int(st.get("mirror_failures") or 0)
+        new = failures - self._failures_seen.get(id(proc), 0)
+        if new > 0:
+            self._failures_seen[id(proc)] = failures
+            gm.failures += new
+            gm.last_error, gm.error_at = st.get("mirror_error"), time.time()
+            changed = True
+        if changed:
+            self.mirror_state.pid = os.getpid()
+            self.mirror_state.write(self.cfg.state_dir)
+
     def forget(self, proc: WorkerProcess) -> None:
+        if isinstance(proc, RayWorkerProcess):
+            self._failures_seen.pop(id(proc), None)
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]
             if proc.returncode == HOST_LOST_RC:  # for the host's host_lost event

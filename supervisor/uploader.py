@@ -167,9 +167,12 @@ class Uploader:
     (restarted after a capped backoff when it exits), and turns mirror.json's changes into
     events (`mirror_ok` per newly mirrored checkpoint, `mirror_failed` per failed attempt)."""
 
-    def __init__(self, cfg: Config, event: Any) -> None:
+    def __init__(self, cfg: Config, event: Any, spawn_process: bool = True) -> None:
         self.cfg = cfg
         self.event = event  # (kind, game, detail) -> None
+        # False on several hosts: each host mirrors its own games (raylaunch.WorkerHost) and
+        # the launcher writes mirror.json; this only turns its changes into events.
+        self.spawn_process = spawn_process
         self.proc: subprocess.Popen[bytes] | None = None
         self.restart_at = 0.0
         self.exits = 0
@@ -180,6 +183,9 @@ class Uploader:
 
     def tick(self, now: float) -> None:
         if self.cfg.mirror is None:
+            return
+        if not self.spawn_process:
+            self._report()
             return
         if self.proc is not None and (rc := self.proc.poll()) is not None:
             self.exits += 1

@@ -26,7 +26,14 @@ from tests.cluster.ray_cluster import (
 )
 from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
 from tests.mirror.seaweed import Weed
-from tests.supervisor.helpers import env_for, events, heartbeat, start_supervisor, wait_for
+from tests.supervisor.helpers import (
+    env_for,
+    events,
+    heartbeat,
+    rlsup,
+    start_supervisor,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")
@@ -138,6 +145,11 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
         wait_for(lambda: len(remote.manifest_steps("g1")) >= 2, 180, "2 mirrored checkpoints")
         hb = heartbeat(state, "g1")  # relayed from the host into the supervisor's run dir
         assert hb is not None and hb["host"] == first["host"] and hb["pid"] == first["pid"]
+        wait_for(lambda: events(state, "mirror_ok", "g1"), 30, "mirror_ok from the host")
+        out = rlsup("status", "--json", "--config", str(config), env=ray_env)
+        [g] = json.loads(out.stdout)["games"]
+        assert g["host"] == first["host"] and g["mirror_step"] is not None, g
+        assert g["pid_alive"] is None and g["sps"], "a remote worker: its heartbeat tells"
 
         lc.kill_host(first["host"])
         mirrored = remote.manifest_steps("g1")[-1]  # nothing uploads from a dead host
