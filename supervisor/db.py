@@ -54,6 +54,12 @@ EVENT_KINDS = frozenset(
         "mirror_failed",
         "mirror_restored",
         "uploader_exit",
+        # Several hosts ([cluster] backend = "ray"): the hosts' ledger and placements.
+        "node_joined",
+        "node_lost",
+        "node_reboot",
+        "no_host",
+        "leftovers_stopped",
     }
 )
 

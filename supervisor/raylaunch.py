@@ -424,7 +424,9 @@ class RayLauncher(Launcher):
         return [n for n in nodes if (n.get("Labels") or {}).get(HOST_LABEL)]
 
     def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
-        """The host ledger: host_joined, host_reboot (back with a new boot id), host_lost."""
+        """The host ledger, as events: node_joined, node_reboot (back with a new boot id),
+        node_lost (with the games it ran). Not `host_reboot`: that one is the supervisor's
+        own host, and an incident of the stability policy."""
         if now < self.next_observe:
             return []
         self.next_observe = now + OBSERVE_EVERY_S
@@ -446,11 +448,11 @@ class RayLauncher(Launcher):
             detail = {"host": host, "node_id": seen.node_id, "boot_id": boot,
                       "cpus": seen.cpus, "gpus": seen.gpus}  # fmt: skip
             if old is None:
-                events.append(("host_joined", None, detail))
+                events.append(("node_joined", None, detail))
             elif old.boot_id and boot and old.boot_id != boot:  # back from a reboot
-                events.append(("host_reboot", None, {**detail, "previous_boot_id": old.boot_id}))
+                events.append(("node_reboot", None, {**detail, "previous_boot_id": old.boot_id}))
             elif not old.alive or old.node_id != seen.node_id:
-                events.append(("host_joined", None, {**detail, "rejoined": True}))
+                events.append(("node_joined", None, {**detail, "rejoined": True}))
             self.hosts[host] = seen
         for host, old in self.hosts.items():
             if old.alive and host not in alive:
@@ -458,7 +460,7 @@ class RayLauncher(Launcher):
                 here = {g for g, p in self.placed.items() if p.host == host}
                 games = sorted(here | self.lost_on.pop(host, set()))
                 lost = {"host": host, "node_id": old.node_id, "boot_id": old.boot_id}
-                events.append(("host_lost", None, {**lost, "games": games}))
+                events.append(("node_lost", None, {**lost, "games": games}))
         return events
 
     def _choose(self, game: str) -> tuple[str, str, float]:
@@ -629,5 +631,5 @@ class RayLauncher(Launcher):
             self._failures_seen.pop(id(proc), None)
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]
-            if proc.returncode == HOST_LOST_RC:  # for the host's host_lost event
+            if proc.returncode == HOST_LOST_RC:  # for the host's node_lost event
                 self.lost_on.setdefault(proc.host, set()).add(proc.game)

@@ -38,6 +38,7 @@ from supervisor.commands.status_schema import (
     GameDoc,
     HostDoc,
     ModeDoc,
+    NodeDoc,
     ScopeDoc,
     StatusDoc,
     SupervisorDoc,
@@ -117,6 +118,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         host = _host(conn, now)
         mode = _mode(conn, cfg)
         games = _games(conn, cfg, now)
+        nodes = _nodes(conn, games)
         first_seen = db.first_boot_seen(conn)
     return {
         "schema": SCHEMA,
@@ -128,8 +130,42 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "host": host,
         "mode": mode,
         "games": games,
+        "nodes": nodes,
         "cost": _cost(cfg, games, first_seen, supervisor, now),
     }
+
+
+NODE_EVENTS = ["node_joined", "node_lost", "node_reboot"]
+
+
+def _nodes(conn: sqlite3.Connection | None, games: list[GameDoc]) -> list[NodeDoc]:
+    """Several hosts: each host in the ledger (node_* events), with the games on it now."""
+    out: dict[str, NodeDoc] = {}
+
+    def node(host: str) -> NodeDoc:
+        return out.setdefault(host, {"host": host, "games": [], "alive": False, "joined": None,
+                                     "lost": 0, "reboots": 0, "boot_id": None})  # fmt: skip
+
+    if conn is not None:
+        try:
+            ledger = db.events(conn, kind=NODE_EVENTS)
+        except sqlite3.Error:
+            ledger = []
+        for e in ledger:
+            host = e.detail.get("host")
+            if not isinstance(host, str):
+                continue
+            n = node(host)
+            if e.kind == "node_lost":
+                n["lost"] += 1
+                n["alive"] = False
+                continue
+            n["reboots"] += e.kind == "node_reboot"
+            n["alive"], n["joined"], n["boot_id"] = True, e.ts, e.detail.get("boot_id")
+    for g in games:
+        if g["host"] and g["state"] in LIVE_STATES:
+            node(g["host"])["games"].append(g["name"])
+    return sorted(out.values(), key=lambda n: n["host"])
 
 
 def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
@@ -478,6 +514,8 @@ def render_human(doc: StatusDoc) -> str:
     ]
     if mirrored:
         lines += ["", "mirrored: " + ", ".join(mirrored)]
+    if doc["nodes"]:
+        lines += ["", "hosts: " + "; ".join(_node_cell(n) for n in doc["nodes"])]
     notes = _notes(doc["games"], now)
     if notes:
         lines += ["", *notes]
@@ -623,6 +661,14 @@ def _games_table(games: list[GameDoc], now: float) -> str:
             ]
         )
     return render.render_table(_HEADERS, rows)
+
+
+def _node_cell(n: NodeDoc) -> str:
+    games = ", ".join(n["games"]) or "no game"
+    extra = [f"lost {n['lost']}x"] if n["lost"] else []
+    extra += [f"rebooted {n['reboots']}x"] if n["reboots"] else []
+    state = "" if n["alive"] else " DOWN"
+    return f"{n['host']}{state} ({games}{''.join(', ' + x for x in extra)})"
 
 
 def _pid_cell(g: GameDoc) -> str:

@@ -108,6 +108,18 @@ class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration
     projected_total: float | None
 
 
+class NodeDoc(TypedDict):
+    """Several hosts: one host of the cluster, from the ledger's events and the games."""
+
+    host: str
+    games: list[str]  # games whose worker runs there now
+    alive: bool  # joined, not lost since
+    joined: float | None  # when it last joined
+    lost: int  # times it was lost (node_lost)
+    reboots: int  # times it came back with a new boot id (node_reboot)
+    boot_id: str | None
+
+
 class StatusDoc(TypedDict):
     schema: int
     generated_at: float
@@ -118,4 +130,5 @@ class StatusDoc(TypedDict):
     host: HostDoc
     mode: ModeDoc
     games: list[GameDoc]
+    nodes: list[NodeDoc]  # several hosts only; [] on a single host
     cost: CostDoc | None

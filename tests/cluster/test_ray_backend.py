@@ -168,7 +168,7 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
         assert resumed["resumed_from_step"] >= mirrored, (resumed, mirrored)
         assert resumed["mirror_restore"]["step"] == resumed["resumed_from_step"]
 
-        lost = events(state, "host_lost")
+        lost = events(state, "node_lost")
         assert [e["detail"]["host"] for e in lost] == [first["host"]]
         assert lost[0]["detail"]["games"] == ["g1"]
         [exit_] = [e for e in events(state, None, "g1") if e["detail"].get("to") == "exited"]
@@ -179,7 +179,8 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
                  "a checkpoint of the moved game mirrored")  # fmt: skip
         # The dead host comes back from a reboot (a new boot id): the ledger says so.
         lc.add_host(first["host"], boot=2)
-        [reboot] = wait_for(lambda: events(state, "host_reboot"), 60, "host_reboot")
+        [reboot] = wait_for(lambda: events(state, "node_reboot"), 60, "node_reboot")
+        assert not events(state, "host_reboot"), "the supervisor's own host did not reboot"
         assert reboot["detail"]["host"] == first["host"]
         assert reboot["detail"]["previous_boot_id"] == f"boot-{first['host']}-1"
         assert reboot["detail"]["boot_id"] == f"boot-{first['host']}-2"
@@ -222,9 +223,15 @@ def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
         )  # fmt: skip
         assert resumed["resumed_from_step"] >= mirrored
         assert placements(state, "g2") == [p2], "the game on a healthy host is left alone"
-        assert [e["detail"]["host"] for e in events(state, "host_lost")] == [p1["host"]]
-        joined = sorted(e["detail"]["host"] for e in events(state, "host_joined"))
+        assert [e["detail"]["host"] for e in events(state, "node_lost")] == [p1["host"]]
+        joined = sorted(e["detail"]["host"] for e in events(state, "node_joined"))
         assert joined == ["h1", "h2", "h3"]
+        doc = json.loads(rlsup("status", "--json", "--config", str(config), env=ray_env).stdout)
+        nodes = {n["host"]: n for n in doc["nodes"]}
+        assert nodes[p1["host"]]["lost"] == 1 and not nodes[p1["host"]]["alive"]
+        assert nodes[free]["games"] == ["g1"] and nodes[p2["host"]]["games"] == ["g2"]
+        human = rlsup("status", "--config", str(config), env=ray_env).stdout
+        assert f"{p1['host']} DOWN (no game, lost 1x)" in human, human
     finally:
         _stop(sup)
     assert sup.returncode == 0
