@@ -120,3 +120,17 @@ def test_join_refuses_a_bad_host_name_and_prints_the_ray_start_command(tmp_path:
     assert "--address=10.0.0.1:6379" in argv and "--num-gpus=1" in argv
     boot = (tmp_path / "boot_id").read_text().strip()
     assert f"--labels=rlsup-host=gpu-box-2,rlsup-boot={boot}" in argv
+
+
+def test_the_node_unit_verifies() -> None:
+    import shutil
+
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("no systemd-analyze on this machine")
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(REPO / "systemd" / "rlsup-node.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
