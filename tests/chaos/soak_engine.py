@@ -45,6 +45,7 @@ from tests.chaos.soak_config import (
 from tests.chaos.soak_faults import Fault, Injector
 from tests.chaos.soak_kinds import KINDS, FaultKind
 from tests.chaos.soak_monitor import Monitor
+from training import protocol
 
 __all__ = ["KINDS", "GameDef", "Soak", "SoakSettings", "clean_workdir", "default_games", "run_soak"]
 
@@ -380,12 +381,30 @@ class Soak(Injector, Analyst):
         """No more faults: the last supervisor must bring every game to total_steps and exit 0."""
         # A worker may still be stopped by a late SIGSTOP: the watchdog handles it.
         assert self.sup is not None
-        try:
-            self.final_rc = self.sup.wait(self.s.finish_timeout_s)
-        except subprocess.TimeoutExpired:
-            self.final_rc = None
+        # finish_timeout_s without any game's step moving (a stuck finish), not in all: the
+        # schedule's sizing of total_steps cannot know how much training the faults cost (the
+        # 60-minute run needed ~20 minutes to finish), and a finish that trains is no failure.
+        deadline = time.monotonic() + self.s.finish_timeout_s
+        hard_stop = time.monotonic() + 4 * self.s.finish_timeout_s + self.s.fault_phase_s
+        last = self._steps()
+        self.final_rc = None
+        while time.monotonic() < min(deadline, hard_stop):
+            try:
+                self.final_rc = self.sup.wait(10)
+                break
+            except subprocess.TimeoutExpired:
+                now = self._steps()
+                if now != last:
+                    last, deadline = now, time.monotonic() + self.s.finish_timeout_s
         time.sleep(0.5)
         self.monitor.sample()
+
+    def _steps(self) -> dict[str, int]:
+        out = {}
+        for g in self.s.games:
+            hb = protocol.read_json_file(self.state / "runs" / g.name / protocol.HEARTBEAT_FILE)
+            out[g.name] = int((hb or {}).get("global_step") or 0)
+        return out
 
 
 def run_soak(settings: SoakSettings) -> tuple[Soak, list[str]]:

@@ -70,3 +70,27 @@ def test_a_second_disk_fault_never_orphans_the_first_filler(tmp_path: Path) -> N
         assert shutil.disk_usage(disk).free > 900 * 1024, "space back once the filler stops"
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_checkpoint_retired_while_it_is_verified_is_no_problem(tmp_path: Path) -> None:
+    """The 60-minute soak flagged four checkpoints that retention retired while the engine
+    verified them ("missing MANIFEST.json"): only a checkpoint still there is judged."""
+    from checkpoints import CheckpointStore
+    from checkpoints.errors import CheckpointError
+    from checkpoints.names import CheckpointRef
+    from tests.chaos.soak_faults import verify_unless_retired
+
+    store = CheckpointStore(tmp_path / "checkpoints")
+    with store.begin(7, {"game": "g"}) as w:
+        w.write_bytes("learner.pt", b"x" * 1000)
+        w.commit()
+    [ref] = store.committed()
+    assert verify_unless_retired(ref.path, 7) is None
+    data = bytearray((ref.path / "learner.pt").read_bytes())
+    data[10] ^= 1
+    (ref.path / "learner.pt").write_bytes(bytes(data))
+    assert verify_unless_retired(ref.path, 7) is not None, "damage that is there is judged"
+    ref.path.rename(tmp_path / "checkpoints" / ".staging-retired")  # retention's first move
+    with pytest.raises(CheckpointError):  # what the engine used to report as damage
+        store.verify(CheckpointRef(ref.path, 7))
+    assert verify_unless_retired(ref.path, 7) is None
