@@ -187,6 +187,10 @@ def test_status_watch_redraws_until_interrupted(state: StateFixture) -> None:
         env=state.env(),
         stdout=subprocess.PIPE,
         text=True,
+        # An operator's Ctrl-C: SIGINT at its default. A test run started in the background
+        # of a non-interactive shell (`make test &`) inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler: the watch would never see the signal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Interrupt only once it draws (a cold interpreter on a fresh venv can take seconds to
     # import): a SIGINT during start-up tests Python's start-up, not the watch loop.
