@@ -54,7 +54,10 @@ NODE_DIR_ENV = "RLSUP_NODE_DIR"  # a host's own state: runs/<game>, logs/
 START_TIMEOUT_S = 30.0  # actor placed, worker process started (the tick waits: < WatchdogSec)
 OBSERVE_EVERY_S = 2.0
 UPLOAD_EVERY_S = 1.0
-FINAL_UPLOAD_TIMEOUT_S = 300.0
+# A worker's final checkpoint is mirrored before its exit is reported, for at most this long:
+# below the default hang_timeout_s (120 s), which the silent heartbeat meanwhile runs toward.
+# Past it the checkpoint stays on its host (resumed there, or redone elsewhere).
+FINAL_UPLOAD_TIMEOUT_S = 45.0
 
 
 def node_dir() -> Path:
