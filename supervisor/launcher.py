@@ -88,6 +88,36 @@ class WorkerProcess:
             self.pidfd = -1
 
 
+def start_worker_process(
+    cmd: list[str], log_path: Path, cwd: Path | None
+) -> subprocess.Popen[bytes]:
+    """`cmd` (a worker) in its own session, in `cwd`, output appended to `log_path` (never
+    through a link), with an environment that finds rlsup's packages and lacks systemd's."""
+    env = dict(os.environ)
+    # Not pip-installed yet (or run from a checkout): the worker must find `training`.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    env.pop("NOTIFY_SOCKET", None)  # only the supervisor talks to systemd
+    env.pop("WATCHDOG_USEC", None)
+    env.pop("WATCHDOG_PID", None)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(log_path, flags, 0o640)
+    try:
+        return subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(fd)
+
+
 class Launcher:
     """Spawns `python -m training.worker ARGV` in its own session, logs to a private file.
 
@@ -124,30 +154,7 @@ class Launcher:
         """`python -P -m training.worker ARGV` in `cwd` (its run dir): -P keeps the working
         directory off sys.path, so an operator's own `training/` or `checkpoints/` package
         there can never shadow rlsup's."""
-        env = dict(os.environ)
-        # Not pip-installed yet (or run from a checkout): the worker must find `training`.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        env.pop("NOTIFY_SOCKET", None)  # only the supervisor talks to systemd
-        env.pop("WATCHDOG_USEC", None)
-        env.pop("WATCHDOG_PID", None)
-        fd = os.open(
-            log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
-        )
-        try:
-            popen = subprocess.Popen(
-                [self.python, "-P", "-m", self.module, *argv],
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(fd)
+        popen = start_worker_process([self.python, "-P", "-m", self.module, *argv], log_path, cwd)
         try:
             return self._track(popen, now_mono)
         except BaseException:

@@ -35,11 +35,11 @@ import structlog
 
 from supervisor.config import Config
 from supervisor.launcher import (
-    PROJECT_ROOT,
     WORKER_MODULE,
     Launcher,
     NoRoom,
     WorkerProcess,
+    start_worker_process,
 )
 from supervisor.mirror_state import GameMirror, MirrorState
 from supervisor.restart import HOST_LOST_RC
@@ -112,25 +112,9 @@ class WorkerHost:
         _private_dir(self.log_path.parent)
         with contextlib.suppress(FileNotFoundError):
             (self.run_dir / protocol.HEARTBEAT_FILE).unlink()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+        self.popen = start_worker_process(
+            [sys.executable, "-P", "-m", WORKER_MODULE, *cfg.to_argv()], self.log_path, self.run_dir
         )
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(self.log_path, flags, 0o600)
-        try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-P", "-m", WORKER_MODULE, *cfg.to_argv()],
-                cwd=self.run_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(fd)
         threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
         return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root)}
 
