@@ -38,6 +38,7 @@ from tests.supervisor.helpers import (  # noqa: E402
     events,
     heartbeat,
     start_supervisor,
+    stop_supervisor,
     wait_for,
 )
 
@@ -69,16 +70,6 @@ def _training(state: Path, pid: int) -> dict[str, Any] | None:
     return hb if hb and hb["pid"] == pid and hb["phase"] == "training" else None
 
 
-def _stop(sup: Any) -> None:
-    if sup.poll() is None:
-        sup.send_signal(signal.SIGTERM)
-        try:
-            sup.wait(90)
-        except Exception:
-            sup.kill()
-            sup.wait(10)
-
-
 def ray_rounds(tmp: Path, rounds: int) -> list[float]:
     from checkpoints.remote import RemoteLocation, RemoteStore, make_client
 
@@ -107,7 +98,7 @@ def ray_rounds(tmp: Path, rounds: int) -> list[float]:
                 print(f"ray round {i + 1}: {times[-1]:.2f} s", flush=True)
                 lc.add_host(f"h{i + 3}")  # a spare for the next round
         finally:
-            _stop(sup)
+            stop_supervisor(sup)
     return times
 
 
@@ -149,7 +140,7 @@ def local_rounds(tmp: Path, rounds: int) -> list[float]:
             times.append(_one_local_round(state, i))
             print(f"single-host round {i + 1}: {times[-1]:.2f} s", flush=True)
     finally:
-        _stop(sup)
+        stop_supervisor(sup)
     return times
 
 

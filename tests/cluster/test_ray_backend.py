@@ -32,6 +32,7 @@ from tests.supervisor.helpers import (
     heartbeat,
     rlsup,
     start_supervisor,
+    stop_supervisor,
     wait_for,
 )
 
@@ -75,6 +76,12 @@ def placements(state: Path, game: str) -> list[dict[str, Any]]:
     ]
 
 
+def resumed_hb(state: Path, pid: int) -> dict[str, Any] | None:
+    """The game's heartbeat once the worker `pid` has resumed from a checkpoint."""
+    hb = heartbeat(state, "g1")
+    return hb if hb and hb["pid"] == pid and hb["resumed_from_step"] is not None else None
+
+
 class MaxWorkers:
     """Samples the game's live worker processes (on every host) until stopped: the most seen."""
 
@@ -103,16 +110,6 @@ def ray_env(tmp_path: Path) -> dict[str, str]:
 def _mirror(weed: Weed, request: pytest.FixtureRequest) -> tuple[str, RemoteStore]:
     url = f"s3://{BUCKET}/{prefix_for(request)}"
     return url, RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
-
-
-def _stop(sup: Any) -> None:
-    if sup.poll() is None:
-        sup.send_signal(signal.SIGTERM)
-        try:
-            sup.wait(90)
-        except Exception:
-            sup.kill()
-            sup.wait(10)
 
 
 @pytest.fixture
@@ -159,12 +156,7 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
         survivor = "h2" if first["host"] == "h1" else "h1"
         assert moved["host"] == survivor
         assert moved["epoch"] > first["epoch"] and remote.get_fence("g1") == moved["epoch"]
-        resumed = wait_for(
-            lambda: (h := heartbeat(state, "g1")) and h["pid"] == moved["pid"]
-            and h["resumed_from_step"] is not None and h,
-            180,
-            "the moved worker resumed",
-        )  # fmt: skip
+        resumed = wait_for(lambda: resumed_hb(state, moved["pid"]), 180, "the moved worker resumed")
         assert resumed["resumed_from_step"] >= mirrored, (resumed, mirrored)
         assert resumed["mirror_restore"]["step"] == resumed["resumed_from_step"]
 
@@ -186,7 +178,7 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
         assert reboot["detail"]["boot_id"] == f"boot-{first['host']}-2"
         assert placements(state, "g1")[1:] == [moved], "the game stays where it moved"
     finally:
-        _stop(sup)
+        stop_supervisor(sup)
         most = watch.stop()
     assert sup.returncode == 0
     assert most == 1, f"{most} workers of g1 ran at once"
@@ -215,12 +207,7 @@ def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
         moved = wait_for(lambda: placements(state, "g1")[1:], 120, "g1 placed again")[0]
         [free] = {"h1", "h2", "h3"} - {p1["host"], p2["host"]}
         assert moved["host"] == free
-        resumed = wait_for(
-            lambda: (h := heartbeat(state, "g1")) and h["pid"] == moved["pid"]
-            and h["resumed_from_step"] is not None and h,
-            180,
-            "g1 resumed",
-        )  # fmt: skip
+        resumed = wait_for(lambda: resumed_hb(state, moved["pid"]), 180, "g1 resumed")
         assert resumed["resumed_from_step"] >= mirrored
         assert placements(state, "g2") == [p2], "the game on a healthy host is left alone"
         assert [e["detail"]["host"] for e in events(state, "node_lost")] == [p1["host"]]
@@ -233,7 +220,7 @@ def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
         human = rlsup("status", "--config", str(config), env=ray_env).stdout
         assert f"{p1['host']} DOWN (no game, lost 1x)" in human, human
     finally:
-        _stop(sup)
+        stop_supervisor(sup)
     assert sup.returncode == 0
 
 
@@ -263,18 +250,13 @@ def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
         assert stopped["detail"]["actors"] == [f"g1@{first['epoch']}"]
         second = wait_for(lambda: placements(state, "g1")[1:], 120, "g1 placed again")[0]
         assert second["epoch"] == first["epoch"] + 1
-        resumed = wait_for(
-            lambda: (h := heartbeat(state, "g1")) and h["pid"] == second["pid"]
-            and h["resumed_from_step"] is not None and h,
-            180,
-            "g1 resumed",
-        )  # fmt: skip
+        resumed = wait_for(lambda: resumed_hb(state, second["pid"]), 180, "g1 resumed")
         # The leftover stopped with a final checkpoint, mirrored before it was killed.
         assert resumed["resumed_from_step"] >= remote.manifest_steps("g1")[0]
         log = (lc.node_dir(first["host"]) / "logs" / "g1.log").read_text()
         assert '"stop_requested"' in log or "stop_requested" in log
     finally:
-        _stop(sup)
+        stop_supervisor(sup)
         most = watch.stop()
     assert most == 1, f"{most} workers of g1 ran at once"
     assert json.loads((state / "runs" / "g1" / "heartbeat.json").read_text())["host"]

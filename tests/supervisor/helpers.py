@@ -201,3 +201,14 @@ def spin(sup: Any, until: Callable[[], object], timeout: float = 20) -> None:
         }
         sup.safe_tick()
         sup.wait(0.05)
+
+
+def stop_supervisor(sup: subprocess.Popen[bytes], grace_s: float = 90) -> None:
+    """SIGTERM (it stops its workers first), SIGKILL if it outlives the grace."""
+    if sup.poll() is None:
+        sup.send_signal(signal.SIGTERM)
+        try:
+            sup.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+            sup.wait(10)
