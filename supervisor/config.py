@@ -126,6 +126,17 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class SpareConfig:
+    """[spare]: a pre-warmed worker process per host, handed the next start (local backend)."""
+
+    enabled: bool | str = "auto"  # true | false | "auto" (the stability policy decides)
+    min_ram_available_pct: float = 20.0  # auto: no spare below this, its own RSS counted
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path  # absolute path of the file it was read from
     state_dir: Path  # absolute
@@ -143,6 +154,7 @@ class Config:
     logs_dir_key: Path | None = None  # added key: where worker logs go (default <state>/logs)
     mirror: MirrorConfig | None = None  # added table: [mirror]
     cluster: ClusterConfig = ClusterConfig()  # added table: [cluster]
+    spare: SpareConfig = SpareConfig()  # added table: [spare]
 
     @property
     def logs_dir(self) -> Path:
@@ -221,7 +233,18 @@ _TOP: dict[str, Field] = {
     "tick_s": (_NUM, 1.0, _positive, "seconds > 0"),
     "logs_dir": ((str,), "", None, "a path (string)"),
 }
-_TABLES = ("modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster")
+_TABLES = (
+    "modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster", "spare"
+)  # fmt: skip
+_SPARE: dict[str, Field] = {
+    "enabled": (
+        (bool, str),
+        "auto",
+        lambda v: isinstance(v, bool) or v == "auto",
+        'true, false or "auto"',
+    ),
+    "min_ram_available_pct": (_NUM, 20.0, lambda v: 0 <= v < 100, "a percentage in 0..100"),
+}
 _ADDRESS_RE = r"[A-Za-z0-9.\[\]:-]+:[0-9]+"
 _CLUSTER: dict[str, Field] = {
     "backend": ((str,), "local", lambda v: v in ("local", "ray"), '"local" or "ray"'),
@@ -378,7 +401,7 @@ def _values(
             out[key] = default
             continue
         value = data[key]
-        ok = isinstance(value, types) and not isinstance(value, bool)
+        ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
         if ok and isinstance(value, float) and not math.isfinite(value):
             raise ctx.fail([*where, key], f"got {value!r}; expected a finite number ({expect})")
         if ok and check is not None:
@@ -457,6 +480,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
     games = _parse_games(ctx, data.get("games"), modes, top["checkpoint_every_s"])
     mirror = _parse_mirror(ctx, data["mirror"]) if "mirror" in data else None
     cluster = ClusterConfig(**_values(ctx, ["cluster"], data.get("cluster", {}), _CLUSTER))
+    spare = SpareConfig(**_values(ctx, ["spare"], data.get("spare", {}), _SPARE))
     if cluster.backend == "ray" and mirror is None:
         raise ctx.fail(
             ["cluster", "backend"],
@@ -480,6 +504,7 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         gpu=sections["gpu"],
         mirror=mirror,
         cluster=cluster,
+        spare=spare,
     )
 
 

@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import sqlite3
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,13 +35,14 @@ from supervisor.config import (
 from supervisor.exits import StopReason, WorkerExit, route_exit
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, worker_env
 from supervisor.journal import Journal
-from supervisor.launcher import Launcher, NoRoom, WorkerProcess, rotate_log
+from supervisor.launcher import WORKER_MODULE, Launcher, NoRoom, WorkerProcess, rotate_log
 from supervisor.liveness import Liveness, hang_reason, new_reports
 from supervisor.lock import LockHeld, acquire_lock
 from supervisor.oomwatch import KernelOomWatch
 from supervisor.recorder import Recorder
 from supervisor.restart import (
     ExitInfo,
+    ExitKind,
     backoff_delay_s,
     budget_exhausted,
     classify_exit,
@@ -49,6 +51,7 @@ from supervisor.restart import (
 )
 from supervisor.runtime import GameRuntime, WorkerLife, reconcile, summary
 from supervisor.sdnotify import Notifier
+from supervisor.spare import SpareKeeper, SpareWant, decide, spare_device
 from supervisor.startup import (
     restore_states,
     start_events,
@@ -91,7 +94,13 @@ def make_launcher(cfg: Config) -> Launcher:
         from supervisor.raylaunch import RayLauncher  # imports Ray: only for this backend
 
         return RayLauncher(cfg)
-    return Launcher()
+    keeper = SpareKeeper(
+        sys.executable,
+        WORKER_MODULE,
+        warm_timeout_s=cfg.watchdog.startup_grace_s,
+        silent_after_s=cfg.watchdog.hang_timeout_s,
+    )
+    return Launcher(spare=keeper)
 
 
 class Supervisor:
@@ -151,6 +160,9 @@ class Supervisor:
         self.rng = random.Random()
         self._tick_errors = 0
         self._no_room: set[str] = set()  # games told "no host has room" (once each)
+        self._spare_row: dict[str, Any] | None = None  # the spare's row last written
+        self._ram_total_mb = psutil.virtual_memory().total / 2**20
+        self._host_mode_reason = ""  # why the host runs its mode (modes.reason), last read
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -170,10 +182,21 @@ class Supervisor:
             while not self.finished:
                 self.safe_tick()
                 if not self.finished:
-                    self.wait(min(self.cfg.tick_s, self.notifier.watchdog_s or self.cfg.tick_s))
+                    self.wait(self.sleep_s())
         finally:
             self.close()
         return 0
+
+    def sleep_s(self) -> float:
+        """Until the next tick: tick_s (or the systemd watchdog's interval), or sooner when a
+        game's backoff ends (a restart is not delayed by up to a tick)."""
+        sleep = min(self.cfg.tick_s, self.notifier.watchdog_s or self.cfg.tick_s)
+        if self.stopping:
+            return sleep
+        due = [rt.backoff_until for rt in self.games.values() if rt.state is S.BACKOFF]
+        if due:
+            sleep = min(sleep, max(0.0, min(due) - self.clock()) + 0.001)
+        return sleep
 
     def steady(self) -> float:
         """Seconds since the epoch, read from the wall clock once and then kept by the
@@ -286,6 +309,7 @@ class Supervisor:
             self.refresh_modes()
             self.apply_modes(now)
             self.schedule(now)
+            self.tend_spare(now)
             if self.uploader is not None:
                 self.uploader.tick(now)
         self.escalate(now)
@@ -379,7 +403,10 @@ class Supervisor:
     def reap(self, now: float) -> None:
         for rt in self._all():
             if rt.life is not None and (rc := rt.life.proc.poll()) is not None:
-                self.on_exit(rt, rt.life, classify_exit(rc), now)
+                info = classify_exit(rc)
+                if rt.life.proc.lost_before_start():
+                    info = ExitInfo(ExitKind.START_LOST, rc, f"{info.description} (as the spare)")
+                self.on_exit(rt, rt.life, info, now)
         for name in [n for n, rt in self.removed.items() if rt.life is None]:
             del self.removed[name]
 
@@ -398,6 +425,7 @@ class Supervisor:
         life.proc.close()
         self.launcher.forget(life.proc)
         rt.life = None
+        rt.exit_seen_at = time.monotonic()
         removed = rt.spec.name in self.removed
         route = route_exit(info.kind, life.stop_reason, removed=removed, stopping=self.stopping)
         if settled := ex.settle(route, life.stop_reason):
@@ -453,6 +481,8 @@ class Supervisor:
             self._observe_heartbeat(rt, life, now)
             if rt.state is S.STARTING and (hb := life.live.heartbeat) is not None:
                 self._set(rt, S.RUNNING, "first heartbeat", resumed_from_step=hb.resumed_from_step)
+            if not life.start_reported and (hb := life.live.heartbeat) is not None:
+                self._report_start(rt, life, hb.start)
             hang = hang_reason(life.live, self.cfg.watchdog, now)
             if hang:
                 hb = life.live.heartbeat
@@ -468,6 +498,33 @@ class Supervisor:
                 )
                 log.warning("worker_hang", game=rt.spec.name, reason=hang, pid=life.proc.pid)
                 self.request_stop(rt, StopReason.HANG, now + self.cfg.watchdog.kill_grace_s)
+
+    def _report_start(self, rt: GameRuntime, life: WorkerLife, marks: dict[str, Any]) -> None:
+        """Once its first step is done: how the worker was started (served by the spare or
+        cold) and where the time went, from its predecessor's exit seen to that step. The
+        worker's marks and these times are on the system's monotonic clock."""
+        first = marks.get("first_step")
+        if not isinstance(first, int | float):
+            return
+        life.start_reported = True
+
+        def span(a: Any, b: Any) -> float | None:
+            ok = isinstance(a, int | float) and isinstance(b, int | float)
+            return round(b - a, 3) if ok else None
+
+        since = rt.exit_seen_at if rt.exit_seen_at is not None else life.spawned_at
+        detail = {
+            "served": life.proc.served,
+            "pid": life.proc.pid,
+            "exit_to_spawn_s": span(rt.exit_seen_at, life.spawned_at),
+            "spawn_to_assigned_s": span(life.spawned_at, marks.get("assigned")),
+            "spawn_to_loaded_s": span(life.spawned_at, marks.get("loaded")),
+            "loaded_to_first_step_s": span(marks.get("loaded"), first),
+            "total_s": span(since, first),
+        }
+        rt.last_start = detail
+        self.event("worker_training", rt.spec.name, detail)
+        log.info("worker_training", game=rt.spec.name, **detail)
 
     def _observe_heartbeat(self, rt: GameRuntime, life: WorkerLife, now: float) -> None:
         hb = protocol.read_heartbeat(self.cfg.run_dir(rt.spec.name))
@@ -512,6 +569,7 @@ class Supervisor:
         self.stop_deadline = now + self.cfg.stop_grace_s
         log.info("supervisor_stopping", reason=why, grace_s=self.cfg.stop_grace_s)
         self.notifier.stopping("stopping: " + why)
+        self._spare_events(SpareWant(False, "supervisor shutdown"), now)
         for rt in self._all():
             if rt.life is not None:
                 self.request_stop(rt, StopReason.SHUTDOWN, self.stop_deadline)
@@ -559,6 +617,58 @@ class Supervisor:
         for rt in gated:
             self.spawn(rt, threads, now)
 
+    # ---- the spare worker -------------------------------------------------------------------
+
+    def tend_spare(self, now: float) -> None:
+        """Keep this host's pre-warmed spare (or drop it) as the policy says; its row."""
+        self._spare_events(self.spare_want(), now)
+
+    def _spare_events(self, want: SpareWant, now: float) -> None:
+        for kind, game, detail in self.launcher.tend_spare(want, now):
+            self.event(kind, game, detail)
+            log.info(kind, game=game, **detail)
+        row = self.launcher.spare_row()
+        if row is not None and row != self._spare_row:
+            self._spare_row = row
+            assert self.recorder is not None
+            self.recorder.spare({**row, "updated": self.wall()})
+
+    def spare_want(self) -> SpareWant:
+        """Whether this host keeps a spare now ([spare] enabled; "auto": not under memory
+        pressure, not where the policy stepped the host down to its lowest mode, not when no
+        game is left to start), for which device, with its log."""
+        cfg = self.cfg
+        device = spare_device([g.device for g in cfg.games])
+        log_path, cwd = cfg.logs_dir / "spare.log", cfg.state_dir
+        if all(rt.state in TERMINAL for rt in self.games.values()):
+            return SpareWant(False, "no game left to start", device, log_path, cwd)
+        row = self.launcher.spare_row() or {}
+        latest = self.sampler.latest()
+        want, reason = decide(
+            cfg.spare.enabled,
+            cfg.spare.min_ram_available_pct,
+            ram_available_pct=latest.ram_available_pct if latest is not None else None,
+            ram_total_mb=self._ram_total_mb,
+            spare_rss_mb=row.get("rss_mb"),
+            have_spare=row.get("state") in ("warming", "ready"),
+            lowest_rung=self._lowest_rung(),
+        )
+        return SpareWant(want, reason, device, log_path, cwd)
+
+    def _lowest_rung(self) -> bool:
+        """The host runs its lowest mode because the policy stepped it down there (or an
+        operator pinned it): not merely because initial_mode names the lowest rung."""
+        names = self.cfg.mode_names
+        if len(names) < 2 or self.view.host.name != names[0]:
+            return False
+        if modes.HOST in self.view.pinned:
+            return True
+        assert self.conn is not None
+        with contextlib.suppress(sqlite3.Error):
+            row = db.get_mode(self.conn, modes.HOST)
+            self._host_mode_reason = str(row[2] or "") if row else ""
+        return self._host_mode_reason != "initial_mode"
+
     def _gpu_gate(self, rt: GameRuntime, now: float) -> bool:
         """May this game's worker start now? CPU games always; CUDA (or auto) games once the
         GPU's free memory covers their need, or past gpu.timeout_s one rung lower (gpugate)."""
@@ -596,6 +706,7 @@ class Supervisor:
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         mode = self.view.game(rt.spec.name)
         restarting = rt.state is S.BACKOFF
+        spawning_at = time.monotonic()
         try:
             proc = self._launch(rt, mode, threads, now)
         except NoRoom as exc:
@@ -614,6 +725,7 @@ class Supervisor:
             rt.restarts += 1
         self._no_room.discard(rt.spec.name)
         rt.life, rt.mode = WorkerLife(proc, mode, Liveness(since=now)), mode
+        rt.life.spawned_at = spawning_at
         self._set(
             rt,
             S.STARTING,
@@ -623,6 +735,7 @@ class Supervisor:
             batch_size=mode.batch_size,
             n_steps=mode.n_steps,
             threads=threads,
+            served=proc.served,
             **proc.placement(),
         )
 

@@ -60,6 +60,14 @@ EVENT_KINDS = frozenset(
         "node_reboot",
         "no_host",
         "leftovers_stopped",
+        # The pre-warmed spare worker ([spare]) and how each start was served.
+        "spare_spawned",
+        "spare_ready",
+        "spare_lost",
+        "spare_stopped",
+        "spare_enabled",
+        "spare_disabled",
+        "worker_training",
     }
 )
 
@@ -94,8 +102,17 @@ ALTER TABLE supervisor ADD COLUMN systemd_unit TEXT;
 ALTER TABLE events ADD COLUMN mono REAL;
 CREATE TABLE control(name TEXT PRIMARY KEY, value TEXT, updated REAL NOT NULL);
 """
+# v3: the pre-warmed spare worker (one row: its state, identity, why) and, per game, how its
+# current worker was started (`last_start`: served spare/cold and the detect -> first step
+# breakdown, JSON).
+_V3 = """
+CREATE TABLE spare(id INTEGER PRIMARY KEY CHECK (id = 1), state TEXT NOT NULL, pid INTEGER,
+                   pid_start_ticks INTEGER, device TEXT, since REAL, ready_since REAL,
+                   reason TEXT, rss_mb REAL, updated REAL NOT NULL);
+ALTER TABLE workers ADD COLUMN last_start TEXT;
+"""
 # Forward migrations: MIGRATIONS[i] takes user_version i to i+1. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -428,8 +445,26 @@ def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     for r in conn.execute("SELECT * FROM workers ORDER BY game"):
         row = dict(r)
         row["heartbeat"] = json.loads(row["heartbeat"]) if row["heartbeat"] else None
+        row["last_start"] = json.loads(row["last_start"]) if row.get("last_start") else None
         out.append(row)
     return out
+
+
+def set_spare(conn: sqlite3.Connection, **cols: Any) -> None:
+    """The spare worker's row (state off / starting / warming / ready)."""
+    cols["updated"] = cols.get("updated", time.time())
+    names = ["id", *cols]
+    sets = ", ".join(f"{k} = excluded.{k}" for k in cols)
+    conn.execute(
+        f"INSERT INTO spare({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+        f"ON CONFLICT(id) DO UPDATE SET {sets}",
+        [1, *cols.values()],
+    )
+
+
+def spare(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    r = conn.execute("SELECT * FROM spare WHERE id = 1").fetchone()
+    return dict(r) if r else None
 
 
 def worker(conn: sqlite3.Connection, game: str) -> dict[str, Any] | None:

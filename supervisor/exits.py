@@ -36,6 +36,7 @@ class Route(enum.StrEnum):
     SHUTDOWN = "shutdown"  # -> STOPPED: the supervisor is stopping
     REQUEUE = "requeue"  # -> WAITING: asked to stop, or stopped cleanly: not a failure
     MOVE = "move"  # -> WAITING: its host was lost; placed again on another (not a failure)
+    START_AGAIN = "start_again"  # -> WAITING: the spare died before it became the worker
     FENCED = "fenced"  # exit 77 -> FATAL: another placement owns the game
     FAILURE = "failure"  # a crash, an OOM, a signal, a hang: backoff (or FATAL past the budget)
 
@@ -70,6 +71,8 @@ def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopp
         return Route.SHUTDOWN
     if kind is ExitKind.HOST_LOST:
         return Route.MOVE
+    if kind is ExitKind.START_LOST:
+        return Route.START_AGAIN
     if asked in _REQUEUED:
         return Route.REQUEUE
     if kind is ExitKind.STOPPED and asked is not StopReason.HANG:
@@ -83,6 +86,10 @@ _SETTLED = {
     Route.REMOVED: (WorkerState.STOPPED, "removed from the configuration"),
     Route.SHUTDOWN: (WorkerState.STOPPED, "supervisor shutdown"),
     Route.MOVE: (WorkerState.WAITING, "its host was lost: placed again on another host"),
+    Route.START_AGAIN: (
+        WorkerState.WAITING,
+        "the spare died before it took the assignment: started again (not a failure)",
+    ),
     Route.FENCED: (
         WorkerState.FATAL,
         "fenced: the game was placed again by someone else (exit 77); is a second supervisor "

@@ -10,9 +10,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil  # type: ignore[import-untyped]
+
+if TYPE_CHECKING:
+    from supervisor.spare import SpareKeeper, SpareWant
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER_MODULE = "training.worker"
@@ -33,6 +36,15 @@ def start_ticks(pid: int) -> int | None:
         return int(fields[19])
     except ValueError:
         return None
+
+
+def process_argv(cmdline: list[str]) -> list[str]:
+    """A process's argv as psutil reads it, whether or not it was retitled: a worker started
+    from the spare carries its command line as one string (setproctitle), NUL-padded."""
+    parts = [part for part in cmdline if part]
+    if len(parts) == 1 and " " in parts[0]:
+        return parts[0].split()
+    return list(cmdline)
 
 
 def same_process(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
@@ -66,6 +78,7 @@ class WorkerProcess:
     create_time: float  # wall clock, for display
     started_mono: float
     start_ticks: int | None = None  # identity: clock ticks since boot
+    served: str = "cold"  # "cold" (a fresh process) or "spare" (the pre-warmed one)
 
     @property
     def pid(self) -> int:
@@ -81,6 +94,11 @@ class WorkerProcess:
         """Where it runs, for its events: {} on this host; host and epoch on several."""
         return {}
 
+    def lost_before_start(self) -> bool:
+        """Did it die before it became the worker (a spare that never took its assignment)?
+        Then the game never had this worker: it starts again at once, no failure."""
+        return False
+
     def close(self) -> None:
         if self.pidfd >= 0:
             with contextlib.suppress(OSError):
@@ -89,10 +107,11 @@ class WorkerProcess:
 
 
 def start_worker_process(
-    cmd: list[str], log_path: Path, cwd: Path | None
+    cmd: list[str], log_path: Path, cwd: Path | None, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:
     """`cmd` (a worker) in its own session, in `cwd`, output appended to `log_path` (never
-    through a link), with an environment that finds rlsup's packages and lacks systemd's."""
+    through a link), with an environment that finds rlsup's packages and lacks systemd's;
+    `pass_fds`: descriptors it inherits (a spare's channel)."""
     env = dict(os.environ)
     # Not pip-installed yet (or run from a checkout): the worker must find `training`.
     env["PYTHONPATH"] = os.pathsep.join(
@@ -113,6 +132,7 @@ def start_worker_process(
             env=env,
             start_new_session=True,
             close_fds=True,
+            pass_fds=pass_fds,
         )
     finally:
         os.close(fd)
@@ -126,15 +146,18 @@ class Launcher:
 
     backend = "local"
 
-    def __init__(self, python: str = sys.executable, module: str = WORKER_MODULE) -> None:
+    def __init__(
+        self,
+        python: str = sys.executable,
+        module: str = WORKER_MODULE,
+        spare: SpareKeeper | None = None,
+    ) -> None:
         self.python = python
         self.module = module
+        self.spare = spare  # the pre-warmed spare worker's keeper (this host only)
 
     def connect(self) -> None:
         """Before the first spawn (several hosts: join the cluster). OSError when it cannot."""
-
-    def close(self) -> None:
-        """At the supervisor's exit."""
 
     def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
         """Once a tick: events about the hosts (several hosts: joined, lost, rebooted)."""
@@ -148,12 +171,26 @@ class Launcher:
     def forget(self, proc: WorkerProcess) -> None:
         """The tick loop is done with `proc` (it exited and was reaped)."""
 
+    def tend_spare(self, want: SpareWant, now: float) -> list[tuple[str, str | None, Any]]:
+        """Once a tick: keep (or drop) this host's spare worker as `want` says; its events."""
+        return self.spare.tend(want, now) if self.spare is not None else []
+
+    def spare_row(self) -> dict[str, Any] | None:
+        """The spare, for `rlsup status` (None: this launcher keeps none)."""
+        return self.spare.row() if self.spare is not None else None
+
     def spawn(
         self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None = None
     ) -> WorkerProcess:
         """`python -P -m training.worker ARGV` in `cwd` (its run dir): -P keeps the working
         directory off sys.path, so an operator's own `training/` or `checkpoints/` package
-        there can never shadow rlsup's."""
+        there can never shadow rlsup's. The ready spare of its device becomes it when there
+        is one (`served` "spare"); else a fresh process (`served` "cold")."""
+        if (
+            self.spare is not None
+            and (taken := self.spare.take(argv, log_path, cwd, now_mono)) is not None
+        ):
+            return taken
         popen = start_worker_process([self.python, "-P", "-m", self.module, *argv], log_path, cwd)
         try:
             return self._track(popen, now_mono)
@@ -178,6 +215,11 @@ class Launcher:
         """Ask to checkpoint and exit; SIGCONT too, since a stopped process cannot act on it."""
         self._signal(proc.pid, signal.SIGTERM)
         self._signal(proc.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        """At the supervisor's exit: no spare outlives it."""
+        if self.spare is not None:
+            self.spare.close()
 
     def kill(self, proc: WorkerProcess) -> None:
         # The worker leads its own process group: take anything it spawned with it.
@@ -212,7 +254,7 @@ def find_leftover(
         return None
     try:
         proc = psutil.Process(pid)
-        if not any(WORKER_MODULE in part for part in proc.cmdline()):
+        if WORKER_MODULE not in process_argv(proc.cmdline()):
             return None
         return proc
     except psutil.Error:

@@ -51,6 +51,10 @@ class Recorder:
             lambda c: db.upsert_worker(c, name, **row), key=f"worker:{name}", flush=flush
         )
 
+    def spare(self, row: dict[str, Any]) -> None:
+        # Keyed: only the spare's newest row waits through an outage.
+        self.journal.write(lambda c: db.set_spare(c, **row), key="spare")
+
     def tick(self, rows: Iterable[tuple[str, dict[str, Any]]], boot_id: str) -> None:
         """Every worker's row and the tick, in one transaction (and, after an outage's
         backoff, whatever is still queued before them)."""

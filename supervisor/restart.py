@@ -23,6 +23,7 @@ class ExitKind(enum.StrEnum):
     SIGNALED = "killed_by_signal"
     HOST_LOST = "host_lost"  # several hosts: its host died; the game moves (no failure)
     FENCED = "fenced"  # exit 77: placed elsewhere since (a second supervisor on the mirror?)
+    START_LOST = "start_lost"  # the spare died before taking its assignment (no failure)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ class WorkerLife:
     stop_reason: StopReason | None = None  # why the supervisor asked it to stop
     kill_at: float | None = None  # SIGKILL due (monotonic) if it has not exited by then
     killed: bool = False  # the supervisor sent it SIGKILL
+    spawned_at: float = 0.0  # time.monotonic() when it was spawned (or the spare assigned)
+    start_reported: bool = False  # its start breakdown became a `worker_training` event
 
 
 @dataclass
@@ -50,6 +52,8 @@ class GameRuntime:
     consecutive: int = 0  # backoff exponent
     backoff_until: float = 0.0
     gpu_peak_mb: dict[tuple[int, int | str, int], float] = field(default_factory=dict)
+    exit_seen_at: float | None = None  # time.monotonic() when its last worker's exit was seen
+    last_start: dict[str, Any] | None = None  # how its newest worker started (served, times)
 
     # Read-only views of the current worker (None without one).
     @property
@@ -84,6 +88,7 @@ class GameRuntime:
             "state_since": self.state_since,
             "reason": self.reason,
             "heartbeat": json.dumps(hb.to_json()) if hb else None,
+            "last_start": json.dumps(self.last_start) if self.last_start else None,
             "updated": updated,
         }
 

@@ -66,6 +66,35 @@ class Phase(enum.StrEnum):
     STOPPING = "stopping"
 
 
+# ---- the spare worker's channel ------------------------------------------------------------
+# `python -m training.worker --standby --channel-fd N`: a pre-warmed process that waits on a
+# SOCK_SEQPACKET socket (a socketpair; the supervisor holds the other end, nothing on disk)
+# for the argv of the worker it is to become. One JSON object per message, both ways:
+#   spare -> supervisor: {"type": "ready", "pid", "warm_s", "device", "priority"}, then
+#       {"type": "alive"} every SPARE_ALIVE_EVERY_S, and {"type": "assigned", "mono"} once it
+#       has taken an assignment (it is a worker from then on and says nothing more here);
+#   supervisor -> spare: {"type": "assign", "argv": [...], "cwd": run_dir, "log": path}.
+# End of file on either side means the other is gone: an idle spare then exits 0.
+SPARE_ALIVE_EVERY_S = 2.0
+SPARE_MAX_MESSAGE = 1 << 16
+
+
+def encode_message(msg: dict[str, Any]) -> bytes:
+    raw = json.dumps(msg, allow_nan=False).encode("utf-8")
+    if len(raw) > SPARE_MAX_MESSAGE:
+        raise ValueError(f"channel message of {len(raw)} bytes (at most {SPARE_MAX_MESSAGE})")
+    return raw
+
+
+def decode_message(raw: bytes) -> dict[str, Any] | None:
+    """One message, or None when it is not a JSON object with a string `type`."""
+    try:
+        msg = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return msg if isinstance(msg, dict) and isinstance(msg.get("type"), str) else None
+
+
 ALGOS = ("dqn", "ppo")
 DEVICES = ("auto", "cpu", "cuda")
 LR_SCHEDULERS = ("none", "cosine", "step")
@@ -491,6 +520,11 @@ class Heartbeat:
     # Writes that failed and were survived (a full disk, an I/O error), per file kind:
     # "heartbeat" (kept up in place), "progress" (rows kept and appended later), "eval", "log".
     write_failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    # How this process came to train, on the system's monotonic clock (CLOCK_MONOTONIC, the
+    # same in every process, so the supervisor can subtract its own readings): "served"
+    # ("spare" or "cold"), and the marks "assigned" (a spare took its assignment), "loaded"
+    # (checkpoint loaded and learner built) and "first_step" (its first iteration done).
+    start: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

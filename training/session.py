@@ -179,6 +179,7 @@ class TrainingSession:
         run_dir: Path,
         log: structlog.stdlib.BoundLogger,
         on_tick: Callable[[], None],
+        start: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -191,7 +192,10 @@ class TrainingSession:
             initial_heartbeat(cfg.game, cfg.algo, cfg.total_steps, cfg.device),
             on_tick=on_tick,
         )
-        self.hb.update(threads=self.threads, phase_deadline_s=STARTING_DEADLINE_S)
+        self.start = dict(start or {"served": "cold"})
+        self.hb.update(
+            threads=self.threads, phase_deadline_s=STARTING_DEADLINE_S, start=dict(self.start)
+        )
         self.hb.start()
         self.progress = ProgressLog(run_dir, lambda: self.hb.count_failure("progress"))
         self.checkpoint_failures = 0
@@ -236,9 +240,15 @@ class TrainingSession:
             self.hb.update(global_step=loaded.step, last_checkpoint_step=loaded.step)
             return ExitCode.DONE
         loaded, counters = self._restore(device, store, loaded)
+        self._mark_start("loaded")
         fence = self._check_fence if self.cfg.epoch and self.cfg.mirror_url else None
         checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint, fence)
         return self._train(stop, checkpointer, counters, loaded)
+
+    def _mark_start(self, mark: str, when: float | None = None) -> None:
+        """A start mark for the heartbeat (`start`): when, on the system's monotonic clock."""
+        self.start[mark] = time.monotonic() if when is None else when
+        self.hb.update(start=dict(self.start))
 
     def close(self) -> None:
         if self.learner is not None:
@@ -501,6 +511,8 @@ class TrainingSession:
             learner.iterate()
             now = time.monotonic()
             longest_iter_s = max(longest_iter_s, now - t0)
+            if "first_step" not in self.start:
+                self._mark_start("first_step", now)
             self.step = learner.global_step
             self._publish_progress(max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
             if now - last_progress_t >= PROGRESS_EVERY_S:

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from training.protocol import ERROR_FILE, LOCK_FILE, ConfigError, ExitCode, WorkerConfig
 
@@ -43,11 +44,18 @@ class RunDirLocked(RuntimeError):
     pass
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, start: dict[str, Any] | None = None) -> int:
+    """`start`: how this process came to be this worker (heartbeat `start`); a spare that took
+    its assignment passes {"served": "spare", "assigned": <monotonic>}."""
+    argv = sys.argv[1:] if argv is None else argv
     # gymnasium warns about envpool's float64 Box bounds on every env made: noise, not news.
     warnings.filterwarnings("ignore", category=UserWarning, module="gymnasium")
+    if "--standby" in argv:
+        from training import standby
+
+        return standby.main(argv)
     try:
-        cfg = WorkerConfig.from_argv(sys.argv[1:] if argv is None else argv)
+        cfg = WorkerConfig.from_argv(argv)
         run_dir = prepare_run_dir(Path(cfg.run_dir))
     except ConfigError as exc:
         print(f"rlsup worker: configuration error: {exc}", file=sys.stderr)
@@ -59,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     install_signal_handlers(stop)
     try:
         with run_dir_lock(run_dir):
-            return Worker(cfg, run_dir, stop).run()
+            return Worker(cfg, run_dir, stop, start or {"served": "cold"}).run()
     except RunDirLocked as exc:
         print(f"rlsup worker: {exc}", file=sys.stderr)
         # The supervisor reads error.json to say why a worker died: give it the reason.
@@ -132,10 +140,17 @@ def install_signal_handlers(stop: StopRequested) -> None:
 class Worker:
     """The worker's life: load, train, checkpoint, evaluate, stop — every exit path defined."""
 
-    def __init__(self, cfg: WorkerConfig, run_dir: Path, stop: StopRequested) -> None:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        run_dir: Path,
+        stop: StopRequested,
+        start: dict[str, Any] | None = None,
+    ) -> None:
         from training import logs
 
         self.cfg = cfg
+        self.start = start or {"served": "cold"}
         self.run_dir = run_dir
         self.stop = stop
         self.parent_pid = os.getppid()
@@ -182,7 +197,9 @@ class Worker:
     def _run(self) -> int:
         from training.session import TrainingSession
 
-        session = TrainingSession(self.cfg, self.run_dir, self.log, self._watch_parent)
+        session = TrainingSession(
+            self.cfg, self.run_dir, self.log, self._watch_parent, start=self.start
+        )
         try:
             code = session.run(self.stop)
         finally:

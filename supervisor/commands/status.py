@@ -40,6 +40,7 @@ from supervisor.commands.status_schema import (
     ModeDoc,
     NodeDoc,
     ScopeDoc,
+    SpareDoc,
     StatusDoc,
     SupervisorDoc,
 )
@@ -119,6 +120,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         mode = _mode(conn, cfg)
         games = _games(conn, cfg, now)
         nodes = _nodes(conn, games)
+        spare = _spare(conn, supervisor)
         first_seen = db.first_boot_seen(conn)
     return {
         "schema": SCHEMA,
@@ -131,6 +133,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "mode": mode,
         "games": games,
         "nodes": nodes,
+        "spare": spare,
         "cost": _cost(cfg, games, first_seen, supervisor, now),
     }
 
@@ -166,6 +169,51 @@ def _nodes(conn: sqlite3.Connection | None, games: list[GameDoc]) -> list[NodeDo
         if g["host"] and g["state"] in LIVE_STATES:
             node(g["host"])["games"].append(g["name"])
     return sorted(out.values(), key=lambda n: n["host"])
+
+
+def _spare(conn: sqlite3.Connection | None, supervisor: SupervisorDoc) -> SpareDoc | None:
+    """The spare worker's row, checked against the live process (its RSS and PSS now)."""
+    if conn is None:
+        return None
+    try:
+        row = db.spare(conn)
+    except sqlite3.Error:  # a database from before the spare (schema 2) read read-only
+        return None
+    if row is None:
+        return None
+    pid, state = row.get("pid"), str(row.get("state") or "off")
+    alive = pid_alive(pid, row.get("pid_start_ticks"))
+    rss, pss = row.get("rss_mb"), None
+    if alive and pid:
+        rss, pss = _memory_mib(int(pid), rss)
+    if supervisor["state"] != "running" and state != "off":
+        state = "stale"
+    return {
+        "state": state,
+        "pid": pid,
+        "alive": alive,
+        "device": row.get("device"),
+        "since": row.get("since"),
+        "ready_since": row.get("ready_since"),
+        "rss_mib": None if rss is None else round(float(rss), 1),
+        "pss_mib": None if pss is None else round(pss, 1),
+        "reason": row.get("reason"),
+    }
+
+
+def _memory_mib(pid: int, fallback: float | None) -> tuple[float | None, float | None]:
+    """RSS and PSS of `pid` in MiB from /proc/<pid>/smaps_rollup (PSS: None if unreadable)."""
+    rss: float | None = fallback
+    pss: float | None = None
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                value = int(rest.split()[0]) / 1024
+                rss, pss = (value, pss) if key == "Rss" else (rss, value)
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, pss
 
 
 def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
@@ -464,6 +512,7 @@ def _game(
         "heartbeat_age_s": hb_age,
         "heartbeat_stale": stale,
         "last_error": _last_error(run_dir) if state in ("fatal", "backoff", "exited") else None,
+        "start": w.get("last_start") if isinstance(w.get("last_start"), dict) else None,
     }
 
 
@@ -516,6 +565,8 @@ def render_human(doc: StatusDoc) -> str:
         lines += ["", "mirrored: " + ", ".join(mirrored)]
     if doc["nodes"]:
         lines += ["", "hosts: " + "; ".join(_node_cell(n) for n in doc["nodes"])]
+    if doc["spare"] is not None:
+        lines += ["", _spare_line(doc["spare"], now)]
     notes = _notes(doc["games"], now)
     if notes:
         lines += ["", *notes]
@@ -661,6 +712,22 @@ def _games_table(games: list[GameDoc], now: float) -> str:
             ]
         )
     return render.render_table(_HEADERS, rows)
+
+
+def _spare_line(sp: SpareDoc, now: float) -> str:
+    """`spare       ready, pid 123 (cpu), 312 MiB RSS / 120 MiB PSS, ready for 4m` or why not."""
+    if sp["state"] in ("off", "starting") or not sp["pid"]:
+        return f"spare       {sp['state']}: {sp['reason'] or '-'}"
+    mem = f"{render.fmt_num(sp['rss_mib'], 0)} MiB RSS"
+    if sp["pss_mib"] is not None:
+        mem += f" / {render.fmt_num(sp['pss_mib'], 0)} MiB PSS"
+    since = (
+        f", ready for {render.fmt_duration(now - sp['ready_since'])}"
+        if sp["state"] == "ready" and sp["ready_since"]
+        else ""
+    )
+    dead = "" if sp["alive"] else " (not running)"
+    return f"spare       {sp['state']}, pid {sp['pid']}{dead} ({sp['device']}), {mem}{since}"
 
 
 def _node_cell(n: NodeDoc) -> str:

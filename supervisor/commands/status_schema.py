@@ -98,6 +98,9 @@ class GameDoc(TypedDict):
     heartbeat_age_s: float | None
     heartbeat_stale: bool
     last_error: ErrorDoc | None  # from error.json, for fatal / backoff / exited games
+    # How its newest worker started: served ("spare" | "cold") and the seconds from its
+    # predecessor's exit seen to the spawn, to the checkpoint loaded, to the first step.
+    start: dict[str, Any] | None
 
 
 class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration
@@ -120,6 +123,20 @@ class NodeDoc(TypedDict):
     boot_id: str | None
 
 
+class SpareDoc(TypedDict):
+    """The pre-warmed spare worker ([spare]) on this host."""
+
+    state: str  # off | starting | warming | ready | stale (the supervisor is not running)
+    pid: int | None
+    alive: bool  # the recorded process is alive and the same one
+    device: str | None
+    since: float | None  # when it was spawned
+    ready_since: float | None
+    rss_mib: float | None  # now, from /proc (else the last measured)
+    pss_mib: float | None  # its proportional share (pages it shares with others split)
+    reason: str | None  # why there is (or is not) one
+
+
 class StatusDoc(TypedDict):
     schema: int
     generated_at: float
@@ -131,4 +148,5 @@ class StatusDoc(TypedDict):
     mode: ModeDoc
     games: list[GameDoc]
     nodes: list[NodeDoc]  # several hosts only; [] on a single host
+    spare: SpareDoc | None  # None: no spare was ever kept (several hosts, an old database)
     cost: CostDoc | None

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from checkpoints.names import CORRUPT_PREFIX, MANIFEST_NAME, ckpt_step, corrupt_step
+from supervisor.launcher import process_argv
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Monitor(threading.Thread):
         counts: dict[str, int] = {}
         pids: dict[str, list[int]] = {}
         for p in psutil.process_iter(["cmdline", "status"]):
-            cmd = p.info["cmdline"] or []
+            cmd = process_argv(p.info["cmdline"] or [])
             if "training.worker" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             for i, part in enumerate(cmd[:-1]):

@@ -165,10 +165,12 @@ def worker_pids(state: Path, game: str) -> list[int]:
     """Live worker processes whose --run-dir is this game's (never more than one)."""
     import psutil
 
+    from supervisor.launcher import process_argv
+
     run_dir = str(state / "runs" / game)
     pids = []
     for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
+        cmd = process_argv(p.info["cmdline"] or [])
         if "training.worker" in cmd and run_dir in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
             pids.append(p.pid)
     return pids

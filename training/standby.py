@@ -1,0 +1,172 @@
+"""The spare worker: `python -m training.worker --standby --channel-fd N [--device D]`.
+
+A process that has already paid the cold start that does not depend on the game (torch,
+envpool and the learners imported, the allocator and an Adam step warmed, the CUDA context up
+where the device is cuda), then waits on its channel (training/protocol.py) for the argv of the
+worker it is to become. On an assignment it becomes exactly what `python -m training.worker
+ARGV` started in that run dir would have been: its log, working directory, priority, thread
+count and process title are the cold worker's, and from `worker.main(ARGV)` on the code is the
+same (locking, heartbeat, checkpoint load, exit codes, config.json).
+
+It warms at low priority with one thread, so that it does not slow the games that train; an
+idle spare holds no run-dir lock and exits 0 when the supervisor's end of the channel closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import select
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from training.protocol import (
+    SPARE_ALIVE_EVERY_S,
+    SPARE_MAX_MESSAGE,
+    decode_message,
+    encode_message,
+)
+
+CAP_SYS_NICE = 23
+SPARE_NICE = 19
+
+
+def can_restore_priority() -> bool:
+    """May this process go back to nice 0 once it has niced itself? Root (CAP_SYS_NICE) or
+    an RLIMIT_NICE that allows nice 0 (systemd: LimitNICE=+0)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:") and int(line.split()[1], 16) >> CAP_SYS_NICE & 1:
+                return True
+    except (OSError, ValueError, IndexError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    return soft == resource.RLIM_INFINITY or soft >= 20
+
+
+def set_priority_all_threads(nice: int) -> None:
+    """Linux nice values are per thread: set every thread of this process."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except (ProcessLookupError, ValueError):
+            continue
+
+
+def warm_up(device: str) -> str:
+    """Pay what every worker pays before it knows its game; returns the device warmed."""
+    import torch
+
+    torch.set_num_threads(1)
+    import envpool  # noqa: F401  (its task registry and native module)
+    import gymnasium  # noqa: F401
+    import numpy as np
+
+    import checkpoints  # noqa: F401
+    from training import dqn, learner, logs, networks, ppo, replay, session  # noqa: F401
+
+    use_cuda = device != "cpu" and torch.cuda.is_available()
+    dev = torch.device("cuda" if use_cuda else "cpu")
+    # The allocator, the autograd engine, Adam's kernels and a conv on the target device,
+    # on constant tensors (no random number is drawn: the worker seeds its own later).
+    weight = torch.zeros(16, 4, 8, 8, device=dev, requires_grad=True)
+    head = torch.zeros(16, 2, device=dev, requires_grad=True)
+    opt = torch.optim.Adam([weight, head], lr=1e-3)
+    frames = torch.zeros(2, 4, 84, 84, device=dev)
+    out = torch.nn.functional.conv2d(frames, weight, stride=4).mean(dim=(2, 3)) @ head
+    out.sum().backward()
+    opt.step()
+    np.zeros(4, dtype=np.float32).sum()
+    if use_cuda:
+        torch.cuda.synchronize()
+    return dev.type
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training.worker --standby")
+    parser.add_argument("--standby", action="store_true", required=True)
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    ns = parse(argv)
+    chan = socket.socket(fileno=ns.channel_fd)
+    parent = os.getppid()
+    restorable = can_restore_priority()
+    if restorable:
+        os.nice(SPARE_NICE)
+    t0 = time.monotonic()
+    warmed = warm_up(ns.device)
+    send(chan, {
+        "type": "ready", "pid": os.getpid(), "warm_s": round(time.monotonic() - t0, 3),
+        "device": warmed, "priority": "low" if restorable else "normal",
+    })  # fmt: skip
+    assignment = wait_for_assignment(chan, parent)
+    if assignment is None:
+        return 0
+    assigned = time.monotonic()
+    send(chan, {"type": "assigned", "mono": assigned})
+    chan.close()
+    return become(assignment, restorable, assigned)
+
+
+def send(chan: socket.socket, msg: dict[str, Any]) -> None:
+    chan.sendall(encode_message(msg))
+
+
+def wait_for_assignment(chan: socket.socket, parent: int) -> dict[str, Any] | None:
+    """The assignment, or None when the supervisor is gone (end of file, a new parent)."""
+    while True:
+        ready, _, _ = select.select([chan], [], [], SPARE_ALIVE_EVERY_S)
+        if os.getppid() != parent:
+            return None
+        if not ready:
+            try:
+                send(chan, {"type": "alive"})
+            except OSError:
+                return None
+            continue
+        try:
+            raw = chan.recv(SPARE_MAX_MESSAGE)
+        except OSError:
+            return None
+        if not raw:
+            return None
+        msg = decode_message(raw)
+        if msg is not None and msg["type"] == "assign":
+            return msg
+        print(f"rlsup spare: ignored a message on the channel: {raw[:200]!r}", file=sys.stderr)
+
+
+def become(msg: dict[str, Any], restorable: bool, assigned: float) -> int:
+    """Turn into `python -P -m training.worker ARGV` started in msg["cwd"], logging to
+    msg["log"]: the same process a cold start would have made."""
+    argv = [str(a) for a in msg.get("argv", [])]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(str(msg["log"]), flags, 0o640)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.chdir(str(msg["cwd"]))
+    except (OSError, KeyError) as exc:
+        print(f"rlsup spare: cannot take the assignment: {exc}", file=sys.stderr)
+        return 1
+    if restorable:
+        set_priority_all_threads(0)
+    from setproctitle import setproctitle
+
+    # What `ps` and the supervisor's leftover check see: the cold worker's command line.
+    setproctitle(" ".join([sys.executable, "-P", "-m", "training.worker", *argv]))
+    sys.argv = [sys.argv[0], *argv]
+    from training import worker
+
+    return worker.main(argv, start={"served": "spare", "assigned": assigned})
