@@ -100,15 +100,16 @@ def decide(
         return True, "enabled ([spare] enabled = true)"
     if lowest_rung:
         return False, "the host runs its lowest mode"
-    if ram_available_pct is not None and ram_total_mb:
-        rss = spare_rss_mb if spare_rss_mb is not None else EXPECTED_RSS_MB
-        after = ram_available_pct - (0.0 if have_spare else 100.0 * rss / ram_total_mb)
-        if after < min_ram_available_pct:
-            return False, (
-                f"memory pressure: {after:.1f}% RAM available with the spare counted "
-                f"(below [spare] min_ram_available_pct = {min_ram_available_pct:g})"
-            )
-    return True, "auto"
+    if ram_available_pct is None or not ram_total_mb:
+        return False, "no memory reading yet"
+    rss = spare_rss_mb if spare_rss_mb is not None else EXPECTED_RSS_MB
+    after = ram_available_pct - (0.0 if have_spare else 100.0 * rss / ram_total_mb)
+    if after < min_ram_available_pct:
+        return False, (
+            f"memory pressure: {after:.1f}% RAM available with the spare counted "
+            f"(below [spare] min_ram_available_pct = {min_ram_available_pct:g})"
+        )
+    return True, f"auto: {after:.0f}% RAM available with the spare counted"
 
 
 @dataclass

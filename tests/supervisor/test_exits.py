@@ -39,6 +39,11 @@ ROUTES = [
     (K.HOST_LOST, None, True, False, R.REMOVED),
     (K.FENCED, None, False, False, R.FENCED),
     (K.FENCED, None, False, True, R.FENCED),
+    # The spare died before it took its assignment: the game never had that worker.
+    (K.START_LOST, None, False, False, R.START_AGAIN),
+    (K.START_LOST, A.MODE_CHANGE, False, False, R.START_AGAIN),
+    (K.START_LOST, None, False, True, R.SHUTDOWN),
+    (K.START_LOST, None, True, False, R.REMOVED),
 ]
 
 
