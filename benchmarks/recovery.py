@@ -1,13 +1,19 @@
-"""Recovery time under `rlsup run`, against the cold-start floor measured in the same run.
+"""Recovery time under `rlsup run`, cold and from the pre-warmed spare, against the cold-start
+floor measured in the same run.
 
     python benchmarks/recovery.py [--kills 10] [--games 2]
 
 1. Floor: a fresh interpreter importing torch, envpool and gymnasium, making the env, building
-   the network and taking the first optimizer step (what any restart must pay).
-2. Worker recovery: SIGKILL a training worker -> the first heartbeat of its replacement in phase
-   `training` (median and worst over --kills kills; the worker enters that phase only once it
-   has loaded its checkpoint and built its learner, right before its first step).
-3. Reboot recovery: SIGKILL the supervisor and every worker, a new boot id, a fresh
+   the network and taking the first optimizer step (what any cold restart must pay).
+2. Worker recovery, twice: with `[spare] enabled = false` (every restart cold) and with
+   `[spare] enabled = true` (each kill waits for a ready spare first). SIGKILL a training worker
+   -> its replacement (a) reports phase `training` (checkpoint loaded, learner built, right
+   before its first step) and (b) has finished its first iteration (heartbeat `start`
+   mark `first_step`). Median and worst over --kills kills; the time is itemised from the
+   supervisor's `worker_training` events: SIGKILL -> exit seen -> spawn (the backoff) ->
+   assigned -> loaded -> first step.
+3. The idle spare's memory (RSS and PSS from /proc/<pid>/smaps_rollup).
+4. Reboot recovery (cold run): SIGKILL the supervisor and every worker, a new boot id, a fresh
    `rlsup run` -> every game training again.
 Ends with one JSON line of the figures.
 """
@@ -18,6 +24,7 @@ import argparse
 import json
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -71,6 +78,8 @@ max_gpu_temp_c = 95
 min_free_mb = 1
 poll_s = 30
 timeout_s = 60
+[spare]
+enabled = {spare}
 """
 
 GAME = """
@@ -123,32 +132,99 @@ def start_supervisor(config: Path, env: dict[str, str]) -> subprocess.Popen[byte
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--games", type=int, default=2)
-    args = parser.parse_args()
-    floor = cold_start_floor()
-    with tempfile.TemporaryDirectory() as tmp:
-        state_dir = Path(tmp) / "state"
-        boot_id = Path(tmp) / "boot_id"
-        boot_id.write_text("boot-1\n")
-        tables = "".join(GAME.format(i=i) for i in range(args.games))
-        config = Path(tmp) / "rlsup.toml"
-        config.write_text(CONFIG.format(state_dir=state_dir, games=args.games, game_tables=tables))
-        env = {**os.environ, "RLSUP_BOOT_ID_PATH": str(boot_id), "PYTHONWARNINGS": "ignore"}
-        runs = [state_dir / "runs" / f"g{i}" for i in range(args.games)]
-        sup = start_supervisor(config, env)
+def query(state_dir: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    try:
+        conn = sqlite3.connect(state_dir / "rlsup.db", timeout=10)
         try:
-            for run_dir in runs:
-                wait_training(run_dir, None, sup)
-            kills = []
-            for k in range(args.kills):
-                time.sleep(6)  # past stable_after_s, so backoff starts from its base again
-                run_dir = runs[k % len(runs)]
-                pid = int(heartbeat(run_dir)["pid"])
-                os.kill(pid, signal.SIGKILL)
-                kills.append(wait_training(run_dir, pid, sup))
+            return conn.execute(sql, args).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+
+
+def wait_spare(state_dir: Path, timeout_s: float = 180) -> int:
+    """The pid of a ready spare."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = query(state_dir, "SELECT pid, state FROM spare")
+        if rows and rows[0][1] == "ready" and rows[0][0]:
+            return int(rows[0][0])
+        time.sleep(0.05)
+    raise TimeoutError(f"no ready spare within {timeout_s} s")
+
+
+def first_step_after(run_dir: Path, pid: int, timeout_s: float = 120) -> float:
+    """The replacement's `first_step` mark (the system's monotonic clock)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        hb = heartbeat(run_dir)
+        mark = (hb.get("start") or {}).get("first_step") if hb.get("pid") == pid else None
+        if isinstance(mark, int | float):
+            return float(mark)
+        time.sleep(0.01)
+    raise TimeoutError(f"{run_dir.name}: worker {pid} took no first step in {timeout_s} s")
+
+
+def breakdown_of(state_dir: Path, pid: int, timeout_s: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for (detail,) in query(
+            state_dir, "SELECT detail FROM events WHERE kind = 'worker_training'"
+        ):
+            d = json.loads(detail)
+            if d.get("pid") == pid:
+                return dict(d)
+        time.sleep(0.05)
+    raise TimeoutError(f"no worker_training event for pid {pid}")
+
+
+def memory_mib(pid: int) -> tuple[float, float]:
+    rss = pss = 0.0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key == "Rss":
+            rss = int(rest.split()[0]) / 1024
+        elif key == "Pss":
+            pss = int(rest.split()[0]) / 1024
+    return rss, pss
+
+
+def kill_rounds(tmp: Path, games: int, kills: int, spare: bool) -> dict[str, Any]:
+    """Start `rlsup run`, SIGKILL a training worker --kills times; the figures of each."""
+    state_dir = tmp / "state"
+    boot_id = tmp / "boot_id"
+    boot_id.write_text("boot-1\n")
+    tables = "".join(GAME.format(i=i) for i in range(games))
+    config = tmp / "rlsup.toml"
+    config.write_text(CONFIG.format(state_dir=state_dir, games=games, game_tables=tables,
+                                    spare=str(spare).lower()))  # fmt: skip
+    env = {**os.environ, "RLSUP_BOOT_ID_PATH": str(boot_id), "PYTHONWARNINGS": "ignore"}
+    runs = [state_dir / "runs" / f"g{i}" for i in range(games)]
+    out: dict[str, Any] = {"phase": [], "first_step": [], "detail": [], "kill_to_seen": []}
+    sup = start_supervisor(config, env)
+    try:
+        for run_dir in runs:
+            wait_training(run_dir, None, sup)
+        for k in range(kills):
+            time.sleep(6)  # past stable_after_s, so backoff starts from its base again
+            if spare:
+                idle = wait_spare(state_dir)
+                if k == 0:
+                    time.sleep(1)
+                    out["rss_mib"], out["pss_mib"] = memory_mib(idle)
+            run_dir = runs[k % len(runs)]
+            pid = int(heartbeat(run_dir)["pid"])
+            t_kill = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            out["phase"].append(wait_training(run_dir, pid, sup))
+            new_pid = int(heartbeat(run_dir)["pid"])
+            first = first_step_after(run_dir, new_pid)
+            out["first_step"].append(first - t_kill)
+            detail = breakdown_of(state_dir, new_pid)
+            out["detail"].append(detail)
+            out["kill_to_seen"].append(first - t_kill - float(detail["total_s"]))
+        if not spare:
             pids = [int(heartbeat(r)["pid"]) for r in runs]
             sup.kill()
             sup.wait()
@@ -159,17 +235,80 @@ def main() -> None:
             sup = start_supervisor(config, env)
             for run_dir, pid in zip(runs, pids, strict=True):
                 wait_training(run_dir, pid, sup)
-            reboot_s = time.monotonic() - t0
-        finally:
-            sup.send_signal(signal.SIGTERM)
-            sup.wait(timeout=60)
-    med, worst = statistics.median(kills), max(kills)
-    print(f"cores: {os.cpu_count()}; {args.games} CartPole PPO games under rlsup run")
-    print(f"{'what':<52}{'seconds':>9}{'x floor':>9}")
-    print(f"{'cold-start floor (fresh interpreter to first step)':<52}{floor:>9.2f}{1:>9.2f}")
-    print(f"{'worker SIGKILL -> training again, median':<52}{med:>9.2f}{med / floor:>9.2f}")
-    print(f"{'worker SIGKILL -> training again, worst':<52}{worst:>9.2f}{worst / floor:>9.2f}")
-    print(f"{'simulated reboot -> all games training':<52}{reboot_s:>9.2f}{reboot_s / floor:>9.2f}")
+            out["reboot_s"] = time.monotonic() - t0
+    finally:
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(timeout=60)
+    return out
+
+
+STAGES = (
+    ("SIGKILL -> exit seen", "kill_to_seen"),
+    ("exit seen -> spawn / hand-over (backoff)", "exit_to_spawn_s"),
+    ("spawn -> spare took the assignment", "spawn_to_assigned_s"),
+    ("spawn -> checkpoint loaded, learner built", "spawn_to_loaded_s"),
+    ("loaded -> first iteration done", "loaded_to_first_step_s"),
+)
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    def med(values: list[Any]) -> float | None:
+        nums = [float(v) for v in values if isinstance(v, int | float)]
+        return round(statistics.median(nums), 3) if nums else None
+
+    stages = {"kill_to_seen": med(run["kill_to_seen"])}
+    for _, key in STAGES[1:]:
+        stages[key] = med([d.get(key) for d in run["detail"]])
+    return {
+        "median_s": round(statistics.median(run["phase"]), 3),
+        "worst_s": round(max(run["phase"]), 3),
+        "first_step_median_s": round(statistics.median(run["first_step"]), 3),
+        "first_step_worst_s": round(max(run["first_step"]), 3),
+        "served": sorted({d.get("served") for d in run["detail"]}),
+        "stages_median_s": stages,
+    }
+
+
+def _cell(v: float | None) -> str:
+    return f"{v:>9.3f}" if v is not None else f"{'-':>9}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--games", type=int, default=2)
+    args = parser.parse_args()
+    floor = cold_start_floor()
+    with tempfile.TemporaryDirectory() as tmp:
+        cold_run = kill_rounds(Path(tmp), args.games, args.kills, spare=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        spare_run = kill_rounds(Path(tmp), args.games, args.kills, spare=True)
+    cold, spare = summary(cold_run), summary(spare_run)
+    assert cold["served"] == ["cold"] and spare["served"] == ["spare"], (cold, spare)
+    reboot_s = cold_run["reboot_s"]
+    print(f"cores: {os.cpu_count()}; {args.games} CartPole PPO games under rlsup run; "
+          f"{args.kills} kills each way; backoff_base_s 1")  # fmt: skip
+    print(f"{'what':<52}{'cold':>9}{'spare':>9}{'x floor':>9}")
+    print(
+        f"{'cold-start floor (fresh interpreter to first step)':<52}{floor:>9.2f}{'':>9}{1:>9.2f}"
+    )
+    rows = [
+        ("SIGKILL -> training phase, median", "median_s"),
+        ("SIGKILL -> training phase, worst", "worst_s"),
+        ("SIGKILL -> first iteration done, median", "first_step_median_s"),
+        ("SIGKILL -> first iteration done, worst", "first_step_worst_s"),
+    ]
+    for label, key in rows:
+        c, sp = cold[key], spare[key]
+        print(f"{label:<52}{c:>9.2f}{sp:>9.2f}{sp / floor:>9.2f}")
+    print("where the time goes (medians):")
+    for label, key in STAGES:
+        c, sp = cold["stages_median_s"].get(key), spare["stages_median_s"].get(key)
+        print(f"  {label:<50}{_cell(c)}{_cell(sp)}")
+    print(f"{'idle spare memory: RSS / PSS (MiB)':<52}{spare_run['rss_mib']:>9.0f}"
+          f"{spare_run['pss_mib']:>9.0f}")  # fmt: skip
+    print(f"{'simulated reboot -> all games training (cold)':<52}{reboot_s:>9.2f}{'':>9}"
+          f"{reboot_s / floor:>9.2f}")  # fmt: skip
     print(
         json.dumps(
             {
@@ -177,13 +316,18 @@ def main() -> None:
                 "cores": os.cpu_count(),
                 "games": args.games,
                 "kills": args.kills,
+                "backoff_base_s": 1,
                 "floor_s": round(floor, 3),
-                "kill_recovery_median_s": round(med, 3),
-                "kill_recovery_worst_s": round(worst, 3),
-                "kill_recovery_median_x_floor": round(med / floor, 3),
+                "cold": cold,
+                "spare": spare,
+                "spare_rss_mib": round(spare_run["rss_mib"], 1),
+                "spare_pss_mib": round(spare_run["pss_mib"], 1),
+                "spare_median_x_floor": round(spare["median_s"] / floor, 3),
+                "kill_recovery_median_s": cold["median_s"],
+                "kill_recovery_worst_s": cold["worst_s"],
+                "kill_recovery_median_x_floor": round(cold["median_s"] / floor, 3),
                 "reboot_recovery_s": round(reboot_s, 3),
                 "reboot_recovery_x_floor": round(reboot_s / floor, 3),
-                "backoff_base_s": 1,
             }
         )
     )

@@ -2,9 +2,12 @@
 
     python benchmarks/supervision_overhead.py [--seconds 40] [--game CartPole-v1] [--rounds 2]
 
-Both runs use the same worker flags (threads included); the rate is read from progress.csv after
-the first row, so start-up is excluded. Rounds alternate bare / supervised to spread drift in the
-machine's load. Ends with one JSON line of the figures.
+Three runs of the same worker flags (threads included): bare, under `rlsup run` without a
+spare, and under `rlsup run` with an idle pre-warmed spare beside it ([spare] enabled = true;
+measured once the spare is ready, so its warm-up is not counted: what costs, if anything, is
+the idle spare). The rate is read from progress.csv after the first row, so start-up is
+excluded. Rounds alternate the three to spread drift in the machine's load. Ends with one JSON
+line of the figures.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import csv
 import json
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -43,11 +47,13 @@ seed = 1
 args = {{ eval_episodes = 0 }}
 [stability]
 ceiling = "light"
+[spare]
+enabled = {spare}
 """
 
 
-def rate(progress: Path) -> float:
-    rows = list(csv.DictReader(progress.open()))
+def rate(progress: Path, since: float = 0.0) -> float:
+    rows = [r for r in csv.DictReader(progress.open()) if float(r["time"]) >= since]
     first, last = rows[1], rows[-1]
     steps = int(last["global_step"]) - int(first["global_step"])
     return steps / (float(last["time"]) - float(first["time"]))
@@ -68,16 +74,41 @@ def bare(game: str, seconds: float, tmp: Path) -> float:
     return rate(run_dir / "progress.csv")
 
 
-def supervised(game: str, seconds: float, tmp: Path) -> float:
+def spare_ready_at(state_dir: Path, timeout_s: float = 120) -> float:
+    """When the spare reported ready (its event's wall time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            conn = sqlite3.connect(state_dir / "rlsup.db", timeout=10)
+            try:
+                row = conn.execute("SELECT ts FROM events WHERE kind = 'spare_ready'").fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            row = None
+        if row is not None:
+            return float(row[0])
+        time.sleep(0.2)
+    raise TimeoutError(f"no spare ready within {timeout_s} s")
+
+
+def supervised(game: str, seconds: float, tmp: Path, spare: bool) -> float:
     state_dir = tmp / "state"
     config = tmp / "rlsup.toml"
-    config.write_text(CONFIG.format(state_dir=state_dir, game=game))
+    config.write_text(CONFIG.format(state_dir=state_dir, game=game, spare=str(spare).lower()))
     cmd = [sys.executable, "-m", "supervisor.cli", "run", "--config", str(config)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(seconds)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
-    return rate(state_dir / "runs" / "bench" / "progress.csv")
+    since = 0.0
+    try:
+        if spare:
+            since = spare_ready_at(state_dir)
+            time.sleep(seconds - min(seconds / 2, time.time() - since))
+        else:
+            time.sleep(seconds)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    return rate(state_dir / "runs" / "bench" / "progress.csv", since)
 
 
 def main() -> None:
@@ -86,17 +117,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    bares, sups = [], []
+    bares, sups, spared = [], [], []
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             bares.append(bare(args.game, args.seconds, Path(tmp)))
         with tempfile.TemporaryDirectory() as tmp:
-            sups.append(supervised(args.game, args.seconds, Path(tmp)))
-        print(f"round {r + 1}: bare {bares[-1]:.0f} steps/s, supervised {sups[-1]:.0f} steps/s")
-    b, s = statistics.median(bares), statistics.median(sups)
-    print(f"{'what':<40}{'agent steps/s':>14}{'ratio':>8}")
-    print(f"{'worker run bare':<40}{b:>14.0f}{1.0:>8.2f}")
-    print(f"{'same worker under rlsup run':<40}{s:>14.0f}{s / b:>8.3f}")
+            sups.append(supervised(args.game, args.seconds, Path(tmp), spare=False))
+        with tempfile.TemporaryDirectory() as tmp:
+            spared.append(supervised(args.game, args.seconds, Path(tmp), spare=True))
+        print(
+            f"round {r + 1}: bare {bares[-1]:.0f} steps/s, supervised {sups[-1]:.0f}, "
+            f"supervised with an idle spare {spared[-1]:.0f}"
+        )
+    b, s, sp = statistics.median(bares), statistics.median(sups), statistics.median(spared)
+    print(f"{'what':<48}{'agent steps/s':>14}{'ratio':>8}")
+    print(f"{'worker run bare':<48}{b:>14.0f}{1.0:>8.2f}")
+    print(f"{'same worker under rlsup run':<48}{s:>14.0f}{s / b:>8.3f}")
+    print(f"{'same, with an idle spare beside it':<48}{sp:>14.0f}{sp / b:>8.3f}")
+    print(f"{'idle spare vs none (both supervised)':<48}{'':>14}{sp / s:>8.3f}")
     figures = {
         "benchmark": "supervision_overhead",
         "game": args.game,
@@ -105,6 +143,9 @@ def main() -> None:
         "bare_sps": round(b, 1),
         "supervised_sps": round(s, 1),
         "ratio": round(s / b, 4),
+        "supervised_idle_spare_sps": round(sp, 1),
+        "idle_spare_ratio": round(sp / b, 4),
+        "idle_spare_vs_none": round(sp / s, 4),
         "rounds": args.rounds,
     }
     print(json.dumps(figures))

@@ -195,13 +195,14 @@ class SpareKeeper:
     lost_in_a_row: int = 0  # spares that died before they were ready, since the last ready
     next_spawn: float = 0.0
     rss_mb: float | None = None  # the last idle spare's, measured
+    pending: list[Event] = field(default_factory=list)  # events made between two ticks
 
     # ---- the tick ---------------------------------------------------------------------------
 
     def tend(self, want: SpareWant, now: float) -> list[Event]:
         """Once a tick: read the spare's messages, replace a dead or silent one, start or
         stop one as `want` says. Returns the events."""
-        events: list[Event] = []
+        events, self.pending = self.pending, []
         if want.want != self.want.want:
             kind = "spare_enabled" if want.want else "spare_disabled"
             events.append((kind, None, {"reason": want.reason}))
@@ -304,7 +305,8 @@ class SpareKeeper:
         spare = self.spare
         if spare is None or spare.state != "ready":
             return None
-        self._watch(spare, now)  # a spare that died since the tick is not handed anything
+        # A spare that died since the tick is handed nothing (its events wait for the tick).
+        self.pending += self._watch(spare, now)
         if self.spare is not spare or spare.device is None:
             return None
         if not device_matches(spare.device, argv_device(argv)):

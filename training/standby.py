@@ -15,6 +15,7 @@ idle spare holds no run-dir lock and exits 0 when the supervisor's end of the ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import select
@@ -103,15 +104,19 @@ def main(argv: list[str]) -> int:
         os.nice(SPARE_NICE)
     t0 = time.monotonic()
     warmed = warm_up(ns.device)
-    send(chan, {
-        "type": "ready", "pid": os.getpid(), "warm_s": round(time.monotonic() - t0, 3),
-        "device": warmed, "priority": "low" if restorable else "normal",
-    })  # fmt: skip
+    try:
+        send(chan, {
+            "type": "ready", "pid": os.getpid(), "warm_s": round(time.monotonic() - t0, 3),
+            "device": warmed, "priority": "low" if restorable else "normal",
+        })  # fmt: skip
+    except OSError:
+        return 0  # the supervisor went away while this spare warmed up
     assignment = wait_for_assignment(chan, parent)
     if assignment is None:
         return 0
     assigned = time.monotonic()
-    send(chan, {"type": "assigned", "mono": assigned})
+    with contextlib.suppress(OSError):  # the supervisor's end may be gone already: go on
+        send(chan, {"type": "assigned", "mono": assigned})
     chan.close()
     return become(assignment, restorable, assigned)
 
@@ -162,10 +167,13 @@ def become(msg: dict[str, Any], restorable: bool, assigned: float) -> int:
         return 1
     if restorable:
         set_priority_all_threads(0)
-    from setproctitle import setproctitle
-
     # What `ps` and the supervisor's leftover check see: the cold worker's command line.
-    setproctitle(" ".join([sys.executable, "-P", "-m", "training.worker", *argv]))
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # pragma: no cover - a declared dependency; the title is cosmetic
+        print("rlsup spare: setproctitle is missing: ps shows --standby", file=sys.stderr)
+    else:
+        setproctitle(" ".join([sys.executable, "-P", "-m", "training.worker", *argv]))
     sys.argv = [sys.argv[0], *argv]
     from training import worker
 

@@ -119,6 +119,8 @@ class Soak(Injector, Analyst):
             "budget_window_s = 3600\nstable_after_s = 20\n"
             f"[watchdog]\nstartup_grace_s = 120\nhang_timeout_s = {s.hang_timeout_s}\n"
             "kill_grace_s = 5\n"
+            # The pre-warmed spare serves restarts throughout (spare_* faults kill it).
+            "[spare]\nenabled = true\n"
         )
 
     def setup(self) -> None:

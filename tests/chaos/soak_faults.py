@@ -68,6 +68,8 @@ class Fault:
     # report_lost: the replacement that reported the damage, stopped as a leftover by the
     # killed supervisor's successor (its report is judged, the next one's recovery).
     reporter: int | None = None
+    # spare_kill / spare_assign_kill: the spare process killed.
+    spare_pid: int | None = None
 
 
 class Filler:
@@ -659,6 +661,66 @@ class Injector:
             fault.problems.append(f"the supervisor exited ({self.sup.poll()}) on a locked db")
         self._judge_outage(fault, t_wall, time.time(), "after the lock was released")
         fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    # ---- the spare worker ---------------------------------------------------------------
+
+    def _spare(self) -> tuple[int | None, str]:
+        """The supervisor's spare as its row says: (pid, state)."""
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                row = conn.execute("SELECT pid, state FROM spare WHERE id = 1").fetchone()
+            finally:
+                conn.close()
+            if row is not None:
+                return row[0], str(row[1])
+        return None, "absent"
+
+    def _ready_spare(self, timeout: float) -> int | None:
+        pid = self._wait_for(lambda: (p := self._spare())[1] == "ready" and p[0], timeout)
+        return int(pid) if pid else None
+
+    def _f_spare_kill(self) -> Fault | None:
+        """The spare SIGKILLed (ready, or still warming): replaced; no game loses a worker."""
+        pid, state = self._spare()
+        if not pid:
+            return None
+        t = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        fault = Fault("spare_kill", [], t, note=f"spare pid {pid} ({state})")
+        fault.spare_pid = pid
+        return fault
+
+    def _f_spare_assign_kill(self) -> Fault | None:
+        """A worker SIGKILLed with a ready spare, and the spare SIGKILLed the moment its row
+        hands it the game (mid hand-over): the game still gets exactly one worker."""
+        spare = self._ready_spare(30)
+        game = self.pick_game()
+        if spare is None or game is None:
+            return None
+        fault = Fault("spare_assign_kill", [game], time.monotonic())
+        pid = self._kill_worker(game, fault=fault)
+        if not pid:
+            return None
+        fault.victims[game] = pid
+
+        def handed() -> bool:
+            with contextlib.suppress(sqlite3.Error):
+                conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+                try:
+                    row = conn.execute("SELECT pid FROM workers WHERE game = ?", (game,)).fetchone()
+                finally:
+                    conn.close()
+                return bool(row) and row[0] == spare
+            return False
+
+        took = self._wait_for(handed, 20)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(spare, signal.SIGKILL)
+        fault.spare_pid = spare
+        fault.note = f"spare pid {spare} killed {'as it took over' if took else '(never handed)'}"
         return fault
 
     def _step_clock(self, delta_s: float) -> bool:

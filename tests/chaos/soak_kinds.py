@@ -65,6 +65,14 @@ def _clock_step(ev: EventLog) -> list[tuple[str, bool]]:
         "supervisor_start", None, found_them))]  # fmt: skip
 
 
+def _of_spare(ev: EventLog) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["detail"].get("pid") == ev.fault.spare_pid
+
+
+def _not_spare(ev: EventLog) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["detail"].get("pid") not in (None, ev.fault.spare_pid)
+
+
 def _pinned(mode: str) -> Expect:
     return lambda ev: [
         (
@@ -213,6 +221,19 @@ KINDS: dict[str, FaultKind] = {
     # Neither a reboot nor a hang may be taken for it.
     "clock_step": FaultKind(
         Injector._f_clock_step, _clock_step, long_filler=1, forbid=("host_reboot", "worker_hang")
+    ),
+    # The pre-warmed spare SIGKILLed idle (or warming): spare_lost, and a new one spawned.
+    "spare_kill": FaultKind(
+        Injector._f_spare_kill,
+        lambda ev: [
+            ("spare_lost (of the killed spare)", ev.has("spare_lost", None, _of_spare(ev))),
+            ("spare_spawned (its successor)", ev.has("spare_spawned", None, _not_spare(ev))),
+        ],
+        filler=1,
+    ),
+    # A worker SIGKILLed and the spare handed its game SIGKILLed mid hand-over.
+    "spare_assign_kill": FaultKind(
+        Injector._f_spare_assign_kill, lambda ev: [_crash(ev)], filler=1
     ),
     # An operator's pins: `rlsup scale --mode light` early, `--mode auto` later (placed by the
     # schedule, not drawn).

@@ -136,7 +136,7 @@ def test_a_restart_is_served_by_the_spare_itemised_and_the_policy_drops_it_under
         doc = json.loads(rlsup("status", "--json", "--config", str(config), env=env).stdout)
         assert doc["spare"]["state"] == "off" and "memory pressure" in doc["spare"]["reason"]
         step = doc["games"][0]["global_step"]
-        wait_for(lambda: (training_pid(state, "g0", min_step=step + 1) == spare), 60, "g0 trains")
+        wait_for(lambda: training_pid(state, "g0", min_step=step + 1) == spare, 60, "g0 trains")
         # ... and the next restart is cold.
         kill_quietly(spare)
         cold_pid = wait_for(lambda: training_pid(state, "g0", not_pid=spare), 120, "a cold start")
@@ -199,7 +199,7 @@ def test_a_spare_lost_idle_while_assigned_or_just_after_never_leaves_a_game_with
         taker = new_ready_spare(state, seen)
         seen.add(taker)
         kill_quietly(worker)
-        wait_for(lambda: (hb_pid(state) == taker), 60, "the spare taking g0", poll=0.01)
+        wait_for(lambda: hb_pid(state) == taker, 60, "the spare taking g0", poll=0.01)
         kill_quietly(taker)
         again = wait_for(
             lambda: training_pid(state, "g0", not_pid=taker), 120, "g0 training after that"

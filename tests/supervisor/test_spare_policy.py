@@ -15,12 +15,24 @@ from tests.supervisor.test_config import GOOD
 TOTAL_MB = 24_000.0
 
 
-def want(enabled: bool | str = "auto", *, avail: float | None = 50.0, rss: float | None = 400.0,
-         have: bool = False, lowest: bool = False, floor: float = 20.0) -> tuple[bool, str]:  # fmt: skip
+def want(
+    enabled: bool | str = "auto",
+    *,
+    avail: float | None = 50.0,
+    rss: float | None = 400.0,
+    have: bool = False,
+    lowest: bool = False,
+    floor: float = 20.0,
+) -> tuple[bool, str]:
     return decide(
-        enabled, floor, ram_available_pct=avail, ram_total_mb=TOTAL_MB, spare_rss_mb=rss,
-        have_spare=have, lowest_rung=lowest,
-    )  # fmt: skip
+        enabled,
+        floor,
+        ram_available_pct=avail,
+        ram_total_mb=TOTAL_MB,
+        spare_rss_mb=rss,
+        have_spare=have,
+        lowest_rung=lowest,
+    )
 
 
 def test_auto_keeps_a_spare_on_a_calm_host_with_memory_to_spare() -> None:
