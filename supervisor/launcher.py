@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil  # type: ignore[import-untyped]
 
+from training.protocol import PARENT_PID_ENV
+
 if TYPE_CHECKING:
     from supervisor.spare import SpareKeeper, SpareWant
 
@@ -117,6 +119,8 @@ def start_worker_process(
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
     )
+    # Its parent, for a worker orphaned before it could ask (it then checkpoints and exits).
+    env[PARENT_PID_ENV] = str(os.getpid())
     env.pop("NOTIFY_SOCKET", None)  # only the supervisor talks to systemd
     env.pop("WATCHDOG_USEC", None)
     env.pop("WATCHDOG_PID", None)

@@ -266,7 +266,8 @@ class SpareKeeper:
         rotate_log(want.log_path)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [self.python, "-P", "-m", self.module, "--standby",
-               "--channel-fd", str(theirs.fileno()), "--device", want.device]  # fmt: skip
+               "--channel-fd", str(theirs.fileno()), "--device", want.device,
+               "--parent-pid", str(os.getpid())]  # fmt: skip
         try:
             popen = start_worker_process(cmd, want.log_path, want.cwd, pass_fds=(theirs.fileno(),))
         except OSError as exc:

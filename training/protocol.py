@@ -66,6 +66,10 @@ class Phase(enum.StrEnum):
     STOPPING = "stopping"
 
 
+# The pid of the process that started a worker (the supervisor, or a host's actor): a worker
+# whose parent is already gone when it looks (killed during its imports) still notices.
+PARENT_PID_ENV = "RLSUP_PARENT_PID"
+
 # ---- the spare worker's channel ------------------------------------------------------------
 # `python -m training.worker --standby --channel-fd N`: a pre-warmed process that waits on a
 # SOCK_SEQPACKET socket (a socketpair; the supervisor holds the other end, nothing on disk)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import resource
 import select
+import signal
 import socket
 import sys
 import time
@@ -92,13 +94,30 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standby", action="store_true", required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    parser.add_argument("--parent-pid", type=int, default=0, help="the supervisor's pid")
     return parser.parse_args(argv)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Linux prctl(PR_SET_PDEATHSIG): `sig` when the supervisor dies (0: none). A spare still
+    importing torch when its supervisor is killed goes at once, not after its warm-up."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the channel's end of file still ends it
+        pass
 
 
 def main(argv: list[str]) -> int:
     ns = parse(argv)
     chan = socket.socket(fileno=ns.channel_fd)
-    parent = os.getppid()
+    parent = ns.parent_pid or os.getppid()
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # the supervisor died before the signal was armed
+        return 0
     restorable = can_restore_priority()
     if restorable:
         os.nice(SPARE_NICE)
@@ -115,6 +134,7 @@ def main(argv: list[str]) -> int:
     if assignment is None:
         return 0
     assigned = time.monotonic()
+    set_parent_death_signal(0)  # a cold worker has none: it checkpoints when orphaned
     with contextlib.suppress(OSError):  # the supervisor's end may be gone already: go on
         send(chan, {"type": "assigned", "mono": assigned})
     chan.close()

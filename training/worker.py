@@ -20,7 +20,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from training.protocol import ERROR_FILE, LOCK_FILE, ConfigError, ExitCode, WorkerConfig
+from training.protocol import (
+    ERROR_FILE,
+    LOCK_FILE,
+    PARENT_PID_ENV,
+    ConfigError,
+    ExitCode,
+    WorkerConfig,
+)
 
 # A predecessor may still be writing its last checkpoint: wait this long for the run-dir lock.
 LOCK_WAIT_S = float(os.environ.get("RLSUP_WORKER_LOCK_WAIT_S", "60"))
@@ -38,6 +45,15 @@ class StopRequested:
     def set(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+
+
+def parent_pid() -> int:
+    """The process that started this worker: RLSUP_PARENT_PID (set by the supervisor), else
+    the parent now. A worker orphaned before it got here sees the difference at once."""
+    try:
+        return int(os.environ.get(PARENT_PID_ENV) or os.getppid())
+    except ValueError:
+        return os.getppid()
 
 
 class RunDirLocked(RuntimeError):
@@ -153,7 +169,7 @@ class Worker:
         self.start = start or {"served": "cold"}
         self.run_dir = run_dir
         self.stop = stop
-        self.parent_pid = os.getppid()
+        self.parent_pid = parent_pid()
         self.log = logs.configure(game=cfg.game, algo=cfg.algo, pid=os.getpid())
         self.step = 0
 

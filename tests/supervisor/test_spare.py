@@ -218,3 +218,33 @@ def hb_pid(state: Path) -> int | None:
         return int(json.loads((state / "runs" / "g0" / "heartbeat.json").read_text())["pid"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def test_a_killed_supervisor_leaves_no_spare_behind_even_one_still_warming(
+    tmp_path: Path,
+) -> None:
+    config = write_spare_config(tmp_path)
+    env = env_for(tmp_path)
+    state = tmp_path / "state"
+    sup = start_supervisor(config, env)
+    try:
+        spawned = wait_for(lambda: events(state, "spare_spawned"), 60, "a spare", poll=0.02)
+        spare = int(spawned[0]["detail"]["pid"])
+        worker = int(events(state, "worker_start", "g0")[0]["detail"]["pid"])
+        assert not events(state, "spare_ready"), "still warming (importing torch)"
+        sup.kill()
+        sup.wait(10)
+        # Gone at once (its parent-death signal), not once its warm-up is over.
+        wait_for(lambda: gone(spare), 1.5, "the spare gone", poll=0.05)
+        # The orphaned worker checkpoints and exits by itself, as without a spare.
+        wait_for(lambda: not worker_pids(state, "g0"), 60, "the orphaned worker gone")
+        assert gone(worker)
+    finally:
+        stop_supervisor(sup)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
