@@ -508,18 +508,20 @@ class Supervisor:
             return
         life.start_reported = True
 
-        def span(a: Any, b: Any) -> float | None:
+        def span(a: Any, b: Any, across: bool = True) -> float | None:
+            """b - a; `across`: a is the supervisor's reading, b the worker's (only on one
+            host: another host's monotonic clock has another origin)."""
             ok = isinstance(a, int | float) and isinstance(b, int | float)
-            return round(b - a, 3) if ok else None
+            return round(b - a, 3) if ok and (life.proc.same_clock or not across) else None
 
         since = rt.exit_seen_at if rt.exit_seen_at is not None else life.spawned_at
         detail = {
             "served": life.proc.served,
             "pid": life.proc.pid,
-            "exit_to_spawn_s": span(rt.exit_seen_at, life.spawned_at),
+            "exit_to_spawn_s": span(rt.exit_seen_at, life.spawned_at, across=False),
             "spawn_to_assigned_s": span(life.spawned_at, marks.get("assigned")),
             "spawn_to_loaded_s": span(life.spawned_at, marks.get("loaded")),
-            "loaded_to_first_step_s": span(marks.get("loaded"), first),
+            "loaded_to_first_step_s": span(marks.get("loaded"), first, across=False),
             "total_s": span(since, first),
         }
         rt.last_start = detail

@@ -81,6 +81,9 @@ class WorkerProcess:
     started_mono: float
     start_ticks: int | None = None  # identity: clock ticks since boot
     served: str = "cold"  # "cold" (a fresh process) or "spare" (the pre-warmed one)
+    # Its monotonic clock is the supervisor's (the same host): the start breakdown may
+    # subtract the worker's marks from the supervisor's readings.
+    same_clock: bool = True
 
     @property
     def pid(self) -> int:

@@ -221,6 +221,7 @@ class RayWorkerProcess(WorkerProcess):
 
     game: str = ""
     host: str = ""
+    same_clock: bool = False  # another host's monotonic clock
     node_id: str = ""
     epoch: int = 0
     actor: Any = None
