@@ -428,15 +428,22 @@ def insert_sample(
 # ---- workers ------------------------------------------------------------------------------
 
 
-def upsert_worker(conn: sqlite3.Connection, game: str, **cols: Any) -> None:
-    cols["updated"] = cols.get("updated", time.time())
-    names = ["game", *cols]
+def _upsert(
+    conn: sqlite3.Connection, table: str, key: str, value: Any, cols: dict[str, Any]
+) -> None:
+    """Insert the row `key = value` of `table`, or update these columns of it."""
+    names = [key, *cols]
     sets = ", ".join(f"{k} = excluded.{k}" for k in cols)
     conn.execute(
-        f"INSERT INTO workers({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
-        f"ON CONFLICT(game) DO UPDATE SET {sets}",
-        [game, *cols.values()],
+        f"INSERT INTO {table}({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+        f"ON CONFLICT({key}) DO UPDATE SET {sets}",
+        [value, *cols.values()],
     )
+
+
+def upsert_worker(conn: sqlite3.Connection, game: str, **cols: Any) -> None:
+    cols["updated"] = cols.get("updated", time.time())
+    _upsert(conn, "workers", "game", game, cols)
 
 
 def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -453,13 +460,7 @@ def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 def set_spare(conn: sqlite3.Connection, **cols: Any) -> None:
     """The spare worker's row (state off / starting / warming / ready)."""
     cols["updated"] = cols.get("updated", time.time())
-    names = ["id", *cols]
-    sets = ", ".join(f"{k} = excluded.{k}" for k in cols)
-    conn.execute(
-        f"INSERT INTO spare({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
-        f"ON CONFLICT(id) DO UPDATE SET {sets}",
-        [1, *cols.values()],
-    )
+    _upsert(conn, "spare", "id", 1, cols)
 
 
 def spare(conn: sqlite3.Connection) -> dict[str, Any] | None:
@@ -584,13 +585,7 @@ def mode_rows(conn: sqlite3.Connection | None) -> list[dict[str, Any]]:
 
 
 def set_supervisor(conn: sqlite3.Connection, **cols: Any) -> None:
-    names = ["id", *cols]
-    sets = ", ".join(f"{k} = excluded.{k}" for k in cols)
-    conn.execute(
-        f"INSERT INTO supervisor({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
-        f"ON CONFLICT(id) DO UPDATE SET {sets}",
-        [1, *cols.values()],
-    )
+    _upsert(conn, "supervisor", "id", 1, cols)
 
 
 def supervisor_row(conn: sqlite3.Connection) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -87,13 +88,21 @@ def write_spare_config(tmp: Path, spare: str = SPARE_ON) -> Path:
     return write_config(tmp, [("g0", 10**9)], max_concurrent=1, extra=spare)
 
 
+def start_with_spare(
+    tmp: Path, spare: str = SPARE_ON
+) -> tuple[Path, dict[str, str], Path, subprocess.Popen[bytes]]:
+    """One game under `rlsup run` with these [spare] settings: config, env, state dir, the
+    supervisor."""
+    config = write_spare_config(tmp, spare)
+    env = env_for(tmp)
+    return config, env, tmp / "state", start_supervisor(config, env)
+
+
 def test_a_restart_is_served_by_the_spare_itemised_and_the_policy_drops_it_under_pressure(
     tmp_path: Path,
 ) -> None:
-    config = write_spare_config(tmp_path, '[spare]\nenabled = "auto"\nmin_ram_available_pct = 1\n')
-    env = env_for(tmp_path)
-    state = tmp_path / "state"
-    sup = start_supervisor(config, env)
+    auto = '[spare]\nenabled = "auto"\nmin_ram_available_pct = 1\n'
+    config, env, state, sup = start_with_spare(tmp_path, auto)
     try:
         first = wait_for(lambda: training_pid(state, "g0"), 120, "g0 training")
         cold = started_by(state, "g0", first)
@@ -151,10 +160,7 @@ def test_a_restart_is_served_by_the_spare_itemised_and_the_policy_drops_it_under
 def test_a_spare_lost_idle_while_assigned_or_just_after_never_leaves_a_game_without_a_worker(
     tmp_path: Path,
 ) -> None:
-    config = write_spare_config(tmp_path)
-    env = env_for(tmp_path)
-    state = tmp_path / "state"
-    sup = start_supervisor(config, env)
+    _, _, state, sup = start_with_spare(tmp_path)
     watch = NeverTwo(state, "g0")
     try:
         worker = wait_for(lambda: training_pid(state, "g0"), 120, "g0 training")
@@ -223,10 +229,7 @@ def hb_pid(state: Path) -> int | None:
 def test_a_killed_supervisor_leaves_no_spare_behind_even_one_still_warming(
     tmp_path: Path,
 ) -> None:
-    config = write_spare_config(tmp_path)
-    env = env_for(tmp_path)
-    state = tmp_path / "state"
-    sup = start_supervisor(config, env)
+    _, _, state, sup = start_with_spare(tmp_path)
     try:
         spawned = wait_for(lambda: events(state, "spare_spawned"), 60, "a spare", poll=0.02)
         spare = int(spawned[0]["detail"]["pid"])
