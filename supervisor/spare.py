@@ -185,7 +185,6 @@ class SpareKeeper:
 
     python: str
     module: str
-    clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     warm_timeout_s: float = 180.0  # the watchdog's startup grace
     silent_after_s: float = 120.0  # the watchdog's hang timeout

@@ -389,3 +389,26 @@ def test_policy_seam_changes_modes_and_a_failing_policy_is_contained(make) -> No
     spin(sup, lambda: (hb := sup.games["a"].heartbeat) is not None and hb.num_envs == 4)
     assert len(calls) > 4
     assert db.events(sup.conn, kind="scale_up")  # type: ignore[arg-type]
+
+
+def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_rung(  # type: ignore[no-untyped-def]
+    make,
+) -> None:
+    """`initial_mode` at the lowest rung keeps the spare; a step down there (or a pin) drops
+    it, with the reason in `spare_want`."""
+    sup = make(game("a", 10_000), extra='initial_mode = "light"')
+    assert sup.conn is not None
+    sup.refresh_modes()
+    assert not sup._lowest_rung(), "starting at the lowest rung by initial_mode"
+    modes.set_auto_mode(sup.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
+    modes.set_auto_mode(sup.conn, sup.cfg, modes.HOST, "light", ["3 crashes in 3600 s"])
+    sup.refresh_modes()
+    assert sup._lowest_rung()
+    want = sup.spare_want()
+    assert not want.want and "lowest mode" in want.reason
+    modes.set_auto_mode(sup.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
+    sup.refresh_modes()
+    assert not sup._lowest_rung()
+    modes.pin_mode(sup.conn, sup.cfg, modes.HOST, "light")
+    sup.refresh_modes()
+    assert sup._lowest_rung(), "an operator's pin to the lowest rung counts"
