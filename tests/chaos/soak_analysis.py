@@ -174,6 +174,7 @@ class Analyst:
                 and life.pid != victim
                 and life.pid not in f.storm  # killed right after its resume by the storm
                 and life.pid != f.reporter  # stopped as a leftover once it reported
+                and life.pid != f.spare_pid  # the spare killed as it took over: the fault
                 and life.first_step is not None
             ):
                 return life
