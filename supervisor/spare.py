@@ -206,7 +206,7 @@ class SpareKeeper:
             kind = "spare_enabled" if want.want else "spare_disabled"
             events.append((kind, None, {"reason": want.reason}))
         self.want = want
-        events += self._reap_retiring(now)
+        self._reap_retiring(now)
         if self.spare is not None:
             events += self._watch(self.spare, now)
         if self.spare is not None and (not want.want or self.spare.device_asked != want.device):
@@ -316,11 +316,12 @@ class SpareKeeper:
         self.spare = None
         try:
             spare.chan.send(encode_message(msg))
-        except OSError:
-            # Gone or wedged between two ticks: it is no spare of ours any more.
+        except (OSError, ValueError):
+            # Gone or wedged between two ticks (or an argv past the channel's limit): it is no
+            # spare of ours any more, and the game starts cold.
             self._retire(spare, now)
             return None
-        self.next_spawn = now  # the next spare starts at the next tick
+        self.next_spawn = now  # the next spare starts in this tick (tend runs after spawns)
         return SpareWorkerProcess(
             spare.popen, spare.pidfd, spare.create_time, now, spare.ticks,
             served="spare", chan=spare.chan,
@@ -334,14 +335,13 @@ class SpareKeeper:
         spare.heard = now  # when it was asked: SIGKILL after STOP_GRACE_S
         self.retiring.append(spare)
 
-    def _reap_retiring(self, now: float) -> list[Event]:
+    def _reap_retiring(self, now: float) -> None:
         for spare in list(self.retiring):
             if spare.popen.poll() is None and now - spare.heard > STOP_GRACE_S:
                 self._kill(spare)
             if spare.popen.poll() is not None:
                 self._close(spare)
                 self.retiring.remove(spare)
-        return []
 
     def close(self) -> None:
         """At the supervisor's exit: no spare outlives it."""
