@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from training.envs import EpisodeTracker, make_env
+from training.metrics import Means, optimizer_step
 from training.networks import QNetwork
 from training.optim import (
     LRSchedule,
@@ -101,7 +102,8 @@ class DQNLearner:
         self.updates = 0
         self.target_syncs = 0
         self.tracker = EpisodeTracker(cfg.num_envs, cfg.is_atari)
-        self.last_loss: float | None = None
+        # Diagnostics, summed on the device per gradient step and read once per take_metrics().
+        self._losses = Means(("td_loss", "q_values", "grad_norm"))
         self._obs: np.ndarray | None = None
         self._done = np.zeros(cfg.num_envs, dtype=bool)
 
@@ -209,10 +211,25 @@ class DQNLearner:
         with self.precision.autocast():
             q_taken = self.q(obs_t).float().gather(1, actions_t).squeeze(1)
         loss = td_loss(q_taken, target)
-        self.precision.step(loss, self.optimizer, self.q.parameters(), self.max_grad_norm)
+        grad_norm = optimizer_step(
+            self.precision, loss, self.optimizer, self.q.parameters(), self.max_grad_norm
+        )
+        self._losses.add(loss, q_taken.mean(), grad_norm)
         self.updates += 1
         self.schedule.after_update()
-        self.last_loss = float(loss.detach())
+
+    def take_metrics(self) -> dict[str, float]:
+        """Means of the diagnostics since the last call (one device sync; the loss entries
+        are absent when no gradient step ran since, e.g. before learning_starts), and the
+        current learning rate, epsilon and replay fill (fraction of the capacity)."""
+        replay = self._replay
+        fill = len(replay) / replay.capacity if replay is not None else 0.0
+        return {
+            **self._losses.take(),
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+            "epsilon": self.epsilon(),
+            "replay_fill": fill,
+        }
 
     # ---- acting, warmup, state -------------------------------------------------------------
     def act_greedy(self, obs: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import torch
 from torch.distributions import Categorical
 
 from training.envs import EpisodeTracker, make_env
+from training.metrics import Means, explained_variance, optimizer_step
 from training.networks import ActorCritic
 from training.optim import (
     LRSchedule,
@@ -79,6 +80,7 @@ class PPOLoss:
     value: torch.Tensor
     entropy: torch.Tensor
     approx_kl: torch.Tensor
+    clipfrac: torch.Tensor | None = None  # fraction of valid samples whose ratio was clipped
 
     def total(self, vf_coef: float, ent_coef: float) -> torch.Tensor:
         return self.policy - ent_coef * self.entropy + vf_coef * self.value
@@ -109,6 +111,7 @@ def ppo_loss(
         value=0.5 * masked_mean(torch.max(v_unclipped, v_clipped), mask),
         entropy=masked_mean(entropy, mask),
         approx_kl=masked_mean((ratio - 1.0) - log_ratio, mask).detach(),
+        clipfrac=masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask).detach(),
     )
 
 
@@ -144,7 +147,11 @@ class PPOLearner:
         self.updates = 0
         self.iterations = 0
         self.tracker = EpisodeTracker(cfg.num_envs, cfg.is_atari)
-        self.last_loss: dict[str, float] = {}
+        # Diagnostics, summed on the device per minibatch and read once per take_metrics().
+        self._losses = Means(
+            ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "grad_norm")
+        )
+        self._explained = Means(("explained_variance",))
         self._next_obs: torch.Tensor | None = None
         self._next_done = torch.zeros(cfg.num_envs, device=device)
 
@@ -244,16 +251,29 @@ class PPOLearner:
                     valid[mb],
                 )
                 total = loss.total(cfg.vf_coef, cfg.ent_coef)
-                self.precision.step(
-                    total, self.optimizer, self.net.parameters(), self.max_grad_norm
+                grad_norm = optimizer_step(
+                    self.precision,
+                    total,
+                    self.optimizer,
+                    self.net.parameters(),
+                    self.max_grad_norm,
+                )
+                assert loss.clipfrac is not None
+                self._losses.add(
+                    loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clipfrac, grad_norm
                 )
                 self.updates += 1
                 self.schedule.after_update()
-        self.last_loss = {
-            "policy": float(loss.policy.detach()),
-            "value": float(loss.value.detach()),
-            "entropy": float(loss.entropy.detach()),
-            "approx_kl": float(loss.approx_kl),
+        # How much of the returns' variance the rollout's value estimates explained.
+        self._explained.add(explained_variance(values, ret, valid))
+
+    def take_metrics(self) -> dict[str, float]:
+        """Means of the diagnostics since the last call (one device sync), and the current
+        learning rate. Loss entries are absent when no update ran since."""
+        return {
+            **self._losses.take(),
+            **self._explained.take(),
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
         }
 
     # ---- acting, warmup, state -------------------------------------------------------------

@@ -158,6 +158,11 @@ class WorkerConfig:
     threads: int | None = _f(None, "torch intra-op and envpool threads (default: all cores)")
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
     eval_episodes: int = _f(10, "greedy episodes per evaluation (0 disables evaluation)")
+    tensorboard: bool = _f(
+        True,
+        "write TensorBoard event files under <run_dir>/tb (losses, returns, evaluations); "
+        "progress.csv gets the same diagnostics either way",
+    )
     learning_rate: float | None = _f(None, "Adam learning rate (default: the algorithm's)")
     gamma: float = _f(0.99, "discount factor")
     lr_scheduler: str = _f(

@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from pickle import UnpicklingError  # raised by torch.load(weights_only=True)
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,17 @@ from training.checkpointing import (
     restore_learner,
 )
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
+from training.metrics import (
+    EPISODIC_RETURN_TAG,
+    EVAL_MEAN_TAG,
+    EVAL_STD_TAG,
+    SPS_TAG,
+    TAGS,
+    TB_DIR,
+    TensorBoardWriter,
+    csv_value,
+    metric_columns,
+)
 from training.protocol import (
     CHECKPOINT_DIR,
     EVAL_FILE,
@@ -108,12 +119,30 @@ class FinalCheckpointFailed(RuntimeError):
 class ProgressLog:
     """`progress.csv`, append-only, header once. A failed append (a full disk) keeps its rows
     in memory (the newest `max_pending`) and appends them with the next one that succeeds; a
-    partial write is cut back, so the file never holds half a row."""
+    partial write is cut back, so the file never holds half a row.
 
-    def __init__(self, run_dir: Path, on_failure: Callable[[], None], max_pending: int = 100_000):
+    A new file gets `columns` (PROGRESS_COLUMNS, then the algorithm's diagnostics). A file that
+    already has a header keeps it: rows are written with *that file's* columns (the ones it
+    lacks left out, the ones it has and we do not fill left empty). So a run started by an
+    earlier version with fewer columns and resumed by this one stays one file that
+    csv.DictReader, `read_progress_tail` (which splits rows by the header) and `rlsup plot`
+    read whole; its new diagnostics go to TensorBoard only until a fresh run dir. Moving the
+    old file aside instead would cut the run's history in two for every reader.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        on_failure: Callable[[], None],
+        max_pending: int = 100_000,
+        columns: Sequence[str] = PROGRESS_COLUMNS,
+    ):
         self.path = run_dir / PROGRESS_FILE
         self.on_failure = on_failure
         self.pending: deque[dict[str, Any]] = deque(maxlen=max_pending)
+        self.columns = tuple(columns)
+        # The header of the file as found, by (device, inode): read once, not per row.
+        self._header: tuple[tuple[int, int], tuple[str, ...]] | None = None
 
     def append(self, row: dict[str, Any]) -> None:
         self.pending.append(row)
@@ -125,11 +154,14 @@ class ProgressLog:
     def _write_pending(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
             text = io.StringIO(newline="")
-            writer = csv.DictWriter(text, fieldnames=PROGRESS_COLUMNS, extrasaction="ignore")
+            fieldnames = self.columns if size == 0 else self._file_columns(fd, st)
+            writer = csv.DictWriter(text, fieldnames=fieldnames, extrasaction="ignore")
             if size == 0:
                 writer.writeheader()
+                self._header = ((st.st_dev, st.st_ino), self.columns)
             writer.writerows(self.pending)
             data = text.getvalue().encode("utf-8")
             try:
@@ -142,6 +174,21 @@ class ProgressLog:
         finally:
             os.close(fd)
         self.pending.clear()
+
+    def _file_columns(self, fd: int, st: os.stat_result) -> tuple[str, ...]:
+        """The columns of the existing file's header line (ours when it has no whole one)."""
+        key = (st.st_dev, st.st_ino)
+        if self._header is not None and self._header[0] == key:
+            return self._header[1]
+        head = os.pread(fd, 1 << 16, 0)
+        line, newline, _ = head.partition(b"\n")
+        names: tuple[str, ...] = self.columns
+        if newline:
+            parsed = next(csv.reader([line.decode("utf-8", "replace").rstrip("\r")]), [])
+            if parsed:
+                names = tuple(parsed)
+        self._header = (key, names)
+        return names
 
 
 class EvalWriteFailed(RuntimeError):
@@ -197,7 +244,15 @@ class TrainingSession:
             threads=self.threads, phase_deadline_s=STARTING_DEADLINE_S, start=dict(self.start)
         )
         self.hb.start()
-        self.progress = ProgressLog(run_dir, lambda: self.hb.count_failure("progress"))
+        self.progress = ProgressLog(
+            run_dir,
+            lambda: self.hb.count_failure("progress"),
+            columns=PROGRESS_COLUMNS + metric_columns(cfg.algo),
+        )
+        # TensorBoard: opened (in its own thread) by the first scalars; see training/metrics.py.
+        self.tb: TensorBoardWriter | None = None
+        self._tb_step = -1  # the last step written to the training tags (strictly increasing)
+        self._episodes_seen = 0
         self.checkpoint_failures = 0
         self.mirror_tried = False
         self.fenced: str | None = None  # why a commit was refused by the placement fence
@@ -251,6 +306,8 @@ class TrainingSession:
         self.hb.update(start=dict(self.start))
 
     def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()  # flushed; waits a few seconds at most
         if self.learner is not None:
             self.learner.close()
         self.hb.stop()
@@ -500,6 +557,16 @@ class TrainingSession:
     ) -> int:
         cfg, learner = self.cfg, self.trained
         last_saved_step = loaded.step if loaded is not None else -1
+        if cfg.tensorboard:
+            # purge_step: TensorBoard drops what a killed predecessor wrote at or after the
+            # step this run resumes from (everything, for a start from zero).
+            self.tb = TensorBoardWriter(
+                self.run_dir / TB_DIR,
+                purge_step=learner.global_step,
+                on_failure=lambda: self.hb.count_failure("tensorboard"),
+                log=self.log,
+            )
+        self._episodes_seen = learner.tracker.episodes
         last_ckpt_t = time.monotonic()
         last_ckpt_step = learner.global_step
         last_progress_t = 0.0
@@ -517,7 +584,7 @@ class TrainingSession:
             self._publish_progress(max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
             if now - last_progress_t >= PROGRESS_EVERY_S:
                 last_progress_t = now
-                self.progress.append(self._progress_row(counters))
+                self._record(counters)
             due_s = now - last_ckpt_t >= cfg.checkpoint_every_s
             due_steps = (
                 cfg.checkpoint_every_steps is not None
@@ -525,11 +592,13 @@ class TrainingSession:
             )
             if (due_s or due_steps) and checkpointer.save_async(learner, self._counters(counters)):
                 last_ckpt_t, last_ckpt_step = now, self.step
+                if self.tb is not None:
+                    self.tb.flush()
             if next_eval is not None and self.step >= next_eval and self.step < cfg.total_steps:
                 self._evaluate()
                 next_eval = _next_multiple(self.step, cfg.eval_every_steps)
                 self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
-        self.progress.append(self._progress_row(counters))
+        self._record(counters)
         if self.fenced is not None:
             checkpointer.wait()  # one already begun is refused by the fence too, and cleaned up
             raise PlacementFencedError(f"stopped at step {self.step}: {self.fenced}")
@@ -603,6 +672,10 @@ class TrainingSession:
         result = {**result, "step": self.step, "time": time.time()}
         result["seconds"] = round(time.monotonic() - t0, 3)
         self.hb.update(eval=result)
+        if self.tb is not None:
+            self.tb.scalars(
+                self.step, {EVAL_MEAN_TAG: result.get("mean"), EVAL_STD_TAG: result.get("std")}
+            )
         self.log.info("evaluated", **result)
         try:
             write_json_atomic(self.run_dir / EVAL_FILE, result)
@@ -639,9 +712,34 @@ class TrainingSession:
             "batch_size": _batch_size(self.cfg),
         }
 
-    def _progress_row(self, counters: dict[str, Any]) -> dict[str, Any]:
+    def _record(self, counters: dict[str, Any]) -> None:
+        """One progress row, and the same diagnostics (plus the returns of the episodes that
+        ended since the last one) to TensorBoard."""
+        take = getattr(self.learner, "take_metrics", None)
+        metrics: dict[str, float] = take() if take is not None else {}
+        row = self._progress_row(counters, metrics)
+        self.progress.append(row)
+        tracker = self.trained.tracker
+        ended, self._episodes_seen = tracker.episodes - self._episodes_seen, tracker.episodes
+        if self.tb is None or self.step <= self._tb_step:
+            return  # the row written at a stop repeats the step before it
+        self._tb_step = self.step
+        values: dict[str, float | None] = {TAGS[k]: v for k, v in metrics.items() if k in TAGS}
+        if row["sps"]:  # 0 until the rate has two samples
+            values[SPS_TAG] = row["sps"]
+        recent = list(tracker.recent)[-ended:] if ended > 0 else []
+        if recent:
+            values[EPISODIC_RETURN_TAG] = sum(recent) / len(recent)
+        self.tb.scalars(self.step, values)
+
+    def _progress_row(
+        self, counters: dict[str, Any], metrics: dict[str, float] | None = None
+    ) -> dict[str, Any]:
         hb = self.hb.current
         c = self._counters(counters)
+        diagnostics = {
+            name: csv_value((metrics or {}).get(name)) for name in metric_columns(self.cfg.algo)
+        }
         return {
             "time": round(time.time(), 3),
             "wall_s": c["wall_time_s"],
@@ -652,6 +750,7 @@ class TrainingSession:
             "num_envs": c["num_envs"],
             "batch_size": c["batch_size"],
             "resume_count": c["resume_count"],
+            **diagnostics,
         }
 
     def _on_checkpoint(self, result: CheckpointResult) -> None:
