@@ -11,6 +11,7 @@ import difflib
 import math
 import os
 import re
+import shutil
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -137,6 +138,31 @@ class SpareConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """[metrics]: operator metrics in Prometheus' text format (names prefixed `rlsup_`)."""
+
+    textfile: Path | None = None  # node_exporter's textfile collector; rewritten atomically
+    listen_host: str = ""  # "" = no HTTP endpoint (no listener unless asked for)
+    listen_port: int = 0
+    interval_s: float = 5.0  # how often the supervisor recomputes them (a background thread)
+
+    @property
+    def enabled(self) -> bool:
+        return self.textfile is not None or bool(self.listen_host)
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One [[hooks]] table: run `command` (an argv, no shell) on each event of the kinds `on`,
+    the event as one JSON object on stdin."""
+
+    on: tuple[str, ...]
+    command: tuple[str, ...]
+    timeout_s: float = 30.0
+    games: tuple[str, ...] = ()  # only these games' events (and host-wide ones); () = all
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path  # absolute path of the file it was read from
     state_dir: Path  # absolute
@@ -155,6 +181,8 @@ class Config:
     mirror: MirrorConfig | None = None  # added table: [mirror]
     cluster: ClusterConfig = ClusterConfig()  # added table: [cluster]
     spare: SpareConfig = SpareConfig()  # added table: [spare]
+    metrics: MetricsConfig = MetricsConfig()  # added table: [metrics]
+    hooks: tuple[HookSpec, ...] = ()  # added tables: [[hooks]]
 
     @property
     def logs_dir(self) -> Path:
@@ -234,8 +262,59 @@ _TOP: dict[str, Field] = {
     "logs_dir": ((str,), "", None, "a path (string)"),
 }
 _TABLES = (
-    "modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster", "spare"
+    "modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster", "spare",
+    "metrics", "hooks",
 )  # fmt: skip
+DEFAULT_METRICS_PORT = 9469
+_METRICS: dict[str, Field] = {
+    "textfile": (
+        (str,),
+        "",
+        lambda v: v == "" or v.endswith(".prom"),
+        "a path ending in .prom (node_exporter's textfile collector reads *.prom)",
+    ),
+    "listen": (
+        (str, int),
+        "",
+        lambda v: (
+            (isinstance(v, int) and 0 < v < 65536)
+            or (isinstance(v, str) and (v == "" or _listen_address(v) is not None))
+        ),
+        'a port (bound to 127.0.0.1) or "HOST:PORT", e.g. "127.0.0.1:9469"',
+    ),
+    "interval_s": (_NUM, 5.0, lambda v: 0.2 <= v <= 3600, "seconds in 0.2..3600"),
+}
+_HOOK: dict[str, Field] = {
+    "on": (
+        (list,),
+        None,
+        lambda v: bool(v) and all(isinstance(k, str) for k in v),
+        "a non-empty list of event kinds (as `rlsup events` names them)",
+    ),
+    "command": (
+        (list,),
+        None,
+        lambda v: bool(v) and all(isinstance(a, str) and a for a in v),
+        'an argv list of strings, e.g. ["/usr/local/bin/notify", "--urgent"] (no shell)',
+    ),
+    "timeout_s": (_NUM, 30.0, lambda v: 0 < v <= 3600, "seconds in (0, 3600]"),
+    "games": (
+        (list,),
+        [],
+        lambda v: all(isinstance(g, str) for g in v),
+        "a list of game names",
+    ),
+}
+
+
+def _listen_address(v: str) -> tuple[str, int] | None:
+    """("127.0.0.1", 9469) from "127.0.0.1:9469", "[::1]:9469" or ":9469"; None if malformed."""
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]*):([0-9]{1,5})", v)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        return None
+    return (m.group(1).strip("[]") or "127.0.0.1", int(m.group(2)))
+
+
 _SPARE: dict[str, Field] = {
     "enabled": (
         (bool, str),
@@ -481,6 +560,8 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
     mirror = _parse_mirror(ctx, data["mirror"]) if "mirror" in data else None
     cluster = ClusterConfig(**_values(ctx, ["cluster"], data.get("cluster", {}), _CLUSTER))
     spare = SpareConfig(**_values(ctx, ["spare"], data.get("spare", {}), _SPARE))
+    metrics = _parse_metrics(ctx, data.get("metrics", {}), path)
+    hooks = _parse_hooks(ctx, data.get("hooks", []), games)
     if cluster.backend == "ray" and mirror is None:
         raise ctx.fail(
             ["cluster", "backend"],
@@ -505,7 +586,60 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
         mirror=mirror,
         cluster=cluster,
         spare=spare,
+        metrics=metrics,
+        hooks=hooks,
     )
+
+
+def _parse_metrics(ctx: _Ctx, data: Any, path: Path) -> MetricsConfig:
+    v = _values(ctx, ["metrics"], data, _METRICS)
+    textfile: Path | None = None
+    if v["textfile"]:
+        textfile = Path(os.path.expanduser(v["textfile"]))
+        textfile = textfile if textfile.is_absolute() else path.parent / textfile
+    host, port = "", 0
+    if isinstance(v["listen"], int):
+        host, port = "127.0.0.1", v["listen"]
+    elif v["listen"]:
+        host, port = _listen_address(v["listen"]) or ("", 0)
+    return MetricsConfig(textfile, host, port, v["interval_s"])
+
+
+def _parse_hooks(ctx: _Ctx, data: Any, games: tuple[GameSpec, ...]) -> tuple[HookSpec, ...]:
+    if not isinstance(data, list):
+        raise ctx.fail(["hooks"], "expected [[hooks]] tables (an array of tables)")
+    from supervisor.db import EVENT_KINDS  # the contract's event kinds
+
+    names = {g.name for g in games}
+    hooks: list[HookSpec] = []
+    for i, table in enumerate(data):
+        v = _values(ctx, ["hooks", i], table, _HOOK)
+        for kind in v["on"]:
+            if kind not in EVENT_KINDS and kind != "*":
+                close = difflib.get_close_matches(kind, sorted(EVENT_KINDS), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ctx.fail(
+                    ["hooks", i, "on"],
+                    f"unknown event kind {kind!r}{hint} (`rlsup events --help` lists them; "
+                    '"*" matches every kind)',
+                )
+        for game in v["games"]:
+            if game not in names:
+                raise ctx.fail(
+                    ["hooks", i, "games"],
+                    f"unknown game {game!r}; configured: {', '.join(sorted(names))}",
+                )
+        prog = v["command"][0]
+        if not os.path.isabs(prog) and shutil.which(prog) is None:
+            raise ctx.fail(
+                ["hooks", i, "command"],
+                f"got {prog!r}: no such program on PATH (give its absolute path, e.g. "
+                "/usr/bin/curl: a service's PATH is not your shell's)",
+            )
+        hooks.append(
+            HookSpec(tuple(v["on"]), tuple(v["command"]), v["timeout_s"], tuple(v["games"]))
+        )
+    return tuple(hooks)
 
 
 def _parse_mirror(ctx: _Ctx, data: Any) -> MirrorConfig:

@@ -65,6 +65,9 @@ EVENT_KINDS = frozenset(
         "spare_ready",
         "spare_lost",
         "spare_stopped",
+        # Observability: an alert hook that failed, the metrics export that failed.
+        "hook_failed",
+        "metrics_failed",
         "spare_enabled",
         "spare_disabled",
         "worker_training",
@@ -234,6 +237,16 @@ class Event:
     game: str | None
     detail: dict[str, Any]
     mono: float | None = None  # the writing supervisor's step-free clock, when it wrote it
+
+
+def event_counts(conn: sqlite3.Connection, kinds: tuple[str, ...]) -> dict[str, int]:
+    """How many events of each of these kinds the log holds."""
+    rows = conn.execute(
+        f"SELECT kind, COUNT(*) FROM events WHERE kind IN ({','.join('?' * len(kinds))}) "
+        "GROUP BY kind",
+        kinds,
+    ).fetchall()
+    return {str(k): int(n) for k, n in rows}
 
 
 def events(

@@ -11,6 +11,10 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 # `rlsup run`: another supervisor holds the state dir (EX_CANTCREAT). Distinct, so that a
 # systemd unit does not restart into the same refusal (RestartPreventExitStatus=2 73).
 EXIT_LOCKED = 73
+# `rlsup status`: the supervisor is not running (as `systemctl is-active` says 3), or it runs
+# and a game is FATAL. Monitoring scripts rely on them.
+EXIT_NOT_RUNNING = 3
+EXIT_FATAL_GAME = 4
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,13 @@ Reads the state database read-only (`file:...?mode=ro`) and each game's live
 or not the supervisor runs. With no state database yet it prints how to start and exits 0 (a
 fresh install is not a failure); `--json` then still prints the document, with
 `"supervisor": {"state": "absent"}` and every configured game `"not_started"`.
-Exit codes: 0 ok, 2 bad configuration / usage, 1 the database could not be read.
+Exit codes, for monitoring scripts (the document is printed either way):
+  0  the supervisor runs and no game is FATAL
+  1  the state database could not be read
+  2  bad configuration / usage
+  3  the supervisor is not running (never started, stopped, or alive but not ticking), as
+     `systemctl is-active` says 3 of an inactive unit
+  4  the supervisor runs, and a game is FATAL (its restart budget is spent)
 
 JSON schema (`--json`; schema 1): the records of `status_schema.py`, which produce the
 document. Fields may be added; none is ever renamed or removed.
@@ -27,6 +33,8 @@ from checkpoints.names import ckpt_name
 from supervisor import db, render
 from supervisor.commands._common import (
     EXIT_FAIL,
+    EXIT_FATAL_GAME,
+    EXIT_NOT_RUNNING,
     EXIT_OK,
     add_config_argument,
     load_config_or_exit,
@@ -47,7 +55,13 @@ from supervisor.commands.status_schema import (
 from supervisor.config import Config
 from supervisor.mirror_state import MirrorState
 from supervisor.states import ALIVE
-from training.protocol import CHECKPOINT_DIR, ERROR_FILE, HEARTBEAT_FILE, read_json_file
+from training.protocol import (
+    CHECKPOINT_DIR,
+    ERROR_FILE,
+    EVAL_FILE,
+    HEARTBEAT_FILE,
+    read_json_file,
+)
 
 STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
 HEARTBEAT_STALE_S = 30.0  # a live worker's heartbeat older than this is flagged
@@ -106,6 +120,15 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
         print(text)
     except BrokenPipeError:  # `rlsup status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return exit_code(doc)
+
+
+def exit_code(doc: StatusDoc) -> int:
+    """3 when the supervisor is not running, else 4 when a game is FATAL, else 0."""
+    if doc["supervisor"]["state"] != "running":
+        return EXIT_NOT_RUNNING
+    if any(g["state"] == "fatal" and g["in_config"] for g in doc["games"]):
+        return EXIT_FATAL_GAME
     return EXIT_OK
 
 
@@ -477,6 +500,7 @@ def _game(
     hb_age = max(0.0, now - hb["time"]) if hb.get("time") else None
     stale = state == "running" and (hb_age is None or hb_age > HEARTBEAT_STALE_S)
     eta = None
+    eval_return, eval_step = _last_eval(run_dir, hb)
     if not (state in LIVE_STATES and (alive or (host is not None and not stale))):
         sps = None  # the last speed of a worker that is not running is no current speed
     if state == "running" and sps and sps > 0 and total > step and not stale:
@@ -513,7 +537,20 @@ def _game(
         "heartbeat_stale": stale,
         "last_error": _last_error(run_dir) if state in ("fatal", "backoff", "exited") else None,
         "start": w.get("last_start") if isinstance(w.get("last_start"), dict) else None,
+        "device": hb.get("device") if isinstance(hb.get("device"), str) else None,
+        "eval_return": eval_return,
+        "eval_step": eval_step,
     }
+
+
+def _last_eval(run_dir: Path, hb: dict[str, Any]) -> tuple[float | None, int | None]:
+    """eval_return / eval_step: the heartbeat's newest evaluation, else eval.json's (the one a
+    finished run, or an earlier worker, left)."""
+    ev = hb.get("eval") if isinstance(hb.get("eval"), dict) else None
+    if ev is None or ev.get("mean") is None:
+        ev = read_json_file(run_dir / EVAL_FILE) or ev or {}
+    mean, step = render.to_float(ev.get("mean")), ev.get("step")
+    return mean, int(step) if isinstance(step, int | float) and mean is not None else None
 
 
 def _cost(
@@ -665,6 +702,7 @@ _HEADERS = (
     "GAME",
     "STATE",
     "PID",
+    "DEVICE",
     "MODE",
     "ENVS",
     "BATCH",
@@ -674,6 +712,7 @@ _HEADERS = (
     "EP/H",
     "SPS",
     "RETURN",
+    "EVAL",
     "CHECKPOINT",
     "RESTARTS",
     "ETA",
@@ -697,6 +736,7 @@ def _games_table(games: list[GameDoc], now: float) -> str:
                 g["name"] + ("" if g["in_config"] else "?"),
                 state,
                 _pid_cell(g),
+                g["device"] or "-",
                 g["mode"] or "-",
                 str(g["num_envs"] or "-"),
                 str(g["batch_size"] or "-"),
@@ -706,12 +746,21 @@ def _games_table(games: list[GameDoc], now: float) -> str:
                 render.fmt_num(g["episodes_per_hour"], 0),
                 render.fmt_num(g["sps"], 0),
                 render.fmt_num(g["mean_return"], 1),
+                _eval_cell(g),
                 ckpt,
                 str(g["restarts"]),
                 render.fmt_duration(g["eta_s"]),
             ]
         )
     return render.render_table(_HEADERS, rows)
+
+
+def _eval_cell(g: GameDoc) -> str:
+    """`21.0@500k`: the last evaluation's mean return and the step it was taken at."""
+    if g["eval_return"] is None:
+        return "-"
+    at = f"@{render.fmt_count(g['eval_step'])}" if g["eval_step"] is not None else ""
+    return f"{render.fmt_num(g['eval_return'], 1)}{at}"
 
 
 def _spare_line(sp: SpareDoc, now: float) -> str:

@@ -101,6 +101,11 @@ class GameDoc(TypedDict):
     # How its newest worker started: served ("spare" | "cold") and the seconds from its
     # predecessor's exit seen to the spawn, to the checkpoint loaded, to the first step.
     start: dict[str, Any] | None
+    # The device its worker trains on ("cpu", "cuda:0"; the newest heartbeat's, null before
+    # one), and its last evaluation: mean greedy return and the agent step it was taken at.
+    device: str | None
+    eval_return: float | None
+    eval_step: int | None
 
 
 class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration

@@ -35,15 +35,19 @@ GAME_FIELDS = {
 }
 
 
+# The fixture's supervisor runs and one of its games is FATAL: `rlsup status` exits 4.
+EXIT_FATAL_GAME, EXIT_NOT_RUNNING = 4, 3
+
+
 def status_json(cli: Cli) -> dict:
     r = cli("status", "--json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == EXIT_FATAL_GAME, r.stderr
     return json.loads(r.stdout)
 
 
 def test_status_human_shows_host_mode_and_every_game(cli: Cli, state: StateFixture) -> None:
     r = cli("status")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == EXIT_FATAL_GAME, r.stderr
     out = r.stdout
     assert "supervisor  running" in out
     assert "unexpected reboots 24h 0 / 7d 1" in out
@@ -133,6 +137,7 @@ def test_status_shows_a_dead_supervisor(tmp_path: Path) -> None:
         text=True,
     )
     assert json.loads(r.stdout)["supervisor"]["state"] == "stopped"
+    assert r.returncode == EXIT_NOT_RUNNING  # with a FATAL game too: not running comes first
     r = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "status", "--config", str(fx.config)],
         cwd=REPO,
@@ -152,7 +157,7 @@ def test_status_without_a_database_says_how_to_start(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == EXIT_NOT_RUNNING, r.stderr
     assert "rlsup run" in r.stdout and "rlsup init" in r.stdout
     assert not fx.db.exists()
 
@@ -167,7 +172,7 @@ def test_status_prefers_the_live_heartbeat_file(cli: Cli, state: StateFixture) -
 
 def test_status_never_writes_the_database(cli: Cli, state: StateFixture) -> None:
     before = hashlib.sha256(state.db.read_bytes()).hexdigest()
-    assert cli("status").returncode == 0
+    assert cli("status").returncode == EXIT_FATAL_GAME
     assert hashlib.sha256(state.db.read_bytes()).hexdigest() == before
 
 
@@ -237,4 +242,40 @@ def test_status_loads_no_torch_numpy_or_envpool(state: StateFixture) -> None:
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "0 0 []"
+    assert r.stdout.strip() == "4 4 []"
+
+
+def test_status_shows_each_games_device_and_last_evaluation(
+    cli: Cli, state: StateFixture
+) -> None:
+    """`device` from the heartbeat; `eval_return`/`eval_step` from the heartbeat's newest
+    evaluation, else the eval.json an earlier worker left (a restarted worker has none yet)."""
+    run = state.state_dir / "runs"
+    hb_path = run / "pong" / "heartbeat.json"
+    hb = json.loads(hb_path.read_text())
+    hb.update(device="cuda:1", eval={"mean": 17.5, "step": 900_000}, time=time.time())
+    hb_path.write_text(json.dumps(hb))
+    second = state.games[1].name
+    (run / second / "eval.json").write_text(json.dumps({"mean": -3.25, "step": 40_000}))
+    games = {g["name"]: g for g in status_json(cli)["games"]}
+    assert games["pong"]["device"] == "cuda:1"
+    assert (games["pong"]["eval_return"], games["pong"]["eval_step"]) == (17.5, 900_000)
+    assert (games[second]["eval_return"], games[second]["eval_step"]) == (-3.25, 40_000)
+    last = state.games[-1].name
+    assert games[last]["eval_return"] is None and games[last]["eval_step"] is None
+    out = cli("status").stdout
+    for cell in ("DEVICE", "cuda:1", "17.5@900.0k", "-3.2@40.0k"):
+        assert cell in out, out
+
+
+def test_status_exits_0_with_the_supervisor_running_and_no_game_fatal(tmp_path: Path) -> None:
+    games = [GameFixture("pong", "running", 5000, 100000, pid=os.getpid())]
+    fx = build_state(tmp_path / "ok", games=games, n_events=5)
+    r = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--config", str(fx.config)],
+        cwd=REPO,
+        env=fx.env(),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

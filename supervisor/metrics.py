@@ -1,0 +1,245 @@
+"""Operator metrics for Prometheus (`[metrics]`): a node_exporter textfile and/or /metrics.
+
+One owner per fact: the numbers are the `rlsup status --json` document's (`status.collect`,
+reading the state database read-only and the workers' heartbeats), mapped to `rlsup_*`
+metric families. A background thread recomputes them every `interval_s` and rewrites the
+textfile atomically; the optional HTTP endpoint (prometheus_client's server, bound to
+127.0.0.1 unless the configuration names another address) serves the latest snapshot. Neither
+runs on the tick loop; failures come back through `drain()` and become `metrics_failed` events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from supervisor import db, render
+from supervisor.config import Config
+from supervisor.states import WorkerState
+
+log = structlog.get_logger("rlsup.supervisor")
+
+GAME_STATES = (*(str(s) for s in WorkerState), "not_started")
+POLICY_KINDS = render.MODE_EVENT_KINDS  # scale_down, scale_up, mode_pinned
+TEXTFILE_MODE = 0o644  # node_exporter runs as its own user; the file says nothing secret
+
+
+def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
+    """The metric families of one status document (see the README's table)."""
+    out: list[Metric] = []
+
+    def gauge(name: str, doc_: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+        m = GaugeMetricFamily(name, doc_, labels=list(labels))
+        out.append(m)
+        return m
+
+    def counter(name: str, doc_: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+        m = CounterMetricFamily(name, doc_, labels=list(labels))
+        out.append(m)
+        return m
+
+    sup = doc["supervisor"]
+    up = gauge("rlsup_supervisor_up", "1 while the supervisor runs and ticks")
+    up.add_metric([], 1.0 if sup["state"] == "running" else 0.0)
+    if sup.get("started"):
+        started = gauge("rlsup_supervisor_start_time_seconds", "when it started (Unix seconds)")
+        started.add_metric([], float(sup["started"]))
+
+    state = gauge("rlsup_game_state", "1 for the state each game is in", ["game", "state"])
+    info = gauge("rlsup_game_info", "each game's task, algorithm, device and mode",
+                 ["game", "env_id", "algo", "device", "mode"])  # fmt: skip
+    restarts = counter("rlsup_game_restarts", "worker restarts of each game", ["game"])
+    per_game: dict[str, tuple[str, str]] = {
+        "global_step": ("rlsup_game_steps", "agent steps trained (the newest heartbeat)"),
+        "total_steps": ("rlsup_game_total_steps", "agent steps the game trains for"),
+        "sps": ("rlsup_game_steps_per_second", "agent steps per second (running games)"),
+        "mean_return": ("rlsup_game_mean_return", "mean training episode return"),
+        "eval_return": ("rlsup_game_eval_return", "mean return of the last evaluation"),
+        "last_checkpoint_age_s": (
+            "rlsup_game_last_checkpoint_age_seconds",
+            "seconds since the newest committed checkpoint",
+        ),
+        "heartbeat_age_s": ("rlsup_game_heartbeat_age_seconds", "seconds since the heartbeat"),
+    }
+    values = {key: gauge(name, text, ["game"]) for key, (name, text) in per_game.items()}
+    for g in doc["games"]:
+        name = g["name"]
+        for s in GAME_STATES:
+            state.add_metric([name, s], 1.0 if g["state"] == s else 0.0)
+        info.add_metric(
+            [name, g["env_id"] or "", g["algo"] or "", g.get("device") or "", g["mode"] or ""],
+            1.0,
+        )
+        restarts.add_metric([name], float(g["restarts"]))
+        for key, family in values.items():
+            v = g.get(key)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                family.add_metric([name], float(v))
+
+    h = doc["host"]
+    counter(
+        "rlsup_host_unexpected_reboots", "unexpected host reboots the ledger recorded"
+    ).add_metric([], float(h["unexpected_reboots_total"]))
+    host_values = {
+        "mtbf_s": ("rlsup_host_mtbf_seconds", "mean time between failures (reboots, crashes)"),
+        "uptime_s": ("rlsup_host_uptime_seconds", "seconds since the host booted"),
+        "uptime_fraction_7d": ("rlsup_host_uptime_ratio_7d", "fraction of 7 days the host was up"),
+        "cpu_pct": ("rlsup_host_cpu_percent", "CPU busy, percent"),
+        "ram_available_pct": ("rlsup_host_ram_available_percent", "RAM available, percent"),
+    }
+    for key, (name, text) in host_values.items():
+        if isinstance(h.get(key), int | float):
+            gauge(name, text).add_metric([], float(h[key]))
+    gpu_values = {
+        "mem_used_mb": ("rlsup_host_gpu_memory_used_bytes", "GPU memory used", 2**20),
+        "mem_total_mb": ("rlsup_host_gpu_memory_total_bytes", "GPU memory", 2**20),
+        "util_pct": ("rlsup_host_gpu_utilization_percent", "GPU utilisation, percent", 1),
+        "temp_c": ("rlsup_host_gpu_temperature_celsius", "GPU temperature", 1),
+    }
+    gpus = {key: gauge(name, text, ["gpu"]) for key, (name, text, _) in gpu_values.items()}
+    for gpu in h.get("gpus") or []:
+        for key, (_, _, scale) in gpu_values.items():
+            if isinstance(gpu.get(key), int | float):
+                gpus[key].add_metric([str(gpu.get("index", "?"))], float(gpu[key]) * scale)
+
+    mode = gauge("rlsup_mode", "the mode each scope runs (1), pinned or not", ["scope", "mode"])
+    pinned = gauge("rlsup_mode_pinned", "1 where an operator pinned the mode", ["scope"])
+    for s in doc["mode"]["scopes"]:
+        mode.add_metric([s["scope"], s["mode"]], 1.0)
+        pinned.add_metric([s["scope"]], 1.0 if s["pinned"] else 0.0)
+    dec = counter("rlsup_policy_decisions", "mode changes, by kind", ["kind"])
+    for kind in POLICY_KINDS:
+        dec.add_metric([kind], float(decisions.get(kind, 0)))
+
+    spare = doc.get("spare")
+    gauge("rlsup_spare_ready", "1 while a pre-warmed spare worker is ready").add_metric(
+        [], 1.0 if spare and spare["state"] == "ready" and spare["alive"] else 0.0
+    )
+    return out
+
+
+class _Snapshot(Collector):
+    def __init__(self) -> None:
+        self.metrics: list[Metric] = []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.metrics  # a reference swap per refresh: no lock needed
+
+
+class MetricsExporter:
+    """The background thread: refresh, rewrite the textfile; and the optional endpoint."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._snapshot = _Snapshot()
+        self.registry.register(self._snapshot)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._server: Any = None
+        self._lock = threading.Lock()
+        self._failures: list[dict[str, Any]] = []
+        self._failing: set[str] = set()  # what is failing now: reported once, until it heals
+        self.address: tuple[str, int] | None = None  # where the endpoint listens
+
+    def start(self) -> None:
+        m = self.cfg.metrics
+        self.refresh()  # the first snapshot before anyone can scrape
+        if m.listen_host:
+            from prometheus_client import start_http_server
+
+            try:
+                self._server, _ = start_http_server(
+                    m.listen_port, addr=m.listen_host, registry=self.registry
+                )
+                self.address = self._server.server_address[:2]
+                log.info("metrics_listening", address=f"{m.listen_host}:{self.address[1]}")
+            except OSError as exc:
+                self._fail(
+                    "listen",
+                    f"cannot listen on {m.listen_host}:{m.listen_port}: {exc.strerror or exc}; "
+                    "the textfile (if any) is still written",
+                )
+        self._thread = threading.Thread(target=self._loop, name="rlsup-metrics", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def drain(self) -> list[dict[str, Any]]:
+        with self._lock:
+            out, self._failures = self._failures, []
+        return out
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.metrics.interval_s):
+            self.refresh()
+
+    def refresh(self) -> None:
+        from supervisor.commands.status import collect  # the status document: one owner
+
+        try:
+            doc = collect(self.cfg, time.time())
+            with render.open_db_readonly(self.cfg.db_path) as conn:
+                decisions = db.event_counts(conn, POLICY_KINDS) if conn is not None else {}
+            self._snapshot.metrics = families(dict(doc), decisions)
+            self._healed("collect")
+        except (sqlite3.Error, OSError, ValueError, KeyError, TypeError) as exc:
+            self._fail("collect", f"cannot collect the metrics: {exc}")
+            return
+        if self.cfg.metrics.textfile is not None:
+            try:
+                write_textfile(self.cfg.metrics.textfile, self.registry)
+                self._healed("textfile")
+            except OSError as exc:
+                self._fail(
+                    "textfile",
+                    f"cannot write {self.cfg.metrics.textfile}: {exc.strerror or exc}",
+                )
+
+    def _fail(self, what: str, message: str) -> None:
+        with self._lock:
+            if what in self._failing:
+                return
+            self._failing.add(what)
+            self._failures.append({"what": what, "message": message})
+        log.error("metrics_failed", what=what, message=message)
+
+    def _healed(self, what: str) -> None:
+        if what in self._failing:
+            with self._lock:
+                self._failing.discard(what)
+            log.info("metrics_recovered", what=what)
+
+
+def write_textfile(path: os.PathLike[str] | str, registry: CollectorRegistry) -> None:
+    """prometheus_client's write_to_textfile, with the mode node_exporter needs to read it:
+    a temporary file beside it, then rename(2), so a reader never sees half a file."""
+    data = generate_latest(registry)
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, TEXTFILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, TEXTFILE_MODE)  # whatever the umask took away
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
