@@ -14,6 +14,7 @@ from supervisor.commands._common import (
     add_config_argument,
     load_config_or_exit,
 )
+from supervisor.logs import LEVELS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +40,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--address",
         help="the Ray head's host:port (overrides [cluster] address; default: auto)",
     )
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        help="the supervisor's own log: the least severe level written (default: "
+        "$RLSUP_LOG_LEVEL, else info); workers' logs are not affected",
+    )
     p.set_defaults(func=run)
 
 
@@ -59,8 +66,14 @@ def run(args: argparse.Namespace) -> int:
     from supervisor import db
     from supervisor.config import ConfigError, check_runs_match
     from supervisor.daemon import LockHeld, StartFailed, Supervisor, acquire_lock
-    from supervisor.logs import configure_logging
+    from supervisor.logs import configure_logging, level_number
 
+    level_name = args.log_level or os.environ.get("RLSUP_LOG_LEVEL") or "info"
+    try:
+        level = level_number(level_name)
+    except ValueError as exc:
+        print(f"rlsup run: RLSUP_LOG_LEVEL: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         cluster = cfg.cluster
         if args.backend or args.address:
@@ -79,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    configure_logging()
+    configure_logging(level=level)
     os.umask(state_umask(os.environ))  # workers inherit it
     db.make_private_dir(cfg.state_dir)
     try:
