@@ -77,6 +77,54 @@ def open_db_readonly(path: Path) -> Iterator[sqlite3.Connection | None]:
         conn.close()
 
 
+def connect_readonly(path: Path) -> sqlite3.Connection | None:
+    """A long-lived read-only connection (for following), or None while there is no DB. Each
+    statement outside a transaction reads the newest committed state (WAL)."""
+    if not path.exists():
+        return None
+    uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=2.0)
+    except sqlite3.OperationalError:  # removed since, or not readable yet
+        return None
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def last_event_id(conn: sqlite3.Connection) -> int:
+    """The id of the newest event (0 when there is none)."""
+    return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+
+
+def query_events_between(
+    conn: sqlite3.Connection,
+    after_id: int,
+    upto_id: int,
+    *,
+    since: float | None = None,
+    game: str | None = None,
+    kinds: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Events with after_id < id <= upto_id, oldest first, as {ts, kind, game, detail} (the
+    shape of `query_events`): the new events since the last poll of a follower."""
+    where = ["id > ?", "id <= ?"]
+    params: list[Any] = [after_id, upto_id]
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since)
+    if game is not None:
+        where.append("game = ?")
+        params.append(game)
+    if kinds:
+        where.append(f"kind IN ({','.join('?' * len(kinds))})")
+        params += list(kinds)
+    sql = f"SELECT ts, kind, game, detail FROM events WHERE {' AND '.join(where)} ORDER BY id"
+    return [
+        {"ts": r[0], "kind": r[1], "game": r[2], "detail": parse_json(r[3])}
+        for r in conn.execute(sql, params)
+    ]
+
+
 def no_state_message(cfg: Config) -> str:
     return (
         f"no state database at {cfg.db_path} yet: the supervisor has never run with this "
