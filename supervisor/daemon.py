@@ -34,10 +34,12 @@ from supervisor.config import (
 )
 from supervisor.exits import StopReason, WorkerExit, route_exit
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, worker_env
+from supervisor.hooks import HookRunner
 from supervisor.journal import Journal
 from supervisor.launcher import WORKER_MODULE, Launcher, NoRoom, WorkerProcess, rotate_log
 from supervisor.liveness import Liveness, hang_reason, new_reports
 from supervisor.lock import LockHeld, acquire_lock
+from supervisor.metrics import MetricsExporter
 from supervisor.oomwatch import KernelOomWatch
 from supervisor.recorder import Recorder
 from supervisor.restart import (
@@ -69,6 +71,7 @@ __all__ = ["LockHeld", "StartFailed", "Supervisor", "acquire_lock"]
 log = structlog.get_logger("rlsup.supervisor")
 S = WorkerState
 VITALS_EVERY_S = 5.0
+HOOKS_CLOSE_WAIT_S = 5.0  # at shutdown, for the alerts of the last events to go out
 
 
 class StartFailed(RuntimeError):
@@ -163,6 +166,8 @@ class Supervisor:
         self._spare_row: dict[str, Any] | None = None  # the spare's row last written
         self._ram_total_mb = psutil.virtual_memory().total / 2**20
         self._host_mode_reason = ""  # why the host runs its mode (modes.reason), last read
+        self.hooks: HookRunner | None = None  # [[hooks]]: alert programs run on events
+        self.metrics: MetricsExporter | None = None  # [metrics]: the Prometheus export
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -211,6 +216,7 @@ class Supervisor:
         )
         self.journal = Journal(self.conn, clock=self.clock, wall=self.wall, rng=self.rng)
         self.recorder = Recorder(self.conn, self.journal, wall=self.wall, steady=self.steady)
+        self._configure_hooks()  # before the first event: a host_reboot alert is one of them
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
         outcome = db.classify_boot(self.conn, self.boot_id, now_wall)
@@ -258,9 +264,15 @@ class Supervisor:
         for rt in self.games.values():
             if rt.state is S.STOPPED:
                 self._set(rt, S.WAITING, "queued")
+        self._configure_metrics()
         self.notifier.ready(self.summary())
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        if self.hooks is not None:
+            # Alerts of the last events (supervisor_stop, a FATAL) get a moment to go out.
+            self.hooks.close(wait_s=HOOKS_CLOSE_WAIT_S)
         if self.uploader is not None:
             self.uploader.stop()
         self.launcher.close()
@@ -313,6 +325,7 @@ class Supervisor:
             if self.uploader is not None:
                 self.uploader.tick(now)
         self.escalate(now)
+        self.report_observability()
         self.persist()
         self.notify(now)
         if self.stopping and not any(rt.life for rt in self._all()):
@@ -323,6 +336,37 @@ class Supervisor:
             and all(rt.state in TERMINAL for rt in self.games.values())
         ):
             self.begin_shutdown(now, "all games done or fatal")
+
+    # ---- observability: alert hooks and the Prometheus export ------------------------------
+
+    def _configure_hooks(self) -> None:
+        """The hook runner of the configuration now in force (a reload replaces it; hooks of
+        the old one still running finish on their own, bounded by their timeouts)."""
+        assert self.recorder is not None
+        if self.hooks is not None:
+            self.hooks.close(wait_s=0.0)
+        self.hooks = HookRunner(self.cfg.hooks) if self.cfg.hooks else None
+        self.recorder.on_event = self.hooks.fire if self.hooks is not None else None
+
+    def _configure_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
+        self.metrics = MetricsExporter(self.cfg) if self.cfg.metrics.enabled else None
+        if self.metrics is not None:
+            self.metrics.start()
+
+    def report_observability(self) -> None:
+        """What the hooks and the metrics thread did since the last tick, as events."""
+        if self.hooks is not None:
+            results, dropped = self.hooks.drain()
+            for r in results:
+                if r.failed and r.hook < len(self.hooks.hooks):
+                    self.event("hook_failed", r.game, r.detail(self.hooks.hooks[r.hook]))
+            if dropped:
+                self.event("hook_failed", None, {"dropped": dropped, "error": "queue full"})
+        if self.metrics is not None:
+            for failure in self.metrics.drain():
+                self.event("metrics_failed", None, failure)
 
     def run_policy(self) -> None:
         if self.policy is None:
@@ -433,7 +477,13 @@ class Supervisor:
         else:
             why, failure = ex.failure(life.stop_reason)
             if failure is not None:
-                self.event(failure[0], rt.spec.name, failure[1])
+                # The full traceback is in the worker's log (and the event); the journal gets
+                # one line saying what and where (`<game>.log.1` once the game has restarted).
+                where = str(self.cfg.logs_dir / f"{rt.spec.name}.log")
+                self.event(failure[0], rt.spec.name, {**failure[1], "log": where})
+                d = failure[1]
+                log.error(failure[0], game=rt.spec.name, error_kind=d.get("error_kind"),
+                          message=d.get("message") or d.get("description"), log=where)  # fmt: skip
             # A crash right after a resume is no evidence against the checkpoint (an env that
             # failed to build, a signal from outside, an error in evaluation): the next start
             # resumes from the same newest one, and the budget ends a real crash loop.
@@ -784,8 +834,13 @@ class Supervisor:
         if new.cluster != self.cfg.cluster:  # placements are the running launcher's
             log.warning("config_reload_cluster_ignored", kept=self.cfg.cluster.as_dict())
             new = dataclasses.replace(new, cluster=self.cfg.cluster)
-        self.cfg = new
+        old_metrics, self.cfg = self.cfg.metrics, new
         self.gate.cfg = gate_config(new)
+        self._configure_hooks()
+        if new.metrics != old_metrics:
+            self._configure_metrics()
+        elif self.metrics is not None:
+            self.metrics.cfg = new
         if self.uploader is not None:
             self.uploader.reconfigure(new)
         change = reconcile(self.games, self.removed, new.games, self.wall())

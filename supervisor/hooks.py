@@ -119,6 +119,18 @@ class HookRunner:
     def _run(
         self, index: int, spec: HookSpec, kind: str, game: str | None, payload: dict[str, Any]
     ) -> None:
+        try:
+            result = self._run_one(index, spec, kind, game, payload)
+        except Exception as exc:  # a bug here must still be reported, never lost in a future
+            log.exception("hook_failed", hook=index, on=kind, game=game)
+            result = HookResult(index, kind, game, None, f"internal error: {exc!r}", 0.0)
+        with self._lock:
+            self._pending -= 1
+            self._results.append(result)
+
+    def _run_one(
+        self, index: int, spec: HookSpec, kind: str, game: str | None, payload: dict[str, Any]
+    ) -> HookResult:
         t0 = time.monotonic()
         rc: int | None = None
         error = ""
@@ -150,14 +162,12 @@ class HookRunner:
             error = f"could not run {spec.command[0]}: {exc.strerror or exc}"
         seconds = time.monotonic() - t0
         text = output[-OUTPUT_LOGGED:].decode("utf-8", "replace").strip()
-        fields = {"hook": index, "event": kind, "game": game, "seconds": round(seconds, 3)}
+        fields = {"hook": index, "on": kind, "game": game, "seconds": round(seconds, 3)}
         if error:
             log.warning("hook_failed", error=error, output=text, **fields)
         else:
             log.info("hook_ran", output=text, **fields)
-        with self._lock:
-            self._pending -= 1
-            self._results.append(HookResult(index, kind, game, rc, error, seconds))
+        return HookResult(index, kind, game, rc, error, seconds)
 
 
 def _describe(rc: int) -> str:

@@ -40,10 +40,14 @@ class Recorder:
         self.wall, self.steady = wall, steady
         self._next_sample = 0.0
         self._last_sample_ts: float | None = None
+        # Every event, as recorded (kind, game, detail, ts): the alert hooks'. Must not block.
+        self.on_event: Callable[[str, str | None, dict[str, Any], float], None] | None = None
 
     def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
         ts, mono = self.wall(), self.steady()
         self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
+        if self.on_event is not None:
+            self.on_event(kind, game, detail, ts)
 
     def worker(self, name: str, row: dict[str, Any], *, flush: bool = True) -> None:
         # Keyed: while the database fails, only a game's newest row waits to be written.
