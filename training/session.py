@@ -152,7 +152,8 @@ class ProgressLog:
             self.on_failure()
 
     def _write_pending(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        # Read-write: an existing file's header is read (`_file_columns`).
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
             st = os.fstat(fd)
             size = st.st_size
@@ -268,7 +269,9 @@ class TrainingSession:
     def run(self, stop: Any) -> int:
         device = pick_device(self.cfg.device)
         setup_torch(device, self.threads)
-        self.hb.update(device=device.type)
+        # "cpu" or "cuda:N" (the GPU it trains on, which `rlsup status` shows).
+        index = torch.cuda.current_device() if device.type == "cuda" else None
+        self.hb.update(device=device.type if index is None else f"cuda:{index}")
         store = CheckpointStore(
             self.run_dir / CHECKPOINT_DIR, keep=self.cfg.keep_checkpoints, log=self.log
         )
