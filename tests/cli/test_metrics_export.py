@@ -1,0 +1,101 @@
+"""The Prometheus export of a real state database (status's document, mapped to rlsup_*)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from state_fixture import StateFixture
+
+from supervisor.config import MetricsConfig, load_config
+from supervisor.metrics import MetricsExporter
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def value(got: dict, name: str, **labels: str) -> float | None:
+    return got.get((name, tuple(sorted(labels.items()))))
+
+
+def exporter(state: StateFixture, **metrics: object) -> MetricsExporter:
+    cfg = load_config(state.config)
+    return MetricsExporter(dataclasses.replace(cfg, metrics=MetricsConfig(**metrics)))  # type: ignore[arg-type]
+
+
+def test_the_textfile_holds_every_game_and_the_host(state: StateFixture, tmp_path: Path) -> None:
+    (tmp_path / "node").mkdir()
+    path = tmp_path / "node" / "rlsup.prom"
+    ex = exporter(state, textfile=path)
+    ex.refresh()
+    assert ex.drain() == []
+    got = samples(path.read_text())
+    names = [g.name for g in state.games]
+    for name in names:
+        assert sum(value(got, "rlsup_game_state", game=name, state=s) or 0 for s in
+                   ("running", "backoff", "done", "waiting", "fatal", "stopped")) == 1  # fmt: skip
+    assert value(got, "rlsup_game_state", game="pong", state="running") == 1.0
+    assert value(got, "rlsup_game_steps", game="pong") == 1_000_000
+    assert value(got, "rlsup_game_steps_per_second", game="pong") == 500.0
+    assert value(got, "rlsup_game_mean_return", game="pong") == 12.5
+    assert 235 <= value(got, "rlsup_game_last_checkpoint_age_seconds", game="pong") <= 300  # type: ignore[operator]
+    assert value(got, "rlsup_game_restarts_total", game="breakout") == 1.0
+    assert value(got, "rlsup_host_unexpected_reboots_total") == 1.0
+    assert value(got, "rlsup_host_mtbf_seconds") is not None
+    assert value(got, "rlsup_host_gpu_temperature_celsius", gpu="0") == 71.0
+    assert value(got, "rlsup_mode", scope="*", mode="light") == 1.0
+    assert (value(got, "rlsup_policy_decisions_total", kind="scale_down") or 0) >= 1
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["rlsup.prom"]  # no temporary left
+
+
+def test_a_failing_textfile_is_reported_once_until_it_heals(
+    state: StateFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "missing-dir" / "rlsup.prom"
+    ex = exporter(state, textfile=path)
+    ex.refresh()
+    ex.refresh()
+    [failure] = ex.drain()
+    assert failure["what"] == "textfile" and str(path) in failure["message"]
+    path.parent.mkdir()
+    ex.refresh()
+    assert path.exists() and ex.drain() == []
+    path.unlink()
+    path.parent.rmdir()
+    ex.refresh()  # failing again after it healed: reported again
+    [again] = ex.drain()
+    assert again["what"] == "textfile"
+
+
+def test_the_endpoint_serves_the_snapshot_and_a_taken_port_is_reported(
+    state: StateFixture,
+) -> None:
+    ex = exporter(state, listen_host="127.0.0.1", listen_port=0, interval_s=0.2)
+    ex.start()
+    try:
+        host, port = ex.address  # type: ignore[misc]
+        assert host == "127.0.0.1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            got = samples(r.read().decode())
+        assert value(got, "rlsup_game_steps", game="pong") == 1_000_000
+        other = exporter(state, listen_host="127.0.0.1", listen_port=port)
+        other.start()
+        try:
+            [failure] = other.drain()
+            assert failure["what"] == "listen" and f"127.0.0.1:{port}" in failure["message"]
+        finally:
+            other.stop()
+    finally:
+        ex.stop()
+    with socket.socket() as s:  # the port is free again: the server was shut down
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        s.bind(("127.0.0.1", port))
