@@ -7,7 +7,6 @@ import json
 import os
 import pty
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from follow import Follow
 
 from supervisor.commands.logs import LogFollower, tail_offset
 from supervisor.logs import render_log_line
@@ -257,69 +257,9 @@ def test_logs_on_a_terminal_is_rendered_in_colour_unless_no_color(site: Path) ->
     assert "\x1b[" in run_on_a_terminal(site, {"NO_COLOR": ""}), "NO_COLOR empty: colours"
 
 
-class Follow:
-    """`rlsup logs ... -f` in the background; its stdout lines as they come."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            argv, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        assert self.proc.stdout is not None
-        os.set_blocking(self.proc.stdout.fileno(), False)
-        self.buf = b""
-
-    def lines(self) -> list[str]:
-        assert self.proc.stdout is not None
-        while chunk := self.proc.stdout.read(65536):
-            self.buf += chunk
-        return self.buf.decode().splitlines()
-
-    def wait_for(self, pred: object, timeout: float = 30) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = self.lines()
-            if pred(got):  # type: ignore[operator]
-                return got
-            assert self.proc.poll() is None, self.proc.stderr.read()  # type: ignore[union-attr]
-            time.sleep(0.05)
-        raise AssertionError(f"follower printed {self.lines()!r}")
-
-    def wait_open(self, path: Path, timeout: float = 30) -> None:
-        """Until the follower holds `path` open (it has taken its starting point)."""
-        fds = Path(f"/proc/{self.proc.pid}/fd")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for fd in fds.iterdir():
-                try:
-                    if os.readlink(fd) == str(path):
-                        return
-                except OSError:
-                    continue
-            time.sleep(0.02)
-        raise AssertionError(f"the follower never opened {path}")
-
-    def wait_stderr(self, text: str, timeout: float = 30) -> None:
-        assert self.proc.stderr is not None
-        os.set_blocking(self.proc.stderr.fileno(), False)
-        err = b""
-        deadline = time.monotonic() + timeout
-        while text.encode() not in err:
-            assert time.monotonic() < deadline, f"stderr: {err!r}"
-            err += self.proc.stderr.read() or b""
-            time.sleep(0.02)
-
-    def interrupt(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(20)
-        finally:
-            self.proc.kill()
-            self.proc.wait()
-
-
 def test_follow_waits_for_the_log_then_follows_it_across_a_rotation(site: Path) -> None:
     log = site / "state" / "logs" / "pong.log"
-    f = Follow(rlsup_argv(site, "-f", "--json"))
+    f = Follow(rlsup_argv(site, "-f", "--json"), env())
     try:
         f.wait_stderr("waiting for")  # started before the log exists
         append(log, b"one\ntwo\n")
@@ -335,7 +275,7 @@ def test_follow_waits_for_the_log_then_follows_it_across_a_rotation(site: Path) 
 def test_follow_with_n_0_prints_only_new_lines(site: Path) -> None:
     log = site / "state" / "logs" / "pong.log"
     append(log, b"old\n")
-    f = Follow(rlsup_argv(site, "-f", "-n", "0", "--json"))
+    f = Follow(rlsup_argv(site, "-f", "-n", "0", "--json"), env())
     try:
         f.wait_open(log)
         append(log, b"new\n")
