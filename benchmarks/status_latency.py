@@ -2,8 +2,10 @@
 
 Builds a state dir with N games (heartbeats, progress.csv files a week long) and a week of
 events in the state database, then times `python -m supervisor.cli status` (and `--json`) as
-subprocesses — the median of N runs — against `python -c pass` measured in the same run.
-Prints a table, then ONE JSON line with the figures. Budget: median status <= 300 ms.
+subprocesses — the median of N runs — against `python -c pass` measured in the same run,
+twice: on the host as it is, then under load (`--load`, default one busy-looping process per
+core: the host as it is while workers train on every core). Prints a table, then ONE JSON
+line with the figures. Budget: median status <= 150 ms, idle and under load.
 
     .venv/bin/python benchmarks/status_latency.py [--games 5] [--events 20000] [--runs 15]
 """
@@ -25,7 +27,20 @@ sys.path.insert(0, str(REPO / "tests" / "cli"))
 
 from state_fixture import build_state  # noqa: E402
 
-BUDGET_MS = 300.0
+BUDGET_MS = 150.0  # median `rlsup status`, idle and under load (issue 16)
+OK_CODES = (0, 3, 4)  # status: ok, the supervisor not running, a FATAL game (the fixture's)
+
+
+def start_load(n: int) -> list[subprocess.Popen[bytes]]:
+    """n CPU-bound processes (what n training workers do to the cores), at normal priority."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop_load(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
 
 
 def time_runs(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
@@ -34,7 +49,7 @@ def time_runs(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
         t0 = time.perf_counter()
         r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True)
         out.append((time.perf_counter() - t0) * 1000.0)
-        if r.returncode != 0:
+        if r.returncode not in OK_CODES:
             raise SystemExit(f"{argv} failed ({r.returncode}): {r.stderr.decode()[-2000:]}")
     return out
 
@@ -45,6 +60,9 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=20_000)
     ap.add_argument("--progress-rows", type=int, default=20_160, help="per game (30 s for 7 d)")
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument(
+        "--load", type=int, default=os.cpu_count() or 1, help="busy processes (default: cores)"
+    )
     args = ap.parse_args()
 
     # Other work on this host (test suites, training) inflates every figure, `pass` included.
@@ -79,6 +97,15 @@ def main() -> int:
             ],
         }
         results = {name: time_runs(argv, env, args.runs) for name, argv in cases.items()}
+        load = start_load(args.load)
+        try:
+            time.sleep(1.0)  # let the busy loops take the cores
+            loaded = {
+                name: time_runs(cases[name], env, args.runs)
+                for name in ("python -c pass", "rlsup status", "rlsup status --json")
+            }
+        finally:
+            stop_load(load)
         db_mb = fx.db.stat().st_size / 2**20
         progress_mb = sum(p.stat().st_size for p in fx.state_dir.glob("runs/*/progress.csv"))
         progress_mb /= 2**20
@@ -86,12 +113,14 @@ def main() -> int:
     print(
         f"state: {args.games} games, {args.events} events, {args.progress_rows} progress rows"
         f"/game; db {db_mb:.1f} MiB, progress {progress_mb:.1f} MiB; built in {build_s:.1f} s; "
-        f"{os.cpu_count()} CPUs; {args.runs} runs each"
+        f"{os.cpu_count()} CPUs; {args.runs} runs each; load: {args.load} busy processes"
     )
-    print(f"{'command':<26} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
-    for name, ms in results.items():
-        print(f"{name:<26} {statistics.median(ms):>10.1f} {min(ms):>8.1f} {max(ms):>8.1f}")
+    print(f"{'command':<34} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
+    rows = [*results.items(), *((f"{k} (loaded)", v) for k, v in loaded.items())]
+    for name, ms in rows:
+        print(f"{name:<34} {statistics.median(ms):>10.1f} {min(ms):>8.1f} {max(ms):>8.1f}")
     med = {name: round(statistics.median(ms), 1) for name, ms in results.items()}
+    lmed = {name: round(statistics.median(ms), 1) for name, ms in loaded.items()}
     figures = {
         "benchmark": "status_latency",
         "games": args.games,
@@ -104,10 +133,15 @@ def main() -> int:
         "status_json_median_ms": med["rlsup status --json"],
         "events_7d_median_ms": med["rlsup events --since 7d"],
         "status_overhead_ms": round(med["rlsup status"] - med["python -c pass"], 1),
+        "load_processes": args.load,
+        "loaded_python_pass_median_ms": lmed["python -c pass"],
+        "loaded_status_median_ms": lmed["rlsup status"],
+        "loaded_status_json_median_ms": lmed["rlsup status --json"],
+        "loaded_status_vs_pass": round(lmed["rlsup status"] / lmed["python -c pass"], 2),
         "loadavg_1m_before": load_before,
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
         "budget_ms": BUDGET_MS,
-        "within_budget": med["rlsup status"] <= BUDGET_MS,
+        "within_budget": max(med["rlsup status"], lmed["rlsup status"]) <= BUDGET_MS,
     }
     print(json.dumps(figures))
     return 0 if figures["within_budget"] else 1

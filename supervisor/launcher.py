@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil  # type: ignore[import-untyped]
 
+from supervisor.procid import same_process as same_process
+from supervisor.procid import start_ticks as start_ticks
 from training.protocol import PARENT_PID_ENV
 
 if TYPE_CHECKING:
@@ -23,23 +25,6 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 WORKER_MODULE = "training.worker"
 
 
-def start_ticks(pid: int) -> int | None:
-    """When `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22), or None when
-    it is gone or a zombie. With the pid, the identity of a process: unlike psutil's
-    create_time (boot time + this, in wall-clock seconds), no wall-clock step moves it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if len(fields) < 20 or fields[0] == "Z":
-        return None
-    try:
-        return int(fields[19])
-    except ValueError:
-        return None
-
-
 def process_argv(cmdline: list[str]) -> list[str]:
     """A process's argv as psutil reads it, whether or not it was retitled: a worker started
     from the spare carries its command line as one string (setproctitle), NUL-padded."""
@@ -47,24 +32,6 @@ def process_argv(cmdline: list[str]) -> list[str]:
     if len(parts) == 1 and " " in parts[0]:
         return parts[0].split()
     return list(cmdline)
-
-
-def same_process(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
-    """Is `pid` alive and still the process recorded with these start ticks? Rows written
-    before start ticks were recorded fall back to psutil's create time (within 1 s)."""
-    if not pid:
-        return False
-    now = start_ticks(pid)
-    if now is None:
-        return False
-    if ticks is not None:
-        return now == ticks
-    if create_time is None:
-        return True
-    try:
-        return bool(abs(psutil.Process(pid).create_time() - create_time) <= 1.0)
-    except psutil.Error:
-        return False
 
 
 class NoRoom(OSError):

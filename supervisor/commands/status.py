@@ -240,10 +240,10 @@ def _memory_mib(pid: int, fallback: float | None) -> tuple[float | None, float |
 
 
 def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
-    """Is this pid alive and the same process as recorded (launcher.same_process)?"""
+    """Is this pid alive and the same process as recorded (procid.same_process)?"""
     if not pid:
         return False
-    from supervisor.launcher import same_process  # only when a pid is recorded
+    from supervisor.procid import same_process  # only when a pid is recorded
 
     return same_process(pid, ticks, create_time)
 
