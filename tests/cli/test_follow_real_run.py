@@ -42,6 +42,12 @@ def pids_in(lines: list[str]) -> list[int]:
     return seen
 
 
+def trained(lines: list[str]) -> list[int]:
+    """The pids of the `worker_training` events among these JSON lines."""
+    found = [json.loads(ln) for ln in lines]
+    return [e["detail"]["pid"] for e in found if e["kind"] == "worker_training"]
+
+
 def test_followers_see_both_lives_of_a_killed_worker(tmp_path: Path) -> None:
     config = write_config(tmp_path, [(GAME, 10_000_000)])
     state = tmp_path / "state"
@@ -62,6 +68,7 @@ def test_followers_see_both_lives_of_a_killed_worker(tmp_path: Path) -> None:
     try:
         first = wait_for(lambda: training_pid(state, GAME), 120, "the worker training")
         logs.wait_for(lambda got: first in pids_in(got), 60)
+        events.wait_for(lambda got: trained(got) == [first], 60)  # recorded before the kill
         kill_quietly(first, signal.SIGKILL)
         second = wait_for(
             lambda: training_pid(state, GAME, not_pid=first), 120, "the restarted worker"
@@ -71,10 +78,6 @@ def test_followers_see_both_lives_of_a_killed_worker(tmp_path: Path) -> None:
         # Nothing lost, nothing twice: what it printed is the file, line for line.
         written = (state / "logs" / f"{GAME}.log").read_text().splitlines()
         assert got == written[: len(got)]
-
-        def trained(got: list[str]) -> list[int]:
-            found = [json.loads(ln) for ln in got]
-            return [e["detail"]["pid"] for e in found if e["kind"] == "worker_training"]
 
         seen = events.wait_for(lambda got: trained(got) == [first, second], 60)
         kinds = [json.loads(ln)["kind"] for ln in seen]
