@@ -478,7 +478,7 @@ class Supervisor:
             why, failure = ex.failure(life.stop_reason)
             if failure is not None:
                 # The full traceback is in the worker's log (and the event); the journal gets
-                # one line saying what and where (`<game>.log.1` once the game has restarted).
+                # one line saying what and where (in `<game>.log.1` if the next start rotates it).
                 where = str(self.cfg.logs_dir / f"{rt.spec.name}.log")
                 self.event(failure[0], rt.spec.name, {**failure[1], "log": where})
                 d = failure[1]
