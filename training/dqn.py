@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from training.envs import EpisodeTracker, make_env
-from training.metrics import Means, optimizer_step
+from training.metrics import Means
 from training.networks import QNetwork
 from training.optim import (
     LRSchedule,
@@ -211,8 +211,8 @@ class DQNLearner:
         with self.precision.autocast():
             q_taken = self.q(obs_t).float().gather(1, actions_t).squeeze(1)
         loss = td_loss(q_taken, target)
-        grad_norm = optimizer_step(
-            self.precision, loss, self.optimizer, self.q.parameters(), self.max_grad_norm
+        grad_norm = self.precision.step(
+            loss, self.optimizer, self.q.parameters(), self.max_grad_norm
         )
         self._losses.add(loss, q_taken.mean(), grad_norm)
         self.updates += 1

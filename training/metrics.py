@@ -24,14 +24,11 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
-from training.optim import Precision
 
 TB_DIR = "tb"
 
@@ -104,31 +101,6 @@ class Means:
         means = (self._sum / self.count).tolist()
         self._sum, self.count = None, 0
         return dict(zip(self.names, means, strict=True))
-
-
-def optimizer_step(
-    precision: Precision,
-    loss: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
-    params: Iterable[nn.Parameter],
-    max_norm: float,
-) -> torch.Tensor:
-    """`Precision.step` (backward, unscale, clip, step) that also returns the gradient norm
-    before clipping, as a tensor on the device (reading it is left to `Means.take`)."""
-    params = list(params)
-    optimizer.zero_grad(set_to_none=True)
-    scaler = precision.scaler
-    if scaler is None:
-        loss.backward()  # type: ignore[no-untyped-call]
-        norm = nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
-        return norm
-    scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(params, max_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return norm
 
 
 def explained_variance(

@@ -40,19 +40,21 @@ class Precision:
 
     def step(
         self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: Any, max_norm: float
-    ) -> None:
-        """backward, unscale, clip, optimizer step."""
+    ) -> torch.Tensor:
+        """backward, unscale, clip, optimizer step; returns the gradient norm before clipping,
+        a tensor on the device (the metrics read it once per progress row, not per step)."""
         optimizer.zero_grad(set_to_none=True)
         if self.scaler is None:
             loss.backward()
-            nn.utils.clip_grad_norm_(params, max_norm)
+            norm = nn.utils.clip_grad_norm_(params, max_norm)
             optimizer.step()
-            return
+            return norm
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(optimizer)
-        nn.utils.clip_grad_norm_(params, max_norm)
+        norm = nn.utils.clip_grad_norm_(params, max_norm)
         self.scaler.step(optimizer)
         self.scaler.update()
+        return norm
 
     def state_dict(self) -> dict[str, Any] | None:
         return None if self.scaler is None else self.scaler.state_dict()

@@ -20,7 +20,7 @@ import torch
 from torch.distributions import Categorical
 
 from training.envs import EpisodeTracker, make_env
-from training.metrics import Means, explained_variance, optimizer_step
+from training.metrics import Means, explained_variance
 from training.networks import ActorCritic
 from training.optim import (
     LRSchedule,
@@ -251,12 +251,8 @@ class PPOLearner:
                     valid[mb],
                 )
                 total = loss.total(cfg.vf_coef, cfg.ent_coef)
-                grad_norm = optimizer_step(
-                    self.precision,
-                    total,
-                    self.optimizer,
-                    self.net.parameters(),
-                    self.max_grad_norm,
+                grad_norm = self.precision.step(
+                    total, self.optimizer, self.net.parameters(), self.max_grad_norm
                 )
                 assert loss.clipfrac is not None
                 self._losses.add(

@@ -527,7 +527,8 @@ class Heartbeat:
     # Several hosts: the host this worker runs on (set by the node's actor when it relays).
     host: str | None = None
     # Writes that failed and were survived (a full disk, an I/O error), per file kind:
-    # "heartbeat" (kept up in place), "progress" (rows kept and appended later), "eval", "log".
+    # "heartbeat" (kept up in place), "progress" (rows kept and appended later), "eval", "log",
+    # "tensorboard" (event files; retried in a new file a minute later).
     write_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     # How this process came to train, on the system's monotonic clock (CLOCK_MONOTONIC, the
     # same in every process, so the supervisor can subtract its own readings): "served"

@@ -718,8 +718,7 @@ class TrainingSession:
     def _record(self, counters: dict[str, Any]) -> None:
         """One progress row, and the same diagnostics (plus the returns of the episodes that
         ended since the last one) to TensorBoard."""
-        take = getattr(self.learner, "take_metrics", None)
-        metrics: dict[str, float] = take() if take is not None else {}
+        metrics = self.trained.take_metrics()
         row = self._progress_row(counters, metrics)
         self.progress.append(row)
         tracker = self.trained.tracker

@@ -245,9 +245,7 @@ def test_status_loads_no_torch_numpy_or_envpool(state: StateFixture) -> None:
     assert r.stdout.strip() == "4 4 []"
 
 
-def test_status_shows_each_games_device_and_last_evaluation(
-    cli: Cli, state: StateFixture
-) -> None:
+def test_status_shows_each_games_device_and_last_evaluation(cli: Cli, state: StateFixture) -> None:
     """`device` from the heartbeat; `eval_return`/`eval_step` from the heartbeat's newest
     evaluation, else the eval.json an earlier worker left (a restarted worker has none yet)."""
     run = state.state_dir / "runs"
