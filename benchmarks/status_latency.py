@@ -78,6 +78,9 @@ def main() -> int:
         )
         build_s = time.perf_counter() - t0
         env = fx.env()
+        # As an installed rlsup runs: with its bytecode cached (a session that exports
+        # PYTHONDONTWRITEBYTECODE would compile every module of every command from source).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         py = sys.executable
         cmd = [py, "-m", "supervisor.cli", "status", "--config", str(fx.config)]
         time_runs(cmd, env, 2)  # warm the page cache and .pyc files

@@ -405,20 +405,23 @@ def _fresher(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, An
 
 
 def episodes_per_hour(rows: list[dict[str, str]], now: float) -> float | None:
-    """Episodes per hour over the last hour of progress rows (one resume segment)."""
-    points = [(render.to_float(r.get("time")), render.to_float(r.get("episodes"))) for r in rows]
-    pts = [(t, e) for t, e in points if t is not None and e is not None]
-    if len(pts) < 2:
-        return None
-    t1, e1 = pts[-1]
-    t0, e0 = t1, e1
-    for t, e in reversed(pts[:-1]):
-        if t < t1 - EPH_WINDOW_S or e > e0:  # out of the window, or a counter reset
+    """Episodes per hour over the last hour of progress rows (one resume segment), walking
+    back from the newest row only as far as it needs to."""
+    newest: tuple[float, float] | None = None
+    t0 = e0 = 0.0
+    for r in reversed(rows):
+        t, e = render.to_float(r.get("time")), render.to_float(r.get("episodes"))
+        if t is None or e is None:
+            continue
+        if newest is None:
+            newest = t0, e0 = t, e
+            continue
+        if t < newest[0] - EPH_WINDOW_S or e > e0:  # out of the window, or a counter reset
             break
         t0, e0 = t, e
-    if t1 - t0 < 10.0:
+    if newest is None or newest[0] - t0 < 10.0:
         return None
-    return round((e1 - e0) / (t1 - t0) * 3600.0, 1)
+    return round((newest[1] - e0) / (newest[0] - t0) * 3600.0, 1)
 
 
 def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | None:

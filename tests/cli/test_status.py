@@ -277,3 +277,24 @@ def test_status_exits_0_with_the_supervisor_running_and_no_game_fatal(tmp_path: 
         text=True,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_episodes_per_hour_uses_the_last_hour_of_one_resume_segment() -> None:
+    from supervisor.commands.status import episodes_per_hour
+
+    def rows(points: list[tuple[float, float]]) -> list[dict[str, str]]:
+        return [{"time": str(t), "episodes": str(e)} for t, e in points]
+
+    hour = 3600.0
+    # 2 h of rows, 100 episodes every 60 s: the rate over the last hour is 6,000/h.
+    steady = rows([(i * 60.0, i * 100.0) for i in range(121)])
+    assert episodes_per_hour(steady, 2 * hour) == 6000.0
+    # A resume reset the counter 10 min ago: only the segment since then counts.
+    reset = rows(
+        [(i * 60.0, 5000.0 + i) for i in range(50)]
+        + [(3000 + i * 60.0, i * 20.0) for i in range(11)]
+    )
+    assert episodes_per_hour(reset, 3600.0) == 1200.0
+    assert episodes_per_hour(rows([(0.0, 1.0)]), 0.0) is None  # one point: no rate
+    assert episodes_per_hour(rows([(0.0, 1.0), (5.0, 9.0)]), 5.0) is None  # under 10 s
+    assert episodes_per_hour([{"time": "", "episodes": "3"}], 0.0) is None
