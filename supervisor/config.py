@@ -53,6 +53,8 @@ class GameSpec:
     seed: int
     device: str
     args: tuple[tuple[str, Any], ...] = ()
+    gpu: tuple[int, ...] | None = None
+    """`games.gpu`: positions in the supervisor's visible GPUs it may use; None = "auto"."""
 
     @property
     def args_dict(self) -> dict[str, Any]:
@@ -390,7 +392,25 @@ _GAME: dict[str, Field] = {
     "seed": ((int,), 1, lambda v: 0 <= v < 2**63, "an integer >= 0"),
     "device": ((str,), "auto", lambda v: v in protocol.DEVICES, " | ".join(protocol.DEVICES)),
     "args": ((dict,), {}, None, "a table of worker hyper-parameters"),
+    "gpu": (
+        (str, int, list),
+        "auto",
+        lambda v: _gpu_choice(v) is not None,
+        '"auto", a GPU index >= 0 among the visible GPUs, or a list of distinct ones',
+    ),
 }
+
+
+def _gpu_choice(value: Any) -> tuple[int, ...] | None:
+    """`games.gpu` as GameSpec holds it: () for "auto" (None there), the indices otherwise;
+    None when invalid."""
+    if value == "auto":
+        return ()
+    items = [value] if isinstance(value, int) else value
+    if not isinstance(items, list) or not items:
+        return None
+    ok = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items)
+    return tuple(items) if ok and len(set(items)) == len(items) else None
 
 
 def _section_fields(cls: type) -> dict[str, Field]:
@@ -701,7 +721,10 @@ def _parse_games(
             seed=v["seed"],
             device=v["device"],
             args=tuple(sorted(args.items())),
+            gpu=_gpu_choice(v["gpu"]) or None,
         )
+        if game.gpu is not None and game.device == "cpu":
+            raise ctx.fail(["games", i, "gpu"], 'set on a game with device = "cpu"')
         for mode in modes:
             try:
                 worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, threads=None)

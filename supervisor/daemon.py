@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import signal
@@ -23,7 +24,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import structlog
 
-from supervisor import db, modes, scaling, vitals
+from supervisor import db, gpuplace, modes, scaling, vitals
 from supervisor.config import (
     Config,
     ConfigError,
@@ -33,7 +34,9 @@ from supervisor.config import (
     worker_config,
 )
 from supervisor.exits import StopReason, WorkerExit, route_exit
-from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, worker_env
+from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
+from supervisor.gpuplace import GpuId
+from supervisor.gpus import GpuSnapshot, NvmlProbe
 from supervisor.hooks import HookRunner
 from supervisor.journal import Journal
 from supervisor.launcher import WORKER_MODULE, Launcher, NoRoom, WorkerProcess, rotate_log
@@ -71,6 +74,7 @@ __all__ = ["LockHeld", "StartFailed", "Supervisor", "acquire_lock"]
 log = structlog.get_logger("rlsup.supervisor")
 S = WorkerState
 VITALS_EVERY_S = 5.0
+CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 HOOKS_CLOSE_WAIT_S = 5.0  # at shutdown, for the alerts of the last events to go out
 
 
@@ -89,6 +93,12 @@ def gate_config(cfg: Config) -> GateConfig:
     return GateConfig(
         min_free_mb=cfg.gpu.min_free_mb, poll_s=cfg.gpu.poll_s, timeout_s=cfg.gpu.timeout_s
     )
+
+
+def cuda_visible_for(gpu: GpuId) -> str:
+    """A worker's CUDA_VISIBLE_DEVICES: its GPU's UUID (inside, that GPU is cuda:0), or the
+    index when NVML could not read the UUID."""
+    return gpu.uuid or str(gpu.index)
 
 
 def make_launcher(cfg: Config) -> Launcher:
@@ -145,6 +155,15 @@ class Supervisor:
             clock=self.steady,
         )
         self.gate = GpuGate(self.probe, gate_config(cfg))
+        # GPU placement (this host): the GPUs the supervisor may use are those its own
+        # CUDA_VISIBLE_DEVICES shows; each CUDA game's worker gets one of them.
+        self.cuda_visible = os.environ.get(CUDA_VISIBLE)
+        self.placed: dict[str, GpuId] = {}  # game → the GPU of its current worker
+        self._chosen: dict[str, GpuId] = {}  # placed by the gate this tick, not spawned yet
+        self._last_gpu: dict[str, GpuId] = {}  # game → the GPU its previous worker had
+        self._place_waiting: dict[str, str] = {}  # game → why no GPU (its gpu_wait written)
+        self._lost_gpus: set[str] = set()  # UUIDs reported lost (gpu_lost written)
+        self._driver_up: bool | None = None  # NVML answered at the last snapshot seen
         # policy: the stability policy by default; None turns automatic scaling off.
         self.policy: PolicyStep | None = (
             scaling.StabilityPolicy(self.sampler.latest) if isinstance(policy, str) else policy
@@ -316,6 +335,7 @@ class Supervisor:
             log.warning(kind, game=game, **detail)
         if not self.stopping:
             self.observe(now)
+            self.watch_gpus(now)
             self.recorder.sample(self.sampler.latest(), now)
             self.run_policy()
             self.refresh_modes()
@@ -413,6 +433,9 @@ class Supervisor:
         rt.state, rt.reason, rt.state_since = target, reason, self.wall()
         if target in (S.EXITED, S.STOPPED, S.FATAL, S.DONE):
             self.gate.clear(rt.spec.name)  # the worker is gone or its wait is abandoned
+            if (gone := self.placed.pop(rt.spec.name, None)) is not None:
+                self._last_gpu[rt.spec.name] = gone
+            self._place_waiting.pop(rt.spec.name, None)
         if tr.kind != "worker_state":
             self.event(
                 tr.kind,
@@ -433,14 +456,20 @@ class Supervisor:
         assert self.recorder is not None
         self.recorder.event(kind, game, detail)
 
+    def _row(self, rt: GameRuntime, wall: float) -> dict[str, Any]:
+        gpu = self.placed.get(rt.spec.name)
+        return {**rt.db_row(wall), "gpu": json.dumps(gpu.as_json()) if gpu else None}
+
     def _write_worker(self, rt: GameRuntime) -> None:
         assert self.recorder is not None
-        self.recorder.worker(rt.spec.name, rt.db_row(self.wall()))
+        self.recorder.worker(rt.spec.name, self._row(rt, self.wall()))
 
     def persist(self) -> None:
         assert self.recorder is not None
         wall = self.wall()
-        self.recorder.tick(((rt.spec.name, rt.db_row(wall)) for rt in self._all()), self.boot_id)
+        self.recorder.tick(
+            ((rt.spec.name, self._row(rt, wall)) for rt in self._all()), self.boot_id
+        )
 
     # ---- exits ------------------------------------------------------------------------------
 
@@ -722,23 +751,30 @@ class Supervisor:
         return self._host_mode_reason != "initial_mode"
 
     def _gpu_gate(self, rt: GameRuntime, now: float) -> bool:
-        """May this game's worker start now? CPU games always; CUDA (or auto) games once the
-        GPU's free memory covers their need, or past gpu.timeout_s one rung lower (gpugate)."""
+        """May this game's worker start now? CPU games always; CUDA (or auto) games once a
+        GPU is placed for them (gpuplace) and its free memory covers their need, or past
+        gpu.timeout_s one rung lower (gpugate)."""
         if rt.spec.device == "cpu" or self.launcher.backend != "local":
             return True  # several hosts: Ray's num_gpus places GPU games
         assert self.conn is not None and self.journal is not None
         name, current = rt.spec.name, self.view.game(rt.spec.name)
+        peak = rt.gpu_peak_mb.get(current.sizes())
+        placed, gpu = self._place(rt, need_mb(self.gate.cfg, peak), now)
+        if not placed:
+            return False
         lighter = modes.one_rung_lower(self.cfg, current)
         result = self.gate.admit(
             name,
             current.name,
             lighter.name if lighter else None,
             pinned=bool({name, modes.HOST} & self.view.pinned),
-            peak_mb=rt.gpu_peak_mb.get(current.sizes()),
+            peak_mb=peak,
             now=now,
+            index=gpu.index if gpu else 0,
         )
         if result.event is not None:
-            self.event("gpu_wait", name, result.event)
+            gpu_json = gpu.as_json() if gpu else None
+            self.event("gpu_wait", name, {**result.event, "gpu": gpu_json})
             log.info("gpu_wait", game=name, reason=result.reason)
         if result.action == "wait":
             return False
@@ -753,14 +789,114 @@ class Supervisor:
             self.mode_view = dataclasses.replace(
                 self.view, games={**self.view.games, name: lighter}
             )
+        if gpu is not None:
+            self._chosen[name] = gpu
         return True
+
+    def _place(self, rt: GameRuntime, need: float, now: float) -> tuple[bool, GpuId | None]:
+        """(may it go on to the gate, the GPU it is placed on). Reads the sampler's last
+        NVML snapshot only: the tick never calls NVML."""
+        probe = self.probe if isinstance(self.probe, NvmlProbe) else None
+        if probe is None:
+            return True, None  # a bare free-memory seam (tests): the gate alone, on GPU 0
+        snap = probe.latest()
+        if snap.ts == 0.0:
+            return False, None  # the sampler's first reading is moments away
+        why = self._unplaceable(rt, snap)
+        if why is not None:
+            return self._place_wait(rt, why) if why else (True, None)
+        slots = self._slots(rt.spec.name, snap, now)
+        if not slots:
+            return True, None  # no GPU visible: the worker inherits that (auto: on the CPU)
+        choice = gpuplace.place(slots, rt.spec.gpu, need)
+        if choice.gpu is None:
+            return self._place_wait(rt, choice.reason)
+        if self._place_waiting.pop(rt.spec.name, None) is not None:
+            log.info("gpu_placed", game=rt.spec.name, reason=choice.reason)
+        return True, choice.gpu
+
+    def _unplaceable(self, rt: GameRuntime, snap: GpuSnapshot) -> str | None:
+        """Why the game cannot be placed now: a reason to wait, "" to start unplaced (NVML
+        does not answer and the game may run without it), None: place it."""
+        if snap.hung:
+            return f"NVML does not answer: {snap.reason}"
+        if not snap.driver:
+            if rt.spec.device == "cuda":
+                return f"NVML not available ({snap.reason}): waiting for the driver"
+            return ""  # auto: the worker finds CUDA or runs on the CPU
+        return None
+
+    def _slots(self, name: str, snap: GpuSnapshot, now: float) -> list[gpuplace.Slot]:
+        readings = {g.index: g for g in snap.gpus}
+        ids = [GpuId(g.index, g.uuid) for g in snap.gpus]
+        ids += [GpuId(lost.index, lost.uuid) for lost in snap.lost]
+        placed = {**self.placed, **self._chosen}  # with those placed this tick, not spawned
+        out = []
+        for gpu in gpuplace.visible(self.cuda_visible, ids):
+            reading = readings.get(gpu.index)
+            out.append(
+                gpuplace.Slot(
+                    gpu,
+                    reading.mem_free_mb if reading else None,
+                    self.gate.reserved_mb(gpu.index, now, but=name),
+                    sum(1 for g, on in placed.items() if on == gpu and g != name),
+                )
+            )
+        return out
+
+    def _place_wait(self, rt: GameRuntime, why: str) -> tuple[bool, None]:
+        """The game waits for a GPU: one gpu_wait event per reason."""
+        name = rt.spec.name
+        if self._place_waiting.get(name) != why:
+            self._place_waiting[name] = why
+            self.event("gpu_wait", name, {"reason": why, "gpu": None})
+            log.info("gpu_wait", game=name, reason=why)
+        return False, None
+
+    def watch_gpus(self, now: float) -> None:
+        """Once a tick, from the sampler's last NVML snapshot: the driver coming or going
+        (`gpu_driver`), GPUs lost (`gpu_lost`): the games on a lost GPU are stopped and
+        placed again on another (or wait)."""
+        if not isinstance(self.probe, NvmlProbe):
+            return
+        snap = self.probe.latest()
+        if snap.ts == 0.0 or snap.hung:
+            return
+        if snap.driver != self._driver_up:
+            first, self._driver_up = self._driver_up is None, snap.driver
+            if snap.driver or not first or any(g.device != "cpu" for g in self.cfg.games):
+                gpus = [{"index": g.index, "uuid": g.uuid} for g in snap.gpus]
+                detail = {"available": snap.driver, "reason": snap.reason, "gpus": gpus}
+                self.event("gpu_driver", None, {**detail, "visible": self.cuda_visible})
+        if not snap.driver:
+            return
+        present = {g.uuid for g in snap.gpus}
+        errors = {lost.uuid: lost.error for lost in snap.lost}
+        gone = {gpu for gpu in self.placed.values() if gpu.uuid not in present}
+        gone |= {GpuId(lost.index, lost.uuid) for lost in snap.lost}
+        for gpu in sorted(gone, key=lambda g: g.index):
+            if gpu.uuid not in self._lost_gpus:
+                self._lost_gpus.add(gpu.uuid)
+                self._gpu_lost(gpu, errors.get(gpu.uuid, "missing from NVML's devices"), now)
+        self._lost_gpus &= {gpu.uuid for gpu in gone}  # one back (reset) may be lost again
+
+    def _gpu_lost(self, gpu: GpuId, error: str, now: float) -> None:
+        games = sorted(name for name, on in self.placed.items() if on == gpu)
+        self.event("gpu_lost", None, {**gpu.as_json(), "error": error, "games": games})
+        log.error("gpu_lost", gpu=gpu.index, uuid=gpu.uuid, error=error, games=games)
+        for name in games:
+            rt = self.games.get(name)
+            self._last_gpu[name] = self.placed.pop(name)
+            if rt is not None and rt.life is not None:
+                self.request_stop(rt, StopReason.GPU_LOST, now + self.cfg.stop_grace_s)
 
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         mode = self.view.game(rt.spec.name)
         restarting = rt.state is S.BACKOFF
         spawning_at = time.monotonic()
+        gpu = self._chosen.pop(rt.spec.name, None)
         try:
-            proc = self._launch(rt, mode, threads, now)
+            proc = self._launch(rt, mode, threads, now, gpu)
         except NoRoom as exc:
             # Several hosts, all full (or none joined): the game waits for room, no failure.
             if rt.spec.name not in self._no_room:
@@ -776,6 +912,7 @@ class Supervisor:
         if restarting:
             rt.restarts += 1
         self._no_room.discard(rt.spec.name)
+        placement = self._assign_gpu(rt, gpu)
         rt.life, rt.mode = WorkerLife(proc, mode, Liveness(since=now)), mode
         rt.life.spawned_at = spawning_at
         self._set(
@@ -789,9 +926,27 @@ class Supervisor:
             threads=threads,
             served=proc.served,
             **proc.placement(),
+            **placement,
         )
 
-    def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float) -> WorkerProcess:
+    def _assign_gpu(self, rt: GameRuntime, gpu: GpuId | None) -> dict[str, Any]:
+        """Record the GPU the new worker got (`gpu_assigned`, `moved_from` when it changed);
+        its worker_start detail."""
+        if gpu is None:
+            return {}
+        name = rt.spec.name
+        self.placed[name] = gpu
+        before = self._last_gpu.get(name)
+        detail: dict[str, Any] = {**gpu.as_json(), CUDA_VISIBLE: cuda_visible_for(gpu)}
+        if before is not None and before != gpu:
+            detail["moved_from"] = before.as_json()
+        self.event("gpu_assigned", name, detail)
+        log.info("gpu_assigned", game=name, **detail)
+        return {"gpu": gpu.as_json()}
+
+    def _launch(
+        self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float, gpu: GpuId | None = None
+    ) -> WorkerProcess:
         name = rt.spec.name
         run_dir = db.make_private_dir(self.cfg.run_dir(name))
         logs_dir = db.make_private_dir(self.cfg.logs_dir)
@@ -801,7 +956,10 @@ class Supervisor:
         )
         with contextlib.suppress(FileNotFoundError):
             (run_dir / protocol.HEARTBEAT_FILE).unlink()
-        proc = self.launcher.spawn(wcfg.to_argv(), logs_dir / f"{name}.log", now, cwd=run_dir)
+        env = {CUDA_VISIBLE: cuda_visible_for(gpu)} if gpu is not None else None
+        proc = self.launcher.spawn(
+            wcfg.to_argv(), logs_dir / f"{name}.log", now, cwd=run_dir, env=env
+        )
         try:
             self.waker.watch(proc.pidfd, name)
         except (OSError, ValueError) as exc:

@@ -71,6 +71,10 @@ EVENT_KINDS = frozenset(
         "spare_enabled",
         "spare_disabled",
         "worker_training",
+        # GPUs: placement of a game's worker on one GPU, a GPU lost, NVML (un)available.
+        "gpu_assigned",
+        "gpu_lost",
+        "gpu_driver",
     }
 )
 
@@ -114,8 +118,13 @@ CREATE TABLE spare(id INTEGER PRIMARY KEY CHECK (id = 1), state TEXT NOT NULL, p
                    reason TEXT, rss_mb REAL, updated REAL NOT NULL);
 ALTER TABLE workers ADD COLUMN last_start TEXT;
 """
+# v4: the GPU the game's current worker was placed on ({"index", "uuid"} as JSON, NULL when
+# it has no worker or runs unplaced).
+_V4 = """
+ALTER TABLE workers ADD COLUMN gpu TEXT;
+"""
 # Forward migrations: MIGRATIONS[i] takes user_version i to i+1. Append, never edit.
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -466,6 +475,7 @@ def workers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
         row = dict(r)
         row["heartbeat"] = json.loads(row["heartbeat"]) if row["heartbeat"] else None
         row["last_start"] = json.loads(row["last_start"]) if row.get("last_start") else None
+        row["gpu"] = json.loads(row["gpu"]) if row.get("gpu") else None
         out.append(row)
     return out
 

@@ -27,6 +27,7 @@ class StopReason(enum.StrEnum):
     REMOVED = "removed"  # its game left the configuration
     READDED = "readded"  # ... and came back while it was still stopping
     SHUTDOWN = "shutdown"  # the supervisor is stopping
+    GPU_LOST = "gpu_lost"  # its GPU fell off the bus: placed again on another (not a failure)
 
 
 class Route(enum.StrEnum):
@@ -53,7 +54,9 @@ def error_event(error_kind: str) -> str | None:
 
 
 # Stops the supervisor asked for that are no failure, whatever the exit status.
-_REQUEUED = frozenset({StopReason.MODE_CHANGE, StopReason.SLOTS, StopReason.READDED})
+_REQUEUED = frozenset(
+    {StopReason.MODE_CHANGE, StopReason.SLOTS, StopReason.READDED, StopReason.GPU_LOST}
+)
 
 
 def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopping: bool) -> Route:

@@ -9,9 +9,13 @@ A non-blocking state machine for the tick loop (which never sleeps in here): eac
               At the lowest rung there is nothing lower, so the gate keeps answering 'wait'.
 
 'start' and 'fallback' end the wait. A game told 'start' holds a reservation of its need for
-`reserve_s`, so two workers cleared in the same tick do not both count the same free memory
-(the race in which the second one hits OOM in its first optimizer step). `now` is
+`reserve_s` on its GPU, so two workers cleared in the same tick do not both count the same free
+memory (the race in which the second one hits OOM in its first optimizer step). `now` is
 `time.monotonic()`: waits never outlive the process.
+
+Which GPU a game waits on is placement's choice (`gpuplace`), made again every tick while it
+waits; `free_mb` is the vitals sampler's last reading of that GPU (`gpus.NvmlProbe`): the tick
+loop never calls NVML itself.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ Action = Literal["start", "wait", "fallback"]
 
 
 class NvmlLike(Protocol):
-    """The seam: `vitals.NvmlProbe` in production, a fake in tests."""
+    """The seam: `gpus.NvmlProbe` in production (its last snapshot), a fake in tests."""
 
     def free_mb(self, index: int) -> float | None:
-        """Free memory of GPU `index` in MB; None when there is no driver (or no such GPU)."""
+        """Free memory of GPU `index` (NVML's index) in MB; None when there is no driver (or
+        no such GPU)."""
         ...
 
 
@@ -63,6 +68,7 @@ class _Wait:
     since: float
     polled_at: float
     free_mb: float
+    index: int
 
 
 def need_mb(cfg: GateConfig, observed_peak_mb: float | None) -> float:
@@ -89,7 +95,7 @@ class GpuGate:
         self.nvml = nvml
         self.cfg = cfg
         self._waits: dict[str, _Wait] = {}
-        self._reserved: dict[str, tuple[float, float]] = {}  # game → (mb, until)
+        self._reserved: dict[str, tuple[float, float, int]] = {}  # game → (mb, until, GPU)
 
     def check(
         self, game: str, need_mb: float, now: float, index: int = 0, at_floor: bool = False
@@ -97,12 +103,14 @@ class GpuGate:
         """Where `game`'s wait stands. `at_floor`: the game is at the lowest rung already."""
         wait = self._poll(game, index, now)
         if wait is None:
-            return self._start(game, need_mb, now, None, 0.0, "no NVIDIA driver: gate is a no-op")
+            return self._start(
+                game, need_mb, now, None, 0.0, "no NVIDIA driver: gate is a no-op", index
+            )
         waited_s = now - wait.since
-        free = wait.free_mb - self._reserved_by_others(game, now)
+        free = wait.free_mb - self.reserved_mb(index, now, but=game)
         if free >= need_mb:
             reason = f"GPU {index}: {free:.0f} MB free >= {need_mb:.0f} MB needed"
-            return self._start(game, need_mb, now, free, waited_s, reason)
+            return self._start(game, need_mb, now, free, waited_s, reason, index)
         short = f"GPU {index}: {free:.0f} MB free < {need_mb:.0f} MB needed"
         if waited_s < self.cfg.timeout_s:
             return GateResult("wait", free, need_mb, waited_s, f"{short}; waited {waited_s:.0f}s")
@@ -125,13 +133,15 @@ class GpuGate:
         pinned: bool,
         peak_mb: float | None,
         now: float,
+        index: int = 0,
     ) -> GateResult:
         """`check` for a game at `mode` (`lighter`: the rung below, if any; `pinned`: no
-        automatic fallback), with what the loop records: `event`, the `gpu_wait` detail to
-        write when a wait starts or times out (None otherwise). The gate alone knows whether
-        a game is waiting."""
+        automatic fallback; `index`: the GPU placement chose), with what the loop records:
+        `event`, the `gpu_wait` detail to write when a wait starts or times out (None
+        otherwise). The gate alone knows whether a game is waiting."""
         waiting = self.waiting(game)
-        result = self.check(game, need_mb(self.cfg, peak_mb), now, at_floor=not lighter or pinned)
+        need = need_mb(self.cfg, peak_mb)
+        result = self.check(game, need, now, index, at_floor=not lighter or pinned)
         detail: dict[str, Any] = {
             "reason": result.reason,
             "free_mb": None if result.free_mb is None else round(result.free_mb),
@@ -154,25 +164,33 @@ class GpuGate:
     def _poll(self, game: str, index: int, now: float) -> _Wait | None:
         """The game's wait, with NVML re-read if `poll_s` has passed; None without a driver."""
         wait = self._waits.get(game)
-        if wait is not None and now - wait.polled_at < self.cfg.poll_s:
+        if wait is not None and wait.index == index and now - wait.polled_at < self.cfg.poll_s:
             return wait
         free = self.nvml.free_mb(index)
         if free is None:
             self._waits.pop(game, None)
             return None
-        wait = _Wait(now if wait is None else wait.since, now, free)
+        wait = _Wait(now if wait is None else wait.since, now, free, index)
         self._waits[game] = wait
         return wait
 
-    def _reserved_by_others(self, game: str, now: float) -> float:
+    def reserved_mb(self, index: int, now: float, but: str | None = None) -> float:
+        """Memory held on GPU `index` for games started there lately (all but `but`)."""
         live = {g: r for g, r in self._reserved.items() if r[1] > now}
         self._reserved = live
-        return sum(mb for g, (mb, _) in live.items() if g != game)
+        return sum(mb for g, (mb, _, i) in live.items() if g != but and i == index)
 
     def _start(
-        self, game: str, need: float, now: float, free: float | None, waited_s: float, reason: str
+        self,
+        game: str,
+        need: float,
+        now: float,
+        free: float | None,
+        waited_s: float,
+        reason: str,
+        index: int,
     ) -> GateResult:
         self._waits.pop(game, None)
         if free is not None:
-            self._reserved[game] = (need, now + self.cfg.reserve_s)
+            self._reserved[game] = (need, now + self.cfg.reserve_s, index)
         return GateResult("start", free, need, waited_s, reason)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,12 +80,17 @@ class WorkerProcess:
 
 
 def start_worker_process(
-    cmd: list[str], log_path: Path, cwd: Path | None, pass_fds: tuple[int, ...] = ()
+    cmd: list[str],
+    log_path: Path,
+    cwd: Path | None,
+    pass_fds: tuple[int, ...] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`cmd` (a worker) in its own session, in `cwd`, output appended to `log_path` (never
     through a link), with an environment that finds rlsup's packages and lacks systemd's;
-    `pass_fds`: descriptors it inherits (a spare's channel)."""
-    env = dict(os.environ)
+    `pass_fds`: descriptors it inherits (a spare's channel); `extra_env`: set on top (its
+    GPU: `CUDA_VISIBLE_DEVICES`)."""
+    env = {**os.environ, **(extra_env or {})}
     # Not pip-installed yet (or run from a checkout): the worker must find `training`.
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
@@ -154,18 +160,27 @@ class Launcher:
         return self.spare.row() if self.spare is not None else None
 
     def spawn(
-        self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None = None
+        self,
+        argv: list[str],
+        log_path: Path,
+        now_mono: float,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> WorkerProcess:
         """`python -P -m training.worker ARGV` in `cwd` (its run dir): -P keeps the working
         directory off sys.path, so an operator's own `training/` or `checkpoints/` package
         there can never shadow rlsup's. The ready spare of its device becomes it when there
-        is one (`served` "spare"); else a fresh process (`served` "cold")."""
+        is one (`served` "spare"); else a fresh process (`served` "cold"). `env`: variables
+        set for this worker alone (its GPU); a spare started before the placement cannot
+        take them, so such a worker always starts cold."""
         if (
             self.spare is not None
+            and not env
             and (taken := self.spare.take(argv, log_path, cwd, now_mono)) is not None
         ):
             return taken
-        popen = start_worker_process([self.python, "-P", "-m", self.module, *argv], log_path, cwd)
+        cmd = [self.python, "-P", "-m", self.module, *argv]
+        popen = start_worker_process(cmd, log_path, cwd, extra_env=env)
         try:
             return self._track(popen, now_mono)
         except BaseException:

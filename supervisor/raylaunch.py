@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -479,7 +480,12 @@ class RayLauncher(Launcher):
 
     # ---- the seam -------------------------------------------------------------------------
     def spawn(
-        self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None = None
+        self,
+        argv: list[str],
+        log_path: Path,
+        now_mono: float,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,  # unused: Ray's num_gpus places GPU games
     ) -> WorkerProcess:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

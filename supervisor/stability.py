@@ -81,6 +81,8 @@ class GpuVitals:
     util_pct: float
     temp_c: float
     power_w: float | None
+    uuid: str = ""
+    """NVML's `GPU-…` UUID: what names the GPU across reboots ("" when unreadable)."""
 
     @property
     def mem_free_mb(self) -> float:

@@ -1,9 +1,10 @@
 """Host vitals: RAM, swap, disk, CPU (psutil) and, where an NVIDIA driver exists, GPUs (NVML).
 
 `VitalsSampler` samples on its own daemon thread so the tick loop never waits on psutil or
-NVML; the loop reads `latest()`. Without a driver the GPU part is absent: `NvmlProbe` tries
-`nvmlInit` once and remembers the answer. Timestamps are wall-clock (`time.time()`): samples
-are persisted and compared with events across reboots.
+NVML; the loop reads `latest()`. The GPU part comes from `gpus.NvmlProbe`, which this thread
+alone drives (each reading refreshes its snapshot; a driver not ready yet is tried again with
+backoff, a hung call is timed out); without a driver it is absent. Timestamps are wall-clock
+(`time.time()`): samples are persisted and compared with events across reboots.
 """
 
 from __future__ import annotations
@@ -19,98 +20,12 @@ from typing import Any
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
+from supervisor.gpus import NvmlProbe
 from supervisor.stability import GpuVitals, Vitals
 
-try:  # pure Python: importing it loads no driver (nvmlInit does)
-    import pynvml  # type: ignore[import-untyped, unused-ignore]
-except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
-    pynvml = None
+__all__ = ["NvmlProbe", "VitalsSampler", "from_json", "sample", "to_json"]
 
 log = structlog.get_logger("rlsup.vitals")
-
-MB = 1024 * 1024
-
-
-class NvmlProbe:
-    """The NVML seam. Initialises once; without a driver every query answers "no GPU" cheaply.
-
-    Also the real `gpugate.NvmlLike` (it has `free_mb`).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._checked = False
-        self._ok = False
-        self.reason = ""
-
-    def available(self) -> bool:
-        with self._lock:
-            if not self._checked:
-                self._checked = True
-                self._ok, self.reason = _nvml_init()
-                log.info("nvml_probe", available=self._ok, reason=self.reason)
-            return self._ok
-
-    def gpus(self) -> tuple[GpuVitals, ...]:
-        if not self.available():
-            return ()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        except pynvml.NVMLError as exc:
-            log.warning("nvml_query_failed", error=str(exc))
-            return ()
-        out = []
-        for index in range(count):
-            try:
-                out.append(_gpu_vitals(index))
-            except pynvml.NVMLError as exc:  # e.g. a GPU fallen off the bus
-                log.warning("nvml_query_failed", gpu=index, error=str(exc))
-        return tuple(out)
-
-    def free_mb(self, index: int) -> float | None:
-        """Free memory of GPU `index` in MB; None without a driver or such a GPU."""
-        if not self.available():
-            return None
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            return float(pynvml.nvmlDeviceGetMemoryInfo(handle).free) / MB
-        except pynvml.NVMLError as exc:
-            log.warning("nvml_query_failed", gpu=index, error=str(exc))
-            return None
-
-
-def _nvml_init() -> tuple[bool, str]:
-    if pynvml is None:  # nvidia-ml-py missing: the same as no driver
-        return False, "pynvml not importable"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:  # library not found, driver not loaded, …
-        return False, str(exc)
-    return True, "ok"
-
-
-def _optional(query: Callable[[], float]) -> float | None:
-    """A reading some GPUs do not support (power, temperature on some boards)."""
-    try:
-        return float(query())
-    except pynvml.NVMLError:
-        return None
-
-
-def _gpu_vitals(index: int) -> GpuVitals:
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    util = _optional(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    temp = _optional(lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
-    power_mw = _optional(lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
-    return GpuVitals(
-        index=index,
-        mem_used_mb=float(mem.used) / MB,
-        mem_total_mb=float(mem.total) / MB,
-        util_pct=math.nan if util is None else util,
-        temp_c=math.nan if temp is None else temp,
-        power_w=None if power_mw is None else power_mw / 1000.0,
-    )
 
 
 _DEFAULT_PROBE = NvmlProbe()
@@ -121,7 +36,7 @@ def sample(
 ) -> Vitals:
     """One reading of the host. Cheap: no sleeping (CPU percent is since the previous call).
 
-    GPUs come from `probe` (default: one process-wide probe, so NVML is tried once); `ts`
+    GPUs come from `probe` (default: one process-wide probe), read now; `ts`
     from `clock` (the supervisor passes its step-free clock, the one the policy measures in).
     """
     probe = _DEFAULT_PROBE if probe is None else probe
@@ -220,6 +135,7 @@ def to_json(vitals: Vitals) -> dict[str, Any]:
         "gpus": [
             {
                 "index": g.index,
+                "uuid": g.uuid,
                 "mem_used_mb": _num(g.mem_used_mb),
                 "mem_total_mb": _num(g.mem_total_mb),
                 "util_pct": _num(g.util_pct),
@@ -247,6 +163,7 @@ def from_json(data: dict[str, Any]) -> Vitals:
                 util_pct=_nan(g.get("util_pct")),
                 temp_c=_nan(g.get("temp_c")),
                 power_w=None if g.get("power_w") is None else float(g["power_w"]),
+                uuid=str(g.get("uuid") or ""),
             )
             for g in data.get("gpus", ())
         ),
