@@ -541,6 +541,7 @@ def _game(
         "last_error": _last_error(run_dir) if state in ("fatal", "backoff", "exited") else None,
         "start": w.get("last_start") if isinstance(w.get("last_start"), dict) else None,
         "device": hb.get("device") if isinstance(hb.get("device"), str) else None,
+        "gpu": w.get("gpu") if isinstance(w.get("gpu"), dict) else None,
         "eval_return": eval_return,
         "eval_step": eval_step,
     }

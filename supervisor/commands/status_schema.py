@@ -101,6 +101,9 @@ class GameDoc(TypedDict):
     # How its newest worker started: served ("spare" | "cold") and the seconds from its
     # predecessor's exit seen to the spawn, to the checkpoint loaded, to the first step.
     start: dict[str, Any] | None
+    # The GPU its current worker was placed on ({"index": NVML index, "uuid": "GPU-…"}; the
+    # worker sees it as cuda:0), null without a worker or when it runs unplaced (CPU, no NVML).
+    gpu: dict[str, Any] | None
     # The device its worker trains on ("cpu", "cuda:0"; the newest heartbeat's, null before
     # one), and its last evaluation: mean greedy return and the agent step it was taken at.
     device: str | None
