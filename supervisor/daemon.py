@@ -491,7 +491,9 @@ class Supervisor:
             oom = self.oom_watch.verdict(life.proc.pid, life.proc.start_ticks)
         ex = WorkerExit(info, now - life.proc.started_mono, self._read_error(rt, life),
                         life.live.heartbeat, life.killed, oom)  # fmt: skip
-        self._set(rt, S.EXITED, info.description, **ex.detail())
+        # The GPU it ran on, in its exit and failure events: OOMs and crashes per GPU.
+        on_gpu = {"gpu": gpu.as_json()} if (gpu := self.placed.get(rt.spec.name)) else {}
+        self._set(rt, S.EXITED, info.description, **ex.detail(), **on_gpu)
         if event := ex.error_event():
             self.event(event[0], rt.spec.name, event[1])
         self.waker.unwatch(life.proc.pidfd)
@@ -509,7 +511,7 @@ class Supervisor:
                 # The full traceback is in the worker's log (and the event); the journal gets
                 # one line saying what and where (in `<game>.log.1` if the next start rotates it).
                 where = str(self.cfg.logs_dir / f"{rt.spec.name}.log")
-                self.event(failure[0], rt.spec.name, {**failure[1], "log": where})
+                self.event(failure[0], rt.spec.name, {**failure[1], "log": where, **on_gpu})
                 d = failure[1]
                 log.error(failure[0], game=rt.spec.name, error_kind=d.get("error_kind"),
                           message=d.get("message") or d.get("description"), log=where)  # fmt: skip

@@ -221,3 +221,15 @@ def test_a_hung_nvml_holds_new_gpu_games_but_not_the_tick(make, tmp_path) -> Non
     assert sup.games["a"].state is S.WAITING
     reasons = [e.detail["reason"] for e in events(sup, "gpu_wait")]
     assert any("NVML" in r for r in reasons)
+
+
+def test_a_failure_on_a_gpu_names_that_gpu(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    write_scenario(tmp_path / "nvml.json", [0, 40])
+    run = tmp_path / "state" / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "fake.json").write_text(json.dumps({"oom_above_envs": 1}))  # OOM at 2 envs
+    sup = make(game("a"))
+    spin(sup, lambda: bool(events(sup, "worker_oom")))
+    oom = events(sup, "worker_oom")[0].detail
+    assert oom["gpu"] == {"index": 0, "uuid": UUIDS[0]}
+    assert events(sup, "worker_exit")[0].detail["gpu"] == oom["gpu"]
