@@ -3,21 +3,28 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= rlsup.toml
-# CPU torch unless this host has an NVIDIA driver (then pip resolves the CUDA build).
-TORCH_PIN := $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints/cpu-torch.txt)
+# The torch build, chosen deliberately (constraints/README.md). TORCH_INDEX=auto: the CPU build
+# where nvidia-smi is absent; where present, PyTorch's CUDA wheel index matched to the CUDA
+# version the driver reports (printed). TORCH_INDEX=<index URL> (e.g.
+# https://download.pytorch.org/whl/cu128 or .../cpu) forces one. The version is always the pin.
+TORCH_INDEX ?= auto
+TORCH_PIN := -c constraints/cpu-torch.txt
+TORCH_BUILD = $(PY) constraints/torch_build.py install --index '$(TORCH_INDEX)'
 PYTEST_ARGS ?=
 
-.PHONY: run test lint bench clean-venv
+.PHONY: run test lint bench doctor torch clean-venv
 
 $(VENV)/.installed-run: pyproject.toml constraints/cpu-torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(TORCH_BUILD)
 	$(PY) -m pip install -q $(TORCH_PIN) -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml constraints/cpu-torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(TORCH_BUILD)
 	$(PY) -m pip install -q $(TORCH_PIN) -e '.[test]'
 	touch $@ $(VENV)/.installed-run
 
@@ -40,6 +47,14 @@ bench: $(VENV)/.installed-run
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/supervision_overhead.py
 	$(PY) benchmarks/status_latency.py
+
+# What this host gives the workers (torch, CUDA, driver, GPUs) and whether the config fits.
+doctor: $(VENV)/.installed-run
+	$(VENV)/bin/rlsup doctor $(if $(wildcard $(CONFIG)),--config $(CONFIG))
+
+# Switch the installed torch to the build TORCH_INDEX chooses (same version; only torch moves).
+torch: $(VENV)/.installed-run
+	$(TORCH_BUILD)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -23,6 +23,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("logs", "logs"),
     ("pull", "pull"),
     ("join", "join"),
+    ("doctor", "doctor"),
 )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training import protocol
+from training import protocol, torchbuild
 from training.tasks import KNOWN_TASKS, suggest
 
 CONFIG_ENV = "RLSUP_CONFIG"
@@ -514,8 +514,12 @@ def _values(
     return out
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Read and validate one configuration file; raise ConfigError (nothing else) on any fault."""
+def load_config(path: str | os.PathLike[str], *, check_devices: bool = True) -> Config:
+    """Read and validate one configuration file; raise ConfigError (nothing else) on any fault.
+
+    `check_devices=False` skips the check that this host can give each game its device
+    (`rlsup doctor` reports on that itself, at more length).
+    """
     path = Path(path).absolute()
     try:
         text = path.read_text(encoding="utf-8")
@@ -538,10 +542,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_config(data, path, text)
+    return parse_config(data, path, text, check_devices=check_devices)
 
 
-def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
+def parse_config(
+    data: dict[str, Any], path: Path, text: str = "", *, check_devices: bool = True
+) -> Config:
     ctx = _Ctx(path, text)
     _check_keys(ctx, [], data, {**_TOP, **dict.fromkeys(_TABLES)})
     top = _values(ctx, [], {k: v for k, v in data.items() if k in _TOP}, _TOP)
@@ -588,6 +594,8 @@ def parse_config(data: dict[str, Any], path: Path, text: str = "") -> Config:
             'got "ray" without a [mirror] table: on several hosts a game that moves resumes '
             'from the mirror (add [mirror] url = "s3://bucket/prefix")',
         )
+    if check_devices and cluster.backend != "ray":  # on several hosts each has its own torch
+        _check_cuda_usable(ctx, games)
     return Config(
         path=path,
         state_dir=state_dir,
@@ -734,6 +742,28 @@ def _parse_games(
                 ) from None
         games.append(game)
     return tuple(games)
+
+
+def _check_cuda_usable(ctx: _Ctx, games: tuple[GameSpec, ...]) -> None:
+    """`device = "cuda"` on a host with an NVIDIA driver and a CPU-only torch is a configuration
+    error naming the fix, not a worker that exits 78 at every start. Costs nothing unless a game
+    asks for cuda (then a read of /proc and of torch's metadata; torch is never imported).
+    Without a driver the worker itself says that no CUDA device is available."""
+    wanted = [i for i, game in enumerate(games) if game.device == "cuda"]
+    if not wanted:
+        return
+    driver = torchbuild.driver_version()
+    if driver is None:
+        return
+    build = torchbuild.installed_torch()
+    if build.cuda is not False:
+        return
+    raise ctx.fail(
+        ["games", wanted[0], "device"],
+        f'got "cuda", but {build.describe()} cannot use the NVIDIA driver ({driver}) of '
+        f"this host: {torchbuild.cuda_install_hint(build.public_version)}. Or set "
+        'device = "auto" to train on the CPU meanwhile',
+    )
 
 
 def check_runs_match(cfg: Config) -> None:

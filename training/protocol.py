@@ -535,6 +535,11 @@ class Heartbeat:
     # ("spare" or "cold"), and the marks "assigned" (a spare took its assignment), "loaded"
     # (checkpoint loaded and learner built) and "first_step" (its first iteration done).
     start: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The torch this worker runs, set once its device is picked: "torch" (version), "cuda"
+    # (torch.version.cuda; null for a CPU-only build), "cuda_available", "driver" (the NVIDIA
+    # driver's version; null without one). `rlsup status` flags a `device = "auto"` game that
+    # trains on the CPU of a host with a driver ("cpu (no CUDA torch)").
+    torch_build: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -28,7 +28,7 @@ from checkpoints import (
     NoValidCheckpoint,
     write_json_atomic,
 )
-from training import rng
+from training import rng, torchbuild
 from training.checkpointing import (
     Checkpointer,
     CheckpointResult,
@@ -199,12 +199,34 @@ class EvalWriteFailed(RuntimeError):
     kind = "eval_write_failed"
 
 
+def torch_build(driver: str | None) -> dict[str, Any]:
+    """The heartbeat's `torch_build`: what this torch can do, and the host's NVIDIA driver."""
+    return {
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "driver": driver,
+    }
+
+
 def pick_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available (use auto or cpu)")
+        raise ConfigError(f"--device cuda: {_no_cuda_reason(torchbuild.driver_version())}")
     if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda")
+
+
+def _no_cuda_reason(driver: str | None) -> str:
+    if driver is not None and torch.version.cuda is None:
+        return (
+            f"no CUDA device is available: torch {torch.__version__} is a CPU-only build and "
+            f"this host has an NVIDIA driver ({driver}); "
+            + torchbuild.cuda_install_hint(str(torch.__version__).split("+", 1)[0])
+        )
+    if driver is None:
+        return "no CUDA device is available: no NVIDIA driver on this host (use auto or cpu)"
+    return "no CUDA device is available (use auto or cpu; `rlsup doctor` tells why)"
 
 
 def setup_torch(device: torch.device, threads: int) -> None:
@@ -271,7 +293,14 @@ class TrainingSession:
         setup_torch(device, self.threads)
         # "cpu" or "cuda:N" (the GPU it trains on, which `rlsup status` shows).
         index = torch.cuda.current_device() if device.type == "cuda" else None
-        self.hb.update(device=device.type if index is None else f"cuda:{index}")
+        build = torch_build(torchbuild.driver_version())
+        self.hb.update(device=device.type if index is None else f"cuda:{index}", torch_build=build)
+        fallback = torchbuild.cpu_fallback_reason(
+            build["driver"], build["cuda"] is not None, build["cuda_available"]
+        )
+        if self.cfg.device == "auto" and device.type == "cpu" and fallback:
+            # Not silent: a GPU host training on its CPU is almost always an install mistake.
+            self.log.warning("cpu_fallback", reason=fallback, **build)
         store = CheckpointStore(
             self.run_dir / CHECKPOINT_DIR, keep=self.cfg.keep_checkpoints, log=self.log
         )

@@ -55,6 +55,7 @@ from supervisor.commands.status_schema import (
 from supervisor.config import Config
 from supervisor.mirror_state import MirrorState
 from supervisor.states import ALIVE
+from training import torchbuild
 from training.protocol import (
     CHECKPOINT_DIR,
     ERROR_FILE,
@@ -542,9 +543,22 @@ def _game(
         "start": w.get("last_start") if isinstance(w.get("last_start"), dict) else None,
         "device": hb.get("device") if isinstance(hb.get("device"), str) else None,
         "gpu": w.get("gpu") if isinstance(w.get("gpu"), dict) else None,
+        "device_note": _device_note(cfg, name, hb),
         "eval_return": eval_return,
         "eval_step": eval_step,
     }
+
+
+def _device_note(cfg: Config, name: str, hb: dict[str, Any]) -> str | None:
+    """Why a `device = "auto"` game trains on the CPU of a host with an NVIDIA driver ("no CUDA
+    torch", "CUDA unavailable"), from what its worker reported (`torch_build`); else None."""
+    build = hb.get("torch_build")
+    requested = next((g.device for g in cfg.games if g.name == name), "auto")
+    if requested != "auto" or hb.get("device") != "cpu" or not isinstance(build, dict):
+        return None
+    return torchbuild.cpu_fallback_reason(
+        build.get("driver"), build.get("cuda") is not None, build.get("cuda_available")
+    )
 
 
 def _last_eval(run_dir: Path, hb: dict[str, Any]) -> tuple[float | None, int | None]:
@@ -723,6 +737,12 @@ _HEADERS = (
 )
 
 
+def _device_cell(g: GameDoc) -> str:
+    if g["device"] is None:
+        return "-"
+    return g["device"] + (f" ({g['device_note']})" if g.get("device_note") else "")
+
+
 def _games_table(games: list[GameDoc], now: float) -> str:
     rows = []
     for g in games:
@@ -740,7 +760,7 @@ def _games_table(games: list[GameDoc], now: float) -> str:
                 g["name"] + ("" if g["in_config"] else "?"),
                 state,
                 _pid_cell(g),
-                g["device"] or "-",
+                _device_cell(g),
                 g["mode"] or "-",
                 str(g["num_envs"] or "-"),
                 str(g["batch_size"] or "-"),

@@ -107,6 +107,9 @@ class GameDoc(TypedDict):
     # The device its worker trains on ("cpu", "cuda:0"; the newest heartbeat's, null before
     # one), and its last evaluation: mean greedy return and the agent step it was taken at.
     device: str | None
+    # Why a `device = "auto"` game trains on the CPU of a host with an NVIDIA driver: "no CUDA
+    # torch" (a CPU-only build is installed) or "CUDA unavailable"; null when nothing is amiss.
+    device_note: str | None
     eval_return: float | None
     eval_step: int | None
 
