@@ -272,11 +272,9 @@ def _game_verdict(
         return {**verdict, "uses": "cpu"}
     if cuda_usable:
         return {**verdict, "uses": "cuda"}
-    if device == "auto":
+    if device == "auto":  # the fix, if any, is in the host's warning
         note = f"trains on the CPU ({fallback})" if fallback else None
-        if fallback == "no CUDA torch":
-            note = f"{note}: {torchbuild.cuda_install_hint(installed.public_version)}"
-        return {**verdict, "uses": "cpu", "note": note}
+        return {**verdict, "uses": "cpu", "fallback": fallback, "note": note}
     why = fallback or "no usable CUDA device on this host"
     hint = torchbuild.cuda_install_hint(installed.public_version)
     note = f'device = "cuda", but {why}' + (f": {hint}" if fallback == "no CUDA torch" else "")
@@ -332,6 +330,8 @@ def render_human(doc: dict[str, Any]) -> str:
         lines += ["", f"games ({doc['config']}):"]
         for g in doc["games"]:
             uses = g["uses"] or "nothing usable"
+            if g.get("fallback"):
+                uses += f" ({g['fallback']})"
             lines.append(
                 f"  {g['name']}: device = {g['device']} -> {uses}"
                 + ("" if g["ok"] else "  [PROBLEM]")

@@ -96,7 +96,13 @@ def test_doctor_on_a_driver_host_with_cpu_torch_fails_a_cuda_game(tmp_path: Path
     assert any("no CUDA torch" in w for w in doc["warnings"])
     human = doctor_cli(tmp_path, "--config", str(config), driver=True)
     assert human.returncode == 1
-    for text in ("driver    550.54.14", "cpu build", "acro: device = cuda", "NOT ok"):
+    for text in (
+        "driver    550.54.14",
+        "cpu build",
+        "cart: device = auto -> cpu (no CUDA torch)",
+        "acro: device = cuda -> nothing usable",
+        "NOT ok",
+    ):
         assert text in human.stdout, human.stdout
 
 
