@@ -24,7 +24,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import structlog
 
-from supervisor import db, gpuplace, modes, scaling, vitals
+from supervisor import db, devices, gpuplace, modes, scaling, vitals
 from supervisor.config import (
     Config,
     ConfigError,
@@ -268,6 +268,10 @@ class Supervisor:
         for game, kind, detail in unrecorded_reports(self.conn, worker_rows, self.cfg.run_dir):
             self.event(kind, game, detail)
             log.warning(kind, game=game, **detail)
+        if self.launcher.backend == "local":  # several hosts: each has its own torch and driver
+            for game, detail in devices.cpu_fallback_warnings(self.cfg.games):
+                self.event("device_fallback", game, detail)
+                log.warning("device_fallback", game=game, **detail)
         log.info(
             "supervisor_start",
             after=outcome.kind,

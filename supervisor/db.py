@@ -75,6 +75,8 @@ EVENT_KINDS = frozenset(
         "gpu_assigned",
         "gpu_lost",
         "gpu_driver",
+        # An auto game that will train on the CPU of a host with a driver (CPU-only torch).
+        "device_fallback",
     }
 )
 

@@ -4,12 +4,17 @@ warning (the `device_fallback` detail), never a silent CPU run. Torch is never i
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
-from supervisor import devices
+from supervisor import db, devices
 from supervisor.config import ConfigError, load_config
+from supervisor.daemon import Supervisor
+from supervisor.launcher import Launcher
+from tests.supervisor.helpers import FakeNvml
 from training import torchbuild
 from training.torchbuild import InstalledTorch
 
@@ -110,3 +115,30 @@ def test_no_fallback_warning_when_the_cpu_is_all_there_is_or_cuda_works(
 ):
     host(driver=driver, torch=torch)
     assert devices.cpu_fallback_warnings(load_config(write(tmp_path, "auto")).games) == []
+
+
+def test_the_supervisor_records_one_device_fallback_per_auto_game_at_start(
+    tmp_path, host, monkeypatch
+):
+    host(driver=True, torch=CPU_TORCH)
+    (tmp_path / "boot").write_text("boot-1")
+    monkeypatch.setenv("RLSUP_BOOT_ID_PATH", str(tmp_path / "boot"))
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    launcher = Launcher(python=sys.executable, module="tests.supervisor.fake_worker")
+    sup = Supervisor(
+        load_config(write(tmp_path, "auto", "cpu")),
+        launcher=launcher,
+        cores=2,
+        gpu_probe=FakeNvml(None),  # type: ignore[arg-type]
+        policy=None,
+    )
+    try:
+        sup.start()  # no tick: no worker is spawned
+        assert sup.conn is not None
+        fallbacks = db.events(sup.conn, kind="device_fallback")
+    finally:
+        sup.close()
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert [(e.game, e.detail["reason"]) for e in fallbacks] == [("cart", "no CUDA torch")]
+    assert fallbacks[0].detail["torch"] == "2.13.0+cpu"
