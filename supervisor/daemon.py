@@ -35,6 +35,7 @@ from supervisor.config import (
 )
 from supervisor.exits import StopReason, WorkerExit, route_exit
 from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
+from supervisor.gpumoves import GpuMove, PlacedGame
 from supervisor.gpuplace import GpuId
 from supervisor.gpus import GpuSnapshot, NvmlProbe
 from supervisor.hooks import HookRunner
@@ -163,10 +164,15 @@ class Supervisor:
         self._last_gpu: dict[str, GpuId] = {}  # game → the GPU its previous worker had
         self._place_waiting: dict[str, str] = {}  # game → why no GPU (its gpu_wait written)
         self._lost_gpus: set[str] = set()  # UUIDs reported lost (gpu_lost written)
+        self._avoid: dict[str, dict[str, float]] = {}  # game → GPU UUID moved off → until (steady)
         self._driver_up: bool | None = None  # NVML answered at the last snapshot seen
         # policy: the stability policy by default; None turns automatic scaling off.
         self.policy: PolicyStep | None = (
-            scaling.StabilityPolicy(self.sampler.latest) if isinstance(policy, str) else policy
+            scaling.StabilityPolicy(
+                self.sampler.latest, gpu_games=self.gpu_games, on_move=self.move_gpu
+            )
+            if isinstance(policy, str)
+            else policy
         )
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}
@@ -281,6 +287,7 @@ class Supervisor:
             games=list(self.games),
         )
         restore_states(self.games, db.workers(self.conn), self.cfg.run_dir)
+        self._restore_avoided()
         # On several hosts each host mirrors its own games: events from mirror.json only.
         self.uploader = Uploader(self.cfg, self.event, self.launcher.backend == "local")
         self.refresh_modes()
@@ -814,7 +821,7 @@ class Supervisor:
         slots = self._slots(rt.spec.name, snap, now)
         if not slots:
             return True, None  # no GPU visible: the worker inherits that (auto: on the CPU)
-        choice = gpuplace.place(slots, rt.spec.gpu, need)
+        choice = gpuplace.place(slots, rt.spec.gpu, need, self._avoided(rt.spec.name))
         if choice.gpu is None:
             return self._place_wait(rt, choice.reason)
         if self._place_waiting.pop(rt.spec.name, None) is not None:
@@ -895,6 +902,61 @@ class Supervisor:
             self._last_gpu[name] = self.placed.pop(name)
             if rt is not None and rt.life is not None:
                 self.request_stop(rt, StopReason.GPU_LOST, now + self.cfg.stop_grace_s)
+
+    # ---- per-GPU stability: moving a game off a hot or OOM-prone GPU ------------------------
+
+    def gpu_games(self) -> list[PlacedGame] | None:
+        """The games on a GPU, for the policy (`gpumoves`, per-GPU attribution): those running
+        on one, and those failed there and waiting for their restart. None where this
+        supervisor does not place games on GPUs (several hosts, no NVML): GPU pressure stays
+        the host's."""
+        probe = self.probe if isinstance(self.probe, NvmlProbe) else None
+        snap = probe.latest() if probe is not None else None
+        if snap is None or not snap.driver or self.launcher.backend != "local":
+            return None
+        ids = [GpuId(g.index, g.uuid) for g in snap.gpus]
+        ids += [GpuId(lost.index, lost.uuid) for lost in snap.lost]
+        visible = gpuplace.visible(self.cuda_visible, ids)
+        out = []
+        for name, rt in self.games.items():
+            gpu = self.placed.get(name)
+            if gpu is None and rt.state is S.BACKOFF:
+                gpu = self._last_gpu.get(name)
+            if gpu is None or rt.spec.device == "cpu" or rt.state is S.STOPPING:
+                continue  # a stopping worker is leaving its GPU already
+            choice = rt.spec.gpu
+            allowed = (
+                visible if choice is None else [visible[i] for i in choice if i < len(visible)]
+            )
+            peak = rt.gpu_peak_mb.get(self.view.game(name).sizes())
+            out.append(PlacedGame(name, gpu, need_mb(self.gate.cfg, peak), tuple(allowed)))
+        return out
+
+    def move_gpu(self, move: GpuMove) -> None:
+        """Carry out the policy's move: `gpu_moved`, the GPU it left avoided for the
+        cooldown, and its worker (when still running there) stopped with a checkpoint and
+        requeued, not counted as a failure; placement then picks another GPU."""
+        self.event("gpu_moved", move.game, move.detail())
+        until = self.steady() + self.cfg.stability.cooldown_s
+        self._avoid.setdefault(move.game, {})[move.from_gpu.uuid] = until
+        rt = self.games.get(move.game)
+        if rt is not None and rt.life is not None and self.placed.get(move.game) == move.from_gpu:
+            self.request_stop(rt, StopReason.GPU_MOVE, self.clock() + self.cfg.stop_grace_s)
+
+    def _avoided(self, name: str) -> frozenset[str]:
+        now = self.steady()
+        return frozenset(uuid for uuid, until in self._avoid.get(name, {}).items() if until > now)
+
+    def _restore_avoided(self) -> None:
+        """The GPUs games were moved off within the cooldown, from the events of a
+        predecessor: a restart does not send a game back to the GPU it just left."""
+        assert self.conn is not None
+        now, cooldown = self.steady(), self.cfg.stability.cooldown_s
+        for e in db.events(self.conn, since_mono=now - cooldown, kind="gpu_moved"):
+            source = e.detail.get("from")
+            if e.game is not None and isinstance(source, dict) and source.get("uuid"):
+                ts = min(now, e.mono if e.mono is not None else e.ts)
+                self._avoid.setdefault(e.game, {})[str(source["uuid"])] = ts + cooldown
 
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         mode = self.view.game(rt.spec.name)

@@ -75,6 +75,7 @@ EVENT_KINDS = frozenset(
         "gpu_assigned",
         "gpu_lost",
         "gpu_driver",
+        "gpu_moved",  # the policy moved a game off a hot or OOM-prone GPU to a calmer one
         # An auto game that will train on the CPU of a host with a driver (CPU-only torch).
         "device_fallback",
     }

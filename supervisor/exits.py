@@ -28,6 +28,7 @@ class StopReason(enum.StrEnum):
     READDED = "readded"  # ... and came back while it was still stopping
     SHUTDOWN = "shutdown"  # the supervisor is stopping
     GPU_LOST = "gpu_lost"  # its GPU fell off the bus: placed again on another (not a failure)
+    GPU_MOVE = "gpu_move"  # its GPU runs hot: moved to a calmer one (not a failure)
 
 
 class Route(enum.StrEnum):
@@ -55,7 +56,13 @@ def error_event(error_kind: str) -> str | None:
 
 # Stops the supervisor asked for that are no failure, whatever the exit status.
 _REQUEUED = frozenset(
-    {StopReason.MODE_CHANGE, StopReason.SLOTS, StopReason.READDED, StopReason.GPU_LOST}
+    {
+        StopReason.MODE_CHANGE,
+        StopReason.SLOTS,
+        StopReason.READDED,
+        StopReason.GPU_LOST,
+        StopReason.GPU_MOVE,
+    }
 )
 
 

@@ -13,7 +13,8 @@ may use). Among those that are readable (not lost) and fit the game's need once 
 reservations of games placed there lately are counted, it takes the one with the fewest games
 placed on it (games are spread: they compete for its compute, not only its memory), then the
 one with the most free memory. When none fits, the roomiest one is still chosen (the gate then
-waits on it and, past its timeout, starts one rung lower).
+waits on it and, past its timeout, starts one rung lower). GPUs the game was moved off lately
+(`avoid`: it ran hot or out of memory there) are left out while another readable one is allowed.
 """
 
 from __future__ import annotations
@@ -90,10 +91,19 @@ def allowed(slots: Sequence[Slot], choice: tuple[int, ...] | None) -> tuple[list
     return out, why
 
 
-def place(slots: Sequence[Slot], choice: tuple[int, ...] | None, need_mb: float) -> Placement:
+def place(
+    slots: Sequence[Slot],
+    choice: tuple[int, ...] | None,
+    need_mb: float,
+    avoid: frozenset[str] = frozenset(),
+) -> Placement:
     """The GPU for a game needing `need_mb` free, among `slots` (the visible GPUs, in CUDA's
-    order) as `choice` (`games.gpu`; None = auto) allows."""
+    order) as `choice` (`games.gpu`; None = auto) allows, avoiding the UUIDs in `avoid` while
+    another readable GPU is allowed."""
     candidates, why = allowed(slots, choice)
+    others = [s for s in candidates if s.gpu.uuid not in avoid]
+    if any(s.free_mb is not None for s in others):
+        candidates = others
     readable = [s for s in candidates if s.free_mb is not None]
     if not readable:
         lost = [s for s in candidates if s.free_mb is None]

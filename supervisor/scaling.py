@@ -12,6 +12,12 @@
   `last_change` is the persisted `modes.since`, never reset by a supervisor start;
 - vitals: the sampler's latest reading.
 
+Per GPU (when the daemon passes `gpu_games`: it places this host's games on GPUs): before
+deciding modes, games whose GPU is the trouble are moved to a calmer one (`gpumoves`; the
+daemon's `on_move` records `gpu_moved` and requeues the worker); GPU pressure is then
+attributed to the games on that GPU, not the host (`stability.GpuAttribution`). Each game's
+last move is read back from the `gpu_moved` events, so the cooldown outlives a restart.
+
 Each 'down' / 'up' goes through `modes.set_auto_mode`, which writes `modes` and emits
 scale_down / scale_up naming the scope, the rungs and the causes. 'stay' decisions are logged
 only when their causes change (numbers aside: ages tick on). The step runs every `every_s`
@@ -21,6 +27,7 @@ early OOM steps its game down before the restart, and the restart happens at the
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sqlite3
 import time
@@ -30,9 +37,11 @@ import structlog
 
 from supervisor import db, modes
 from supervisor.config import Config
+from supervisor.gpumoves import GpuMove, LastMove, PlacedGame, decide_moves
 from supervisor.stability import (
     HOST,
     Decision,
+    GpuAttribution,
     Incident,
     PolicyConfig,
     ScopeState,
@@ -108,19 +117,61 @@ def scope_states(conn: sqlite3.Connection, cfg: Config) -> list[ScopeState]:
     return [host, *(_scope_state(conn, cfg, g.name, unpinned_host) for g in cfg.games)]
 
 
-def step(
-    conn: sqlite3.Connection, cfg: Config, vitals: Vitals | None, now: float
-) -> list[Decision]:
-    """One policy step: decide, then apply every down/up. Returns all decisions."""
-    pcfg = policy_config(cfg)
-    decisions = decide(
-        cfg.mode_names,
-        scope_states(conn, cfg),
-        incidents(conn, now, pcfg.window_s),
-        vitals,
-        pcfg,
-        now,
+def last_moves(conn: sqlite3.Connection, now: float, since_s: float) -> dict[str, LastMove]:
+    """Each game's last `gpu_moved` within `since_s`."""
+    out = {}
+    for e in db.events(conn, since_mono=now - since_s, kind="gpu_moved"):
+        source = e.detail.get("from")
+        if e.game is not None and isinstance(source, dict):
+            ts = min(now, e.mono if e.mono is not None else e.ts)
+            out[e.game] = LastMove(ts, str(source.get("uuid") or ""))
+    return out
+
+
+def move_games(
+    conn: sqlite3.Connection,
+    pcfg: PolicyConfig,
+    scopes: Sequence[ScopeState],
+    placed: Sequence[PlacedGame],
+    found: Sequence[Incident],
+    vitals: Vitals | None,
+    now: float,
+) -> tuple[list[GpuMove], GpuAttribution]:
+    """The GPU moves to make now, and the per-GPU attribution the mode decision then uses."""
+    since = {s.scope: s.last_change for s in scopes}
+    placed = [dataclasses.replace(p, since=since.get(p.game)) for p in placed]
+    moved = last_moves(conn, now, max(pcfg.window_s, pcfg.cooldown_s))
+    fresh = vitals if vitals is not None and now - vitals.ts <= pcfg.vitals_max_age_s else None
+    moves = decide_moves(placed, fresh.gpus if fresh else (), found, moved, pcfg, now)
+    attribution = GpuAttribution(
+        placed={p.game: p.gpu.uuid for p in placed},
+        moved_at={**{g: m.ts for g, m in moved.items()}, **{m.game: now for m in moves}},
+        moving={m.game: f"moved to GPU {m.to_gpu.index}: {'; '.join(m.causes)}" for m in moves},
     )
+    return moves, attribution
+
+
+def step(
+    conn: sqlite3.Connection,
+    cfg: Config,
+    vitals: Vitals | None,
+    now: float,
+    placed: Sequence[PlacedGame] | None = None,
+    on_move: Callable[[GpuMove], None] | None = None,
+) -> list[Decision]:
+    """One policy step: GPU moves (when `placed` is known), then decide and apply every
+    down/up. Returns all mode decisions."""
+    pcfg = policy_config(cfg)
+    scopes = scope_states(conn, cfg)
+    found = incidents(conn, now, pcfg.window_s)
+    attribution = None
+    if placed is not None:
+        moves, attribution = move_games(conn, pcfg, scopes, placed, found, vitals, now)
+        for move in moves:
+            log.warning("gpu_moved", game=move.game, **move.detail())
+            if on_move is not None:
+                on_move(move)
+    decisions = decide(cfg.mode_names, scopes, found, vitals, pcfg, now, attribution)
     for d in decisions:
         if d.action in ("down", "up"):
             changed = modes.set_auto_mode(conn, cfg, d.scope, d.to_mode, list(d.causes), now)
@@ -143,8 +194,14 @@ class StabilityPolicy:
         latest_vitals: Callable[[], Vitals | None],
         every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gpu_games: Callable[[], Sequence[PlacedGame] | None] | None = None,
+        on_move: Callable[[GpuMove], None] | None = None,
     ) -> None:
+        """`gpu_games`: the games placed on GPUs now (None from it: this supervisor does not
+        place games on GPUs; GPU pressure stays the host's); `on_move` carries a move out."""
         self.latest_vitals = latest_vitals
+        self.gpu_games = gpu_games
+        self.on_move = on_move
         self.every_s = every_s
         self.clock = clock
         self._next = 0.0
@@ -160,7 +217,10 @@ class StabilityPolicy:
         if mono < self._next:
             return
         self._next = mono + (self.every_s if self.every_s is not None else policy_every_s(cfg))
-        self.last_decisions = step(conn, cfg, self.latest_vitals(), now)
+        placed = self.gpu_games() if self.gpu_games is not None else None
+        self.last_decisions = step(
+            conn, cfg, self.latest_vitals(), now, placed=placed, on_move=self.on_move
+        )
         for d in self.last_decisions:
             if d.action != "stay":
                 self._stay_causes.pop(d.scope, None)

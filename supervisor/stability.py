@@ -32,6 +32,12 @@ up                     no incident for the scope and no pressure for `calm_s`, a
 Only incidents after a scope's last change count toward its down triggers: those before it
 were already acted on, so a storm still inside the window cannot walk a scope to the floor.
 A game's effective mode is min(game mode, host mode) unless the game is pinned.
+
+Per GPU (`GpuAttribution`, given when the supervisor knows which GPU each game runs on): GPU
+memory pressure and temperature are the GPU's, so they step down the games placed on it, not
+the host (CPU games and games on other GPUs are not touched; a hot GPU none of our games uses
+steps nothing). A game moved to a calmer GPU (`gpumoves`) stays at its mode: the move acted on
+the incidents before it, as a mode change does.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import enum
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 HOST = "*"
@@ -71,6 +77,9 @@ class Incident:
     game: str | None
     uptime_s: float | None = None
     """How long the worker had run when it failed (None: unknown)."""
+    gpu: str | None = None
+    """The UUID of the GPU the worker ran on, for a failure that is that GPU's (a CUDA OOM or
+    a crash there; not a host-RAM OOM). None: not on a GPU, or unknown."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,18 @@ class ScopeState:
 
 
 @dataclass(frozen=True)
+class GpuAttribution:
+    """Which GPU each game runs on, for per-GPU attribution of GPU pressure."""
+
+    placed: Mapping[str, str] = field(default_factory=dict)
+    """Game → the UUID of the GPU its worker runs on (or ran on last). CPU games: absent."""
+    moved_at: Mapping[str, float] = field(default_factory=dict)
+    """Game → when it was last moved to another GPU: incidents before that were acted on."""
+    moving: Mapping[str, str] = field(default_factory=dict)
+    """Game → the move made this step: it stays at its mode (the move is the action)."""
+
+
+@dataclass(frozen=True)
 class Decision:
     scope: str
     action: str  # 'stay' | 'down' | 'up'
@@ -168,6 +189,8 @@ def incident_from_event(
     daemon sets detail `{"kernel_oom": true}` when the kernel log or the cgroup's oom_kill
     counter says so, never for a SIGKILL merely because rlsup did not send it.
     `detail["uptime_s"]`, when present, lets an OOM right after start step its game down.
+    `detail["gpu"]` (`{index, uuid}`) attributes it to that GPU, unless the worker said it ran
+    out of host RAM (`error_kind` "host_oom").
     """
     detail = detail or {}
     if detail.get("kernel_oom") is True:
@@ -175,7 +198,11 @@ def incident_from_event(
     if kind not in set(IncidentKind):
         return None
     uptime = detail.get("uptime_s")
-    return Incident(ts, str(kind), game, None if uptime is None else float(uptime))
+    gpu = detail.get("gpu")
+    uuid = gpu.get("uuid") if isinstance(gpu, dict) else None
+    gpus_own = kind != IncidentKind.KERNEL_OOM and detail.get("error_kind") != "host_oom"
+    gpu_uuid = uuid if isinstance(uuid, str) and uuid and gpus_own else None
+    return Incident(ts, str(kind), game, None if uptime is None else float(uptime), gpu_uuid)
 
 
 # --- small helpers -------------------------------------------------------------------------
@@ -236,8 +263,25 @@ def _fresh(vitals: Vitals | None, cfg: PolicyConfig, now: float) -> Vitals | Non
 # --- triggers: each returns human-readable causes ------------------------------------------
 
 
-def pressure_causes(vitals: Vitals | None, cfg: PolicyConfig) -> list[str]:
-    """Pressure before failure: RAM, GPU memory, GPU temperature."""
+def gpu_pressure_causes(gpu: GpuVitals, cfg: PolicyConfig) -> list[str]:
+    """One GPU's pressure: free memory near none, temperature over the limit."""
+    causes = []
+    if cfg.min_gpu_free_mb is not None and gpu.mem_free_mb < cfg.min_gpu_free_mb:
+        causes.append(
+            f"GPU {gpu.index} free memory {gpu.mem_free_mb:.0f} MB < {cfg.min_gpu_free_mb:.0f} MB"
+        )
+    if gpu_hot(gpu, cfg):
+        causes.append(f"GPU {gpu.index} temperature {gpu.temp_c:.0f}C > {cfg.max_gpu_temp_c:.0f}C")
+    return causes
+
+
+def gpu_hot(gpu: GpuVitals, cfg: PolicyConfig) -> bool:
+    return not math.isnan(gpu.temp_c) and gpu.temp_c > cfg.max_gpu_temp_c
+
+
+def pressure_causes(vitals: Vitals | None, cfg: PolicyConfig, per_gpu: bool = False) -> list[str]:
+    """Pressure before failure: RAM, and (unless `per_gpu`: then it is each GPU's games')
+    GPU memory and temperature."""
     if vitals is None:
         return []
     causes = []
@@ -245,17 +289,23 @@ def pressure_causes(vitals: Vitals | None, cfg: PolicyConfig) -> list[str]:
         causes.append(
             f"RAM available {vitals.ram_available_pct:.0f}% < {cfg.min_ram_available_pct:.0f}%"
         )
-    for gpu in vitals.gpus:
-        if cfg.min_gpu_free_mb is not None and gpu.mem_free_mb < cfg.min_gpu_free_mb:
-            causes.append(
-                f"GPU {gpu.index} free memory {gpu.mem_free_mb:.0f} MB"
-                f" < {cfg.min_gpu_free_mb:.0f} MB"
-            )
-        if not math.isnan(gpu.temp_c) and gpu.temp_c > cfg.max_gpu_temp_c:
-            causes.append(
-                f"GPU {gpu.index} temperature {gpu.temp_c:.0f}C > {cfg.max_gpu_temp_c:.0f}C"
-            )
+    if not per_gpu:
+        for gpu in vitals.gpus:
+            causes += gpu_pressure_causes(gpu, cfg)
     return causes
+
+
+def placed_gpu_causes(
+    game: str, vitals: Vitals | None, gpus: GpuAttribution | None, cfg: PolicyConfig
+) -> list[str]:
+    """The pressure of the GPU the game is placed on (per-GPU attribution only)."""
+    uuid = gpus.placed.get(game) if gpus is not None else None
+    if vitals is None or uuid is None:
+        return []
+    reading = next((g for g in vitals.gpus if g.uuid == uuid), None)
+    if reading is None:
+        return []
+    return [f"{c} ({game} runs there)" for c in gpu_pressure_causes(reading, cfg)]
 
 
 def _failures_by_game(incidents: Sequence[Incident]) -> Counter[str]:
@@ -274,7 +324,7 @@ def spread_failures_cause(incidents: Sequence[Incident], cfg: PolicyConfig) -> s
 
 
 def host_down_causes(
-    incidents: Sequence[Incident], vitals: Vitals | None, cfg: PolicyConfig
+    incidents: Sequence[Incident], vitals: Vitals | None, cfg: PolicyConfig, per_gpu: bool = False
 ) -> list[str]:
     """Why the host should step down, from incidents already filtered to this scope."""
     causes = []
@@ -288,7 +338,7 @@ def host_down_causes(
     spread = spread_failures_cause(incidents, cfg)
     if spread:
         causes.append(spread)
-    return causes + pressure_causes(vitals, cfg)
+    return causes + pressure_causes(vitals, cfg, per_gpu)
 
 
 def game_down_causes(
@@ -381,6 +431,7 @@ def decide_host(
     vitals: Vitals | None,
     cfg: PolicyConfig,
     now: float,
+    per_gpu: bool = False,
 ) -> Decision:
     if host.pinned:
         return _stay(host, ["pinned"])
@@ -390,7 +441,7 @@ def decide_host(
         )
     fresh = _fresh(vitals, cfg, now)
     scoped = _recent(incidents, now, cfg.window_s, host.last_change)
-    causes = host_down_causes(scoped, fresh, cfg)
+    causes = host_down_causes(scoped, fresh, cfg, per_gpu)
     if causes:
         return _step_down(ladder, host, host.mode, causes, now, cfg)
     blockers = _calm_causes(host, _recent(incidents, now, cfg.window_s, None), now, cfg)
@@ -410,12 +461,20 @@ def decide_game(
     spread: bool,
     cfg: PolicyConfig,
     now: float,
+    vitals: Vitals | None = None,
+    gpus: GpuAttribution | None = None,
 ) -> Decision:
+    """`vitals` and `gpus`: the pressure of the game's own GPU (per-GPU attribution only)."""
     if game.pinned:
         return _stay(game, ["pinned"])
+    if gpus is not None and game.scope in gpus.moving:
+        return _stay(game, [gpus.moving[game.scope]])
     current = effective_mode(ladder, host, game)
-    scoped = _recent(incidents, now, cfg.window_s, game.last_change)
+    moved = gpus.moved_at.get(game.scope) if gpus is not None else None
+    since = game.last_change if moved is None else max(moved, game.last_change or moved)
+    scoped = _recent(incidents, now, cfg.window_s, since)
     causes = game_down_causes(game.scope, scoped, spread, cfg)
+    causes += placed_gpu_causes(game.scope, _fresh(vitals, cfg, now), gpus, cfg)
     if causes:
         new_early_oom = any(_is_early_oom(i, cfg) and i.game == game.scope for i in scoped)
         return _step_down(ladder, game, current, causes, now, cfg, bypass_cooldown=new_early_oom)
@@ -433,11 +492,13 @@ def decide(
     vitals: Vitals | None,
     cfg: PolicyConfig,
     now: float,
+    gpus: GpuAttribution | None = None,
 ) -> list[Decision]:
     """One decision per scope, in the order given; every decision names its causes.
 
     `scopes` should hold the host scope '*' (without it, games are judged against the
-    ceiling as the host mode). Raises ValueError for a mode or ceiling not on the ladder.
+    ceiling as the host mode). `gpus`: per-GPU attribution (None: GPU pressure is the
+    host's). Raises ValueError for a mode or ceiling not on the ladder.
     """
     rung(ladder, cfg.ceiling)
     host = next((s for s in scopes if s.scope == HOST), ScopeState(HOST, cfg.ceiling, True, None))
@@ -447,7 +508,7 @@ def decide(
     out = []
     for state in scopes:
         if state.scope == HOST:
-            out.append(decide_host(ladder, state, incidents, vitals, cfg, now))
+            out.append(decide_host(ladder, state, incidents, vitals, cfg, now, gpus is not None))
         else:
-            out.append(decide_game(ladder, state, host, incidents, spread, cfg, now))
+            out.append(decide_game(ladder, state, host, incidents, spread, cfg, now, vitals, gpus))
     return out

@@ -28,6 +28,7 @@ UUIDS = ["GPU-aaaa0000-0000", "GPU-bbbb1111-1111", "GPU-cccc2222-2222", "GPU-ddd
 GIB = 1024
 
 CONFIG = """\
+{head}
 state_dir = "state"
 stop_grace_s = 5
 tick_s = 0.05
@@ -46,7 +47,15 @@ budget_window_s = 60
 min_free_mb = 4096
 poll_s = 0.01
 timeout_s = 3600
+{tail}
 """
+# Two rungs, starting at the heavier, and a cooldown that outlives the test: a move is seen
+# as the game keeping its mode.
+TWO_MODES = dict(
+    head='initial_mode = "heavy"',
+    tail="[modes.heavy]\nnum_envs = 4\nbatch_size = 4\nn_steps = 4\nmax_concurrent = 4\n"
+    "[stability]\ncooldown_s = 120\n",
+)
 
 
 def game(name: str, device: str = "cuda", gpu: str = "") -> str:
@@ -84,20 +93,27 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     made: list[Supervisor] = []
 
-    def factory(games: str, visible: str | None = None, timeout_s: float = 2.0) -> Supervisor:
+    def factory(
+        games: str,
+        visible: str | None = None,
+        timeout_s: float = 2.0,
+        policy: str | None = None,
+        head: str = "",
+        tail: str = "",
+    ) -> Supervisor:
         if visible is None:
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         path = tmp_path / "rlsup.toml"
-        path.write_text(CONFIG.format(games=games))
+        path.write_text(CONFIG.format(games=games, head=head, tail=tail))
         cfg = load_config(path)
         probe = NvmlProbe(ScenarioBackend(tmp_path / "nvml.json"), timeout_s=timeout_s)
         # The sampler reads once at start, then the test refreshes by hand (probe.refresh()).
         sampler = VitalsSampler(cfg.state_dir, 3600, probe=probe)
         launcher = Launcher(python=sys.executable, module="tests.supervisor.fake_worker")
         sup = Supervisor(cfg, launcher=launcher, cores=4, gpu_probe=probe, sampler=sampler,
-                         policy=None)  # fmt: skip
+                         policy=policy)  # fmt: skip
         sup.start()
         made.append(sup)
         return sup
@@ -233,3 +249,45 @@ def test_a_failure_on_a_gpu_names_that_gpu(make, tmp_path) -> None:  # type: ign
     oom = events(sup, "worker_oom")[0].detail
     assert oom["gpu"] == {"index": 0, "uuid": UUIDS[0]}
     assert events(sup, "worker_exit")[0].detail["gpu"] == oom["gpu"]
+
+
+def test_a_game_on_a_hot_gpu_moves_to_the_calm_one_and_keeps_its_mode(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "nvml.json"
+    write_scenario(path, [0, 5])
+    sup = make(game("a") + game("c", device="cpu"), policy="default", **TWO_MODES)
+    spin(sup, running(sup, "a", "c"))
+    assert worker_gpu(sup, "a") == UUIDS[0]
+    first_pid, cpu_pid = sup.games["a"].proc.pid, sup.games["c"].proc.pid  # type: ignore[union-attr]
+    scenario = json.loads(path.read_text())
+    scenario["gpus"][0]["temp_c"] = 93  # over stability.max_gpu_temp_c (85)
+    path.write_text(json.dumps(scenario))
+    sup.sampler.sample_once()
+    sup.policy.request()  # type: ignore[union-attr]  # instead of waiting for its period
+    spin(sup, lambda: (p := sup.games["a"].proc) is not None and p.pid != first_pid
+         and sup.games["a"].state is S.RUNNING)  # fmt: skip
+    assert worker_gpu(sup, "a") == UUIDS[1]
+    moved = events(sup, "gpu_moved")
+    assert [(e.game, e.detail["from"]["index"], e.detail["to"]["index"]) for e in moved] == [
+        ("a", 0, 1)
+    ]
+    assert "GPU 0 temperature 93C > 85C" in moved[0].detail["causes"][0]
+    assert events(sup, "gpu_assigned")[-1].detail["moved_from"] == {"index": 0, "uuid": UUIDS[0]}
+    assert events(sup, "scale_down") == []  # neither the game nor the host stepped down
+    assert sup.view.game("a").name == "heavy" and sup.view.host.name == "heavy"
+    assert sup.games["a"].restarts == 0 and events(sup, "worker_crash") == []
+    assert sup.games["c"].proc.pid == cpu_pid  # type: ignore[union-attr]  # CPU game untouched
+
+
+def test_an_oom_moves_the_game_then_a_second_oom_steps_it_down(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    write_scenario(tmp_path / "nvml.json", [0, 5])
+    run = tmp_path / "state" / "runs" / "a"
+    run.mkdir(parents=True)
+    (run / "fake.json").write_text(json.dumps({"oom_above_envs": 2}))  # OOM at heavy (4 envs)
+    sup = make(game("a"), policy="default", **TWO_MODES)
+    spin(sup, running(sup, "a"))
+    moved = events(sup, "gpu_moved")
+    assert [(e.detail["from"]["index"], e.detail["to"]["index"]) for e in moved] == [(0, 1)]
+    assert [e.detail["gpu"]["index"] for e in events(sup, "worker_oom")] == [0, 1]
+    downs = events(sup, "scale_down")
+    assert [(e.game, e.detail.get("to")) for e in downs] == [("a", "light")]
+    assert sup.view.game("a").name == "light" and worker_gpu(sup, "a") == UUIDS[1]

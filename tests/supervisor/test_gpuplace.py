@@ -106,3 +106,11 @@ def test_all_allowed_gpus_lost_waits() -> None:
 
 def test_no_visible_gpu() -> None:
     assert place([], None, 1.0).gpu is None
+
+
+def test_a_gpu_the_game_was_moved_off_is_avoided_while_another_is_allowed() -> None:
+    avoid = frozenset({GPUS[1].uuid})
+    assert place(slots(10_000, 70_000, 40_000), None, 2_000, avoid).gpu == GPUS[2]
+    # Only the avoided one is allowed (or readable): it is still used, not waited for ever.
+    assert place(slots(10_000, 70_000), (1,), 2_000, avoid).gpu == GPUS[1]
+    assert place(slots(None, 70_000), None, 2_000, avoid).gpu == GPUS[1]
