@@ -30,6 +30,11 @@ def test_init_writes_a_valid_example_and_refuses_to_overwrite(
     assert sum(g.env_id.endswith("-v5") for g in cfg.games) == 2
     assert any(g.env_id == "CartPole-v1" for g in cfg.games)
     before = path.read_text()
+    # Its commented `gpu` line is valid as written, once uncommented.
+    assert '# gpu = "auto"' in before
+    path.write_text(before.replace('# gpu = "auto"', 'gpu = "auto"', 1))
+    assert load_config(path).games[0].gpu is None  # "auto": every visible GPU
+    path.write_text(before)
     assert main(["init", str(path)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert path.read_text() == before
