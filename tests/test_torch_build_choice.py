@@ -120,13 +120,22 @@ def test_install_with_a_too_old_driver_fails(tmp_path):
     assert r.returncode == 2 and "upgrade the driver" in r.stderr
 
 
+def make_n(*args: str) -> subprocess.CompletedProcess[str]:
+    """`make -n ARGS` as from a shell: not as a sub-make of the `make test` that runs this
+    suite (its MAKEFLAGS/MAKELEVEL would add "Entering directory" lines)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(
+        ["make", "--no-print-directory", "-n", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 @pytest.mark.parametrize("target", [".installed-run", ".installed-test"])
 def test_the_makefile_chooses_the_build_before_installing_the_project(tmp_path, target):
     venv = tmp_path / "venv"
-    cmd = ["make", "-n", f"VENV={venv}", "TORCH_INDEX=https://download.pytorch.org/whl/cu128"]
-    r = subprocess.run(
-        [*cmd, str(venv / target)], cwd=REPO, capture_output=True, text=True, timeout=60
+    r = make_n(
+        f"VENV={venv}", "TORCH_INDEX=https://download.pytorch.org/whl/cu128", str(venv / target)
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -139,9 +148,6 @@ def test_the_makefile_chooses_the_build_before_installing_the_project(tmp_path, 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_doctor_runs_rlsup_doctor(tmp_path):
     venv = tmp_path / "venv"
-    r = subprocess.run(
-        ["make", "-n", f"VENV={venv}", "CONFIG=/nonexistent.toml", "doctor"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    r = make_n(f"VENV={venv}", "CONFIG=/nonexistent.toml", "doctor")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].strip() == f"{venv}/bin/rlsup doctor"
