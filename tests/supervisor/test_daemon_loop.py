@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,14 +45,6 @@ budget_window_s = 60
 
 def game(name: str, steps: int) -> str:
     return f'[[games]]\nname = "{name}"\nenv_id = "CartPole-v1"\ntotal_steps = {steps}\n'
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ CUDA_VISIBLE_DEVICES, read from /proc), the gate on THAT GPU, a lost GPU, a late
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -76,14 +75,6 @@ def write_scenario(path: Path, used_gib: list[float], **extra: Any) -> None:
 def environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
-
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers() -> Iterator[None]:
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 @pytest.fixture
