@@ -205,6 +205,16 @@ def spin(sup: Any, until: Callable[[], object], timeout: float = 20) -> None:
         sup.wait(0.05)
 
 
+def close_supervisors(made: list[Any]) -> None:
+    """Tear down in-process Supervisors: SIGKILL and reap their workers, then close them."""
+    for sup in made:
+        for rt in sup._all():
+            if rt.proc is not None:
+                sup.launcher.kill(rt.proc)
+                rt.proc.popen.wait()
+        sup.close()
+
+
 def stop_supervisor(sup: subprocess.Popen[bytes], grace_s: float = 90) -> None:
     """SIGTERM (it stops its workers first), SIGKILL if it outlives the grace."""
     if sup.poll() is None:

@@ -14,7 +14,7 @@ from supervisor.config import load_config
 from supervisor.daemon import LockHeld, Supervisor, acquire_lock
 from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, spin
+from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,12 +77,7 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Super
         return sup
 
     yield factory  # type: ignore[misc]
-    for sup in made:
-        for rt in sup._all():
-            if rt.proc is not None:
-                sup.launcher.kill(rt.proc)
-                rt.proc.popen.wait()
-        sup.close()
+    close_supervisors(made)
 
 
 def test_games_beyond_max_concurrent_wait_in_config_order(make) -> None:  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ from supervisor.gpus import NvmlProbe, ScenarioBackend
 from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
 from supervisor.vitals import VitalsSampler
-from tests.supervisor.helpers import REPO, spin
+from tests.supervisor.helpers import REPO, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,12 +110,7 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
         return sup
 
     yield factory
-    for sup in made:
-        for rt in sup._all():
-            if rt.proc is not None:
-                sup.launcher.kill(rt.proc)
-                rt.proc.popen.wait()
-        sup.close()
+    close_supervisors(made)
 
 
 def running(sup: Supervisor, *names: str) -> Callable[[], bool]:

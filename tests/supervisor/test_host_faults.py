@@ -26,7 +26,7 @@ from supervisor.config import load_config
 from supervisor.daemon import Supervisor, acquire_lock
 from supervisor.launcher import Launcher, find_leftover, same_process, start_ticks
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, spin
+from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
 
 pytestmark = pytest.mark.timeout(90)
@@ -106,12 +106,7 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
         return sup
 
     yield factory
-    for sup in made:
-        for rt in sup._all():
-            if rt.proc is not None:
-                sup.launcher.kill(rt.proc)
-                rt.proc.popen.wait()
-        sup.close()
+    close_supervisors(made)
 
 
 def evs(sup: Supervisor, kind: str, game: str | None = None) -> list[db.Event]:

@@ -24,7 +24,7 @@ from supervisor.gpugate import ALLOC_CONF
 from supervisor.launcher import Launcher
 from supervisor.oomwatch import KernelOomWatch
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, spin
+from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,12 +97,7 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
         return sup
 
     yield factory
-    for sup in made:
-        for rt in sup._all():
-            if rt.proc is not None:
-                sup.launcher.kill(rt.proc)
-                rt.proc.popen.wait()
-        sup.close()
+    close_supervisors(made)
 
 
 def fake_script(sup: Supervisor, name: str, script: dict[str, Any]) -> None:
