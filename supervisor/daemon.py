@@ -495,6 +495,7 @@ class Supervisor:
             del self.removed[name]
 
     def on_exit(self, rt: GameRuntime, life: WorkerLife, info: ExitInfo, now: float) -> None:
+        seen_at = time.monotonic()  # before the reading, closing and events below
         self._observe_heartbeat(rt, life, now)  # its last words: quarantines, its step
         oom = None
         if info.returncode == -signal.SIGKILL and not life.killed:
@@ -511,7 +512,7 @@ class Supervisor:
         life.proc.close()
         self.launcher.forget(life.proc)
         rt.life = None
-        rt.exit_seen_at = time.monotonic()
+        rt.exit_seen_at = seen_at
         removed = rt.spec.name in self.removed
         route = route_exit(info.kind, life.stop_reason, removed=removed, stopping=self.stopping)
         if settled := ex.settle(route, life.stop_reason):

@@ -115,7 +115,9 @@ def test_a_restart_is_served_by_the_spare_itemised_and_the_policy_drops_it_under
         for key in ("exit_to_spawn_s", "spawn_to_assigned_s", "spawn_to_loaded_s",
                     "loaded_to_first_step_s", "total_s"):  # fmt: skip
             assert isinstance(d[key], float) and d[key] >= 0, (key, d)
-        assert 0.15 <= d["exit_to_spawn_s"] < 5
+        # The backoff (>= 0.15 s here) runs from the tick's clock reading, taken a little
+        # before the exit is handled and stamped: allow the tick's own work.
+        assert 0.1 <= d["exit_to_spawn_s"] < 5
         assert d["spawn_to_assigned_s"] <= d["spawn_to_loaded_s"] < d["total_s"]
         restart = events(state, "restart", "g0")[-1]["detail"]
         assert restart["served"] == "spare" and restart["pid"] == spare
