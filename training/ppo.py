@@ -138,7 +138,7 @@ class PPOLearner:
             iterations_for(cfg.total_steps, cfg.rollout_size()) * cfg.epochs * self.n_minibatches
         )
         self.schedule = LRSchedule(cfg, self.optimizer, total_updates)
-        self.precision = Precision(device)
+        self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.clip_coef = cfg.clip_coef or (0.1 if cfg.is_atari else 0.2)
         self.max_grad_norm = cfg.max_grad_norm or 0.5
 
@@ -187,27 +187,32 @@ class PPOLearner:
         next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
         next_done = self._next_done
 
-        # Rollout
-        for step in range(cfg.n_steps):
-            self.b_obs[step] = next_obs
-            self.b_dones[step] = next_done
-            with torch.no_grad(), self.precision.autocast():
-                logits, value = self.net(next_obs)
-            dist = Categorical(logits=logits.float())
-            action = dist.sample()
-            self.b_actions[step] = action
-            self.b_logprobs[step] = dist.log_prob(action)
-            self.b_values[step] = value.float()
-            obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
-            self.tracker.update(reward, terminated, truncated, info)
-            self.b_rewards[step] = torch.as_tensor(reward, device=self.device)
-            next_obs = self._to_tensor(obs)
-            next_done = torch.as_tensor(terminated | truncated, device=self.device).float()
-            self.global_step += cfg.num_envs
+        # Rollout. One autocast region for all of it: its cache casts the weights to the low
+        # precision once per rollout instead of on every step (they change only in updates).
+        # No autograd bookkeeping while acting: inference mode, results copied into the
+        # (normal) rollout buffers.
+        with self.precision.autocast():
+            for step in range(cfg.n_steps):
+                self.b_obs[step] = next_obs
+                self.b_dones[step] = next_done
+                with torch.inference_mode():
+                    logits, value = self.net(next_obs)
+                    dist = Categorical(logits=logits.float(), validate_args=False)
+                    action = dist.sample()
+                    self.b_actions[step] = action
+                    self.b_logprobs[step] = dist.log_prob(action)
+                    self.b_values[step] = value.float()
+                    actions = action.cpu().numpy()
+                obs, reward, terminated, truncated, info = self.envs.step(actions)
+                self.tracker.update(reward, terminated, truncated, info)
+                self.b_rewards[step] = torch.as_tensor(reward, device=self.device)
+                next_obs = self._to_tensor(obs)
+                next_done = torch.as_tensor(terminated | truncated, device=self.device).float()
+                self.global_step += cfg.num_envs
         self._next_obs, self._next_done = next_obs, next_done
 
         # Advantages
-        with torch.no_grad(), self.precision.autocast():
+        with torch.inference_mode(), self.precision.autocast():
             next_value = self.net.value(next_obs).float()
         advantages, returns = gae(
             self.b_rewards,
@@ -238,7 +243,7 @@ class PPOLearner:
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
                     logits, new_value = self.net(obs[mb])
-                dist = Categorical(logits=logits.float())
+                dist = Categorical(logits=logits.float(), validate_args=False)
                 loss = ppo_loss(
                     dist.log_prob(actions[mb]),
                     logprobs[mb],
@@ -273,10 +278,13 @@ class PPOLearner:
         }
 
     # ---- acting, warmup, state -------------------------------------------------------------
-    def act_greedy(self, obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad(), self.precision.autocast():
+    def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The evaluation policy: a sample of the policy (Gumbel-max with the evaluation's
+        own generator, so torch's RNG stream is left as training had it)."""
+        with torch.inference_mode(), self.precision.autocast():
             logits, _ = self.net(self._to_tensor(obs))
-        return logits.float().argmax(dim=1).cpu().numpy()
+        logits_np = logits.float().cpu().numpy().astype(np.float64)
+        return np.argmax(logits_np + rng.gumbel(size=logits_np.shape), axis=1)
 
     def warmup_optimizer(self) -> None:
         dummy = torch.zeros((self.minibatch, *self.obs_shape), dtype=self.obs_dtype)

@@ -101,6 +101,11 @@ def decode_message(raw: bytes) -> dict[str, Any] | None:
 
 ALGOS = ("dqn", "ppo")
 DEVICES = ("auto", "cpu", "cuda")
+# Arithmetic of the networks: "auto" = bf16 autocast on CUDA (fp16 + a grad scaler where bf16
+# is missing) and on a CPU with native bf16 (avx512_bf16 / amx_bf16) for the Atari CNN, fp32
+# elsewhere; "fp32" = plain fp32 everywhere; "bf16" = bf16 autocast wherever it runs. The
+# weights and the optimizer stay fp32 in every mode, so checkpoints move between them.
+PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULERS = ("none", "cosine", "step")
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     # From the GPU-heavy training guide: envs, steps per env, minibatch, epochs, network.
@@ -156,8 +161,23 @@ class WorkerConfig:
     keep_checkpoints: int = _f(3, "committed checkpoints to keep (newest first)")
     device: str = _f("auto", "auto | cpu | cuda", choices=DEVICES)
     threads: int | None = _f(None, "torch intra-op and envpool threads (default: all cores)")
+    precision: str = _f(
+        "auto",
+        "auto | fp32 | bf16: network arithmetic (auto: bf16 autocast on CUDA and on CPUs with "
+        "native bf16 for Atari, fp32 elsewhere; weights stay fp32)",
+        choices=PRECISIONS,
+    )
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
-    eval_episodes: int = _f(10, "greedy episodes per evaluation (0 disables evaluation)")
+    eval_episodes: int = _f(
+        10,
+        "episodes per evaluation (0 disables evaluation): PPO samples its policy, DQN plays "
+        "epsilon-greedy (0.05); full games, capped at 27,000 agent steps on Atari",
+    )
+    eval_budget_s: float = _f(
+        60.0,
+        "wall-time budget of one evaluation: episodes still running then are left out and "
+        "counted as unfinished in eval.json",
+    )
     tensorboard: bool = _f(
         True,
         "write TensorBoard event files under <run_dir>/tb (losses, returns, evaluations); "
@@ -387,6 +407,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "max_grad_norm": (0.0, math.inf, False),
     "clip_coef": (0.0, math.inf, False),
     "checkpoint_every_s": (0.0, math.inf, False),
+    "eval_budget_s": (0.0, math.inf, False),
     "learning_rate": (0.0, math.inf, False),
     "seed": (0, 2**63 - 1, True),
 }
@@ -411,6 +432,7 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
         check_value(f.name, getattr(cfg, f.name))
     _check_choice("algo", cfg.algo, ALGOS)
     _check_choice("device", cfg.device, DEVICES)
+    _check_choice("precision", cfg.precision, PRECISIONS)
     _check_choice("lr-scheduler", cfg.lr_scheduler, LR_SCHEDULERS)
     if cfg.preset is not None:
         _check_choice("preset", cfg.preset, tuple(PPO_PRESETS))

@@ -691,8 +691,8 @@ class TrainingSession:
             return True
         from training.evaluate import evaluate
 
-        deadline = 900.0 if self.cfg.is_atari else 120.0
-        self.hb.set_phase(Phase.EVALUATING, deadline)
+        # The budget bounds the episodes; the margin covers making the envs and the last step.
+        self.hb.set_phase(Phase.EVALUATING, self.cfg.eval_budget_s + 120.0)
         t0 = time.monotonic()
         result = evaluate(
             self.learner,
@@ -700,6 +700,7 @@ class TrainingSession:
             self.cfg.eval_episodes,
             seed=rng.derive_env_seed(self.cfg.seed + 1_000_003, self.step),
             threads=self.threads,
+            budget_s=self.cfg.eval_budget_s,
         )
         result = {**result, "step": self.step, "time": time.time()}
         result["seconds"] = round(time.monotonic() - t0, 3)

@@ -27,6 +27,10 @@ DRIVER_VERSION_PATH = "/proc/driver/nvidia/version"
 # driver". Lets the tests play a host with an NVIDIA driver on a machine without one.
 DRIVER_PATH_ENV = "RLSUP_NVIDIA_DRIVER_PATH"
 
+# Test-only: a file to read instead of /proc/cpuinfo (the CPU's flags: native bf16 or not).
+CPUINFO_PATH_ENV = "RLSUP_CPUINFO_PATH"
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
 # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 …" and the open
 # module's "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build …"
 _DRIVER_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
@@ -46,6 +50,21 @@ def driver_version() -> str | None:
         return None
     match = _DRIVER_RE.search(text)
     return match.group(1) if match else "unknown"
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU computes bf16 natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo):
+    oneDNN then runs bf16 convolutions and matmuls about twice as fast as fp32. Without them
+    bf16 is emulated and slower, so the fast path stays off."""
+    path = os.environ.get(CPUINFO_PATH_ENV) or "/proc/cpuinfo"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return not CPU_BF16_FLAGS.isdisjoint(line.split(":", 1)[-1].split())
+    except OSError:
+        pass
+    return False
 
 
 @dataclasses.dataclass(frozen=True)
