@@ -105,7 +105,8 @@ class GameDoc(TypedDict):
     # worker sees it as cuda:0), null without a worker or when it runs unplaced (CPU, no NVML).
     gpu: dict[str, Any] | None
     # The device its worker trains on ("cpu", "cuda:0"; the newest heartbeat's, null before
-    # one), and its last evaluation: mean return (PPO sampling, DQN epsilon 0.05) and the agent step it was taken at.
+    # one), and its last evaluation: mean return (PPO sampling, DQN epsilon 0.05) and the
+    # agent step it was taken at.
     device: str | None
     # Why a `device = "auto"` game trains on the CPU of a host with an NVIDIA driver: "no CUDA
     # torch" (a CPU-only build is installed) or "CUDA unavailable"; null when nothing is amiss.
