@@ -1,14 +1,22 @@
-"""Worker throughput on Pong-v5 PPO (8 envs, CPU) against envpool alone with random actions.
+"""Worker throughput: the fast path against today's fp32 path and envpool alone, in one run.
 
-    python benchmarks/worker_throughput.py [--seconds 60] [--game Pong-v5] [--num-envs 8]
-                                           [--repeats 1]
+    python benchmarks/worker_throughput.py [--game Breakout-v5] [--num-envs 8] [--n-steps 128]
+        [--batch-size 256] [--epochs 4] [--seconds 60] [--threads N] [--repeats 1]
+        [--no-dqn] [--metrics-cost]
 
-All are measured in this run, on this machine: the ceiling is envpool stepping random actions
-(no network), the figure is the real worker process (`python -m training.worker`), whose rate is
-read from its progress.csv after its first rollout (so start-up is excluded). The worker runs
-with its training metrics on (TensorBoard event files, the default) and off (`--no-tensorboard`),
-alternately `--repeats` times each (medians); the ratio on/off is the metrics' cost (target
->= 0.98). Ends with one JSON line of the figures.
+All measured in this run, on this machine:
+- the ceiling: envpool stepping random actions (no network);
+- PPO in the real worker process (`python -m training.worker`) with `--precision fp32` (the
+  path every earlier release ran; CleanRL's ppo_atari_envpool.py measured at parity with it on
+  this machine: 422 against 412 agent steps/s) and with `--precision auto` (the fast path: bf16
+  autocast where the CPU has native bf16), alternately `--repeats` times each (medians). A
+  worker's rate is read from its progress.csv after its first rollout (start-up excluded);
+- where the time goes, per path: the learner run in this process for `--seconds / 3`, its
+  phases summed by the learner itself (env step, inference, copies, update);
+- DQN (4 envs, defaults but learning from step 1,000 so that updates run) on both paths: the
+  fast path must not be slower;
+- with `--metrics-cost`, the fast path with TensorBoard metrics on and off (target >= 0.98).
+Ends with one JSON line of the figures.
 """
 
 from __future__ import annotations
@@ -25,8 +33,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+REFERENCE_SPS = 422.0  # CleanRL ppo_atari_envpool.py, same settings, this machine (issue 18)
+PATHS = (("fp32", "fp32"), ("fast", "auto"))
 
 
 def envpool_ceiling(game: str, num_envs: int, seconds: float, threads: int) -> float:
@@ -44,24 +55,22 @@ def envpool_ceiling(game: str, num_envs: int, seconds: float, threads: int) -> f
     return steps / (time.perf_counter() - t0)
 
 
-def worker_rate(
-    game: str, num_envs: int, seconds: float, threads: int, tensorboard: bool = True
-) -> dict[str, float]:
+def worker_rate(args: argparse.Namespace, extra: list[str], seconds: float) -> float:
+    """Agent steps/s of a real worker process, from its progress.csv."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [
-            sys.executable, "-m", "training.worker", "--game", game, "--algo", "ppo",
-            "--run-dir", str(run_dir), "--num-envs", str(num_envs), "--n-steps", "128",
-            "--batch-size", "256", "--total-steps", "100000000", "--threads", str(threads),
-            "--checkpoint-every-s", "30", "--eval-episodes", "0",
-            "--tensorboard" if tensorboard else "--no-tensorboard",
+            sys.executable, "-m", "training.worker", "--game", args.game,
+            "--run-dir", str(run_dir), "--total-steps", "100000000",
+            "--threads", str(args.threads), "--checkpoint-every-s", "600",
+            "--eval-episodes", "0", *extra,
         ]  # fmt: skip
-        t_start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE)
         time.sleep(seconds)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-        wall = time.monotonic() - t_start
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode not in (0, 75):  # 75: stopped on request, checkpoint committed
+            raise SystemExit(f"worker exited {proc.returncode}: {err.decode()[-2000:]}")
         rows = list(csv.DictReader((run_dir / "progress.csv").open()))
     # The first row comes after the first rollout (start-up excluded); the last one written at
     # the stop repeats the step before it.
@@ -72,55 +81,128 @@ def worker_rate(
     last = moved[-1]
     steps = int(last["global_step"]) - int(first["global_step"])
     secs = float(last["time"]) - float(first["time"])
-    return {
-        "sps": steps / secs if secs > 0 else 0.0,
-        "steps": float(last["global_step"]),
-        "wall_s": wall,
-        "exit_code": float(proc.returncode),
-    }
+    return steps / secs if secs > 0 else 0.0
+
+
+def ppo_args(args: argparse.Namespace, precision: str) -> list[str]:
+    return [
+        "--algo", "ppo", "--num-envs", str(args.num_envs), "--n-steps", str(args.n_steps),
+        "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+        "--precision", precision,
+    ]  # fmt: skip
+
+
+def breakdown(args: argparse.Namespace, precision: str, seconds: float) -> dict[str, Any]:
+    """The learner in this process: agent steps/s and seconds per phase per 1,000 steps."""
+    import torch
+
+    from training.learner import make_learner
+    from training.protocol import WorkerConfig
+
+    torch.set_num_threads(args.threads)
+    cfg = WorkerConfig(
+        game=args.game, algo="ppo", num_envs=args.num_envs, n_steps=args.n_steps,
+        batch_size=args.batch_size, epochs=args.epochs, threads=args.threads,
+        precision=precision, total_steps=10**9,
+    )  # fmt: skip
+    learner = make_learner(cfg, torch.device("cpu"), 1)
+    try:
+        learner.iterate()  # warm: allocations, oneDNN primitives
+        phases: dict[str, float] = learner.phase_s  # type: ignore[attr-defined]
+        for k in phases:
+            phases[k] = 0.0
+        step0, t0 = learner.global_step, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            learner.iterate()
+        wall = time.perf_counter() - t0
+        steps = learner.global_step - step0
+        per_k = {k: v / steps * 1000 for k, v in phases.items()}
+        per_k["other"] = max(0.0, wall / steps * 1000 - sum(per_k.values()))
+        return {"sps": steps / wall, "s_per_1k": per_k, "precision": learner.precision.name}
+    finally:
+        learner.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--game", default="Pong-v5")
+    parser.add_argument("--game", default="Breakout-v5")
+    parser.add_argument("--algo", default="ppo", choices=["ppo"], help="the PPO figures")
     parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--n-steps", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=60.0, help="per worker run")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--repeats", type=int, default=1, help="worker runs per setting")
+    parser.add_argument("--repeats", type=int, default=1, help="worker runs per path")
+    parser.add_argument("--no-dqn", dest="dqn", action="store_false", help="skip DQN")
+    parser.add_argument("--metrics-cost", action="store_true", help="TensorBoard on vs off")
     args = parser.parse_args()
+
     ceiling = envpool_ceiling(args.game, args.num_envs, min(20.0, args.seconds), args.threads)
-    on_runs, off_runs = [], []
+    ppo: dict[str, list[float]] = {name: [] for name, _ in PATHS}
     for _ in range(max(1, args.repeats)):  # alternated, so drifting load hits both alike
-        on_runs.append(worker_rate(args.game, args.num_envs, args.seconds, args.threads, True))
-        off_runs.append(worker_rate(args.game, args.num_envs, args.seconds, args.threads, False))
-    worker = {
-        "sps": statistics.median(r["sps"] for r in on_runs),
-        "exit_code": max(r["exit_code"] for r in on_runs + off_runs),
-    }
-    off_sps = statistics.median(r["sps"] for r in off_runs)
-    ratio = worker["sps"] / ceiling if ceiling else 0.0
-    off_ratio = off_sps / ceiling if ceiling else 0.0
-    metrics_ratio = worker["sps"] / off_sps if off_sps else 0.0
+        for name, precision in PATHS:
+            ppo[name].append(worker_rate(args, ppo_args(args, precision), args.seconds))
+    sps = {name: statistics.median(v) for name, v in ppo.items()}
+    split = {name: breakdown(args, precision, args.seconds / 3) for name, precision in PATHS}
+    dqn: dict[str, float] = {}
+    if args.dqn:
+        for name, precision in PATHS:
+            extra = ["--algo", "dqn", "--num-envs", "4", "--learning-starts", "1000",
+                     "--precision", precision]  # fmt: skip
+            dqn[name] = worker_rate(args, extra, args.seconds)
+    tb: dict[str, float] = {}
+    if args.metrics_cost:
+        for flag in ("--tensorboard", "--no-tensorboard"):
+            tb[flag] = worker_rate(args, [*ppo_args(args, "auto"), flag], args.seconds)
+
+    fast_prec = split["fast"]["precision"]
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.game}, {args.num_envs} envs"
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
+        f"{args.game} PPO {args.num_envs} envs x {args.n_steps} steps, minibatch "
+        f"{args.batch_size}, {args.epochs} epochs; fast path runs {fast_prec}"
     )
-    print(f"{'what':<42}{'agent steps/s':>14}{'ratio':>8}")
-    print(f"{'envpool alone, random actions (ceiling)':<42}{ceiling:>14.0f}{1.0:>8.2f}")
-    print(f"{'rlsup worker, PPO Nature CNN, CPU':<42}{worker['sps']:>14.0f}{ratio:>8.3f}")
-    print(f"{'  same, metrics off (--no-tensorboard)':<42}{off_sps:>14.0f}{off_ratio:>8.3f}")
-    print(f"metrics on / off: {metrics_ratio:.3f} (target >= 0.98; {len(on_runs)} run(s) each)")
+    print(f"{'what':<46}{'agent steps/s':>14}{'vs fp32':>9}")
+    print(f"{'envpool alone, random actions (ceiling)':<46}{ceiling:>14.0f}{'':>9}")
+    print(f"{'PPO worker, fp32 path (earlier releases)':<46}{sps['fp32']:>14.0f}{1.0:>9.2f}")
+    fast_ratio = sps["fast"] / sps["fp32"] if sps["fp32"] else 0.0
+    print(f"{'PPO worker, fast path (--precision auto)':<46}{sps['fast']:>14.0f}{fast_ratio:>9.2f}")
+    print(
+        f"fast path / CleanRL's {REFERENCE_SPS:.0f} (measured earlier on this machine, not in "
+        f"this run): {sps['fast'] / REFERENCE_SPS:.2f} (target >= 1.5, i.e. >= 630 steps/s)"
+    )
+    print("\nwhere the time goes (in-process learner; ms per 1,000 agent steps):")
+    phases = ("env", "inference", "copies", "update", "other")
+    print(f"{'path':<8}{'steps/s':>9}" + "".join(f"{p:>11}" for p in phases))
+    for name, _ in PATHS:
+        s = split[name]
+        print(f"{name:<8}{s['sps']:>9.0f}" + "".join(f"{s['s_per_1k'][p]:>11.0f}" for p in phases))
+    if dqn:
+        r = dqn["fast"] / dqn["fp32"] if dqn["fp32"] else 0.0
+        print(f"\nDQN worker (4 envs): fp32 {dqn['fp32']:.0f}, fast {dqn['fast']:.0f} "
+              f"agent steps/s; fast / fp32 = {r:.2f} (must not be < 1)")  # fmt: skip
+    tb_ratio = None
+    if tb:
+        tb_ratio = tb["--tensorboard"] / tb["--no-tensorboard"]
+        print(f"metrics on / off (fast path): {tb_ratio:.3f} (target >= 0.98)")
     figures = {
         "benchmark": "worker_throughput",
         "game": args.game,
         "num_envs": args.num_envs,
         "cores": os.cpu_count(),
+        "threads": args.threads,
         "envpool_random_sps": round(ceiling, 1),
-        "worker_ppo_sps": round(worker["sps"], 1),
-        "ratio": round(ratio, 4),
-        "worker_ppo_sps_no_tensorboard": round(off_sps, 1),
-        "tensorboard_ratio": round(metrics_ratio, 4),
-        "repeats": len(on_runs),
-        "worker_exit_code": int(worker["exit_code"]),
+        "worker_ppo_sps": round(sps["fast"], 1),
+        "worker_ppo_sps_fp32": round(sps["fp32"], 1),
+        "fast_ratio": round(fast_ratio, 4),
+        "fast_precision": fast_prec,
+        "reference_ratio": round(sps["fast"] / REFERENCE_SPS, 4),
+        "breakdown_ms_per_1k": {
+            n: {k: round(v, 1) for k, v in split[n]["s_per_1k"].items()} for n, _ in PATHS
+        },
+        "dqn_sps": {k: round(v, 1) for k, v in dqn.items()},
+        "tensorboard_ratio": None if tb_ratio is None else round(tb_ratio, 4),
+        "repeats": max(1, args.repeats),
     }
     print(json.dumps(figures))
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from training.envs import EpisodeTracker
+from training.optim import Precision
 from training.protocol import WorkerConfig
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class Learner(Protocol):
     updates: int
     tracker: EpisodeTracker
     replay: ReplayBuffer | None
+    precision: Precision  # the networks' arithmetic (--precision, resolved)
 
     def iterate(self) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...

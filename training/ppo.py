@@ -13,6 +13,7 @@ bootstrapping cut (`1 - dones[t + 1]` in GAE) is the same as CleanRL's.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,11 @@ class PPOLearner:
         self._explained = Means(("explained_variance",))
         self._next_obs: torch.Tensor | None = None
         self._next_done = torch.zeros(cfg.num_envs, device=device)
+        # Seconds spent per phase of iterate(), summed (benchmarks/worker_throughput.py reads
+        # them): env stepping, the network acting, copies into the rollout buffers and between
+        # numpy and torch, the update (advantages and the minibatch epochs). On a GPU the
+        # device runs ahead of these host clocks, so "update" absorbs the waits.
+        self.phase_s = {"env": 0.0, "inference": 0.0, "copies": 0.0, "update": 0.0}
 
         shape = (cfg.n_steps, cfg.num_envs)
         self.b_obs = torch.zeros(shape + self.obs_shape, dtype=self.obs_dtype, device=device)
@@ -191,10 +197,13 @@ class PPOLearner:
         # precision once per rollout instead of on every step (they change only in updates).
         # No autograd bookkeeping while acting: inference mode, results copied into the
         # (normal) rollout buffers.
+        clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
+                t0 = clock()
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
+                t1 = clock()
                 with torch.inference_mode():
                     logits, value = self.net(next_obs)
                     dist = Categorical(logits=logits.float(), validate_args=False)
@@ -203,14 +212,20 @@ class PPOLearner:
                     self.b_logprobs[step] = dist.log_prob(action)
                     self.b_values[step] = value.float()
                     actions = action.cpu().numpy()
+                t2 = clock()
                 obs, reward, terminated, truncated, info = self.envs.step(actions)
+                t3 = clock()
                 self.tracker.update(reward, terminated, truncated, info)
                 self.b_rewards[step] = torch.as_tensor(reward, device=self.device)
                 next_obs = self._to_tensor(obs)
                 next_done = torch.as_tensor(terminated | truncated, device=self.device).float()
                 self.global_step += cfg.num_envs
+                phase["copies"] += (t1 - t0) + (clock() - t3)
+                phase["inference"] += t2 - t1
+                phase["env"] += t3 - t2
         self._next_obs, self._next_done = next_obs, next_done
 
+        t_update = clock()
         # Advantages
         with torch.inference_mode(), self.precision.autocast():
             next_value = self.net.value(next_obs).float()
@@ -224,6 +239,7 @@ class PPOLearner:
             cfg.gae_lambda,
         )
         self._optimize(advantages, returns)
+        phase["update"] += clock() - t_update
         self.iterations += 1
         self.schedule.after_steps(self.global_step, self.updates)
 

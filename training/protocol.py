@@ -562,6 +562,8 @@ class Heartbeat:
     # driver's version; null without one). `rlsup status` flags a `device = "auto"` game that
     # trains on the CPU of a host with a driver ("cpu (no CUDA torch)").
     torch_build: dict[str, Any] | None = None
+    # The networks' arithmetic as it runs (`--precision` resolved): "fp32", "bf16", "fp16".
+    precision: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

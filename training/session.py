@@ -572,6 +572,7 @@ class TrainingSession:
             resume_count=resume_count,
             episodes=learner.tracker.episodes,
             mean_return=learner.tracker.mean_return(),
+            precision=learner.precision.name,
         )
         return {
             "resume_count": resume_count,

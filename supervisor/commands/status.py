@@ -544,6 +544,7 @@ def _game(
         "device": hb.get("device") if isinstance(hb.get("device"), str) else None,
         "gpu": w.get("gpu") if isinstance(w.get("gpu"), dict) else None,
         "device_note": _device_note(cfg, name, hb),
+        "precision": hb.get("precision") if isinstance(hb.get("precision"), str) else None,
         "eval_return": eval_return,
         "eval_step": eval_step,
     }

@@ -111,6 +111,9 @@ class GameDoc(TypedDict):
     # Why a `device = "auto"` game trains on the CPU of a host with an NVIDIA driver: "no CUDA
     # torch" (a CPU-only build is installed) or "CUDA unavailable"; null when nothing is amiss.
     device_note: str | None
+    # The networks' arithmetic its worker runs ("fp32", "bf16", "fp16": `--precision` as
+    # resolved on that host; the newest heartbeat's, null before one).
+    precision: str | None
     eval_return: float | None
     eval_step: int | None
 

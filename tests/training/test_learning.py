@@ -57,20 +57,26 @@ def _train_until(overrides: dict[str, Any], target: float) -> tuple[float, Any]:
             if best >= target:
                 break
     cpu_s = time.process_time() - start
-    greedy = evaluate(lrn, cfg.game, episodes=8, seed=123, threads=1)
+    evaluated = evaluate(lrn, cfg.game, episodes=8, seed=123, threads=1)
     print(
-        f"{cfg.algo}: mean of last {WINDOW} = {best:.1f} at step {lrn.global_step} "
-        f"after {cpu_s:.1f} CPU s; greedy eval {greedy['mean']:.1f}"
+        f"{cfg.algo} {lrn.precision.name}: mean of last {WINDOW} = {best:.1f} at step "
+        f"{lrn.global_step} after {cpu_s:.1f} CPU s; evaluation {evaluated['mean']:.1f}"
     )
     lrn.close()
     return best, lrn
 
 
-def test_ppo_solves_cartpole() -> None:
-    best, lrn = _train_until(PPO_CARTPOLE, 450.0)
+# Both paths learn: fp32 (what `auto` picks for these MLPs) and bf16 autocast (the fast path).
+PATHS = pytest.mark.parametrize("precision", ["fp32", "bf16"])
+
+
+@PATHS
+def test_ppo_solves_cartpole(precision: str) -> None:
+    best, lrn = _train_until({**PPO_CARTPOLE, "precision": precision}, 450.0)
     assert best >= 450.0, f"PPO reached only {best:.1f} in {lrn.global_step} steps"
 
 
-def test_dqn_solves_cartpole() -> None:
-    best, lrn = _train_until(DQN_CARTPOLE, 300.0)
+@PATHS
+def test_dqn_solves_cartpole(precision: str) -> None:
+    best, lrn = _train_until({**DQN_CARTPOLE, "precision": precision}, 300.0)
     assert best >= 300.0, f"DQN reached only {best:.1f} in {lrn.global_step} steps"

@@ -1,0 +1,141 @@
+"""Equal learning: the fast path (--precision auto) against the fp32 path on Breakout-v5 PPO.
+
+    python benchmarks/learning.py [--steps 500000] [--seeds 1,2] [--game Breakout-v5]
+                                  [--parallel 2] [--threads 1] [--out DIR]
+
+Trains `--steps` agent steps per run with real worker processes (`python -m training.worker`,
+8 envs, 128 steps, minibatch 256, 4 epochs: the throughput benchmark's settings), for each
+precision and each seed, and prints per run the mean of the last 100 real-episode returns
+(game over, unclipped score: the heartbeat's mean_return), the evaluation (10 episodes, the
+evaluation protocol of training/evaluate.py, 60 s budget), the wall time and agent steps/s.
+
+Runs go `--parallel` at a time with `--threads` each (default: two at a time, one core each,
+the fp32 runs first). The verdict:
+the fast path's mean over seeds must lie within the fp32 path's seed-to-seed spread (the range
+of its seeds' means) of the fp32 mean. It takes about an hour on a 2-core machine; it is not in
+`make test`. Ends with one JSON line of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PATHS = {"fp32": "fp32", "fast": "auto"}
+
+
+def train(game: str, precision: str, seed: int, steps: int, threads: int, out: Path) -> dict:
+    run_dir = out / f"{game}-{precision}-seed{seed}"
+    cmd = [
+        sys.executable, "-m", "training.worker", "--game", game, "--algo", "ppo",
+        "--run-dir", str(run_dir), "--num-envs", "8", "--n-steps", "128",
+        "--batch-size", "256", "--epochs", "4", "--total-steps", str(steps),
+        "--seed", str(seed), "--threads", str(threads), "--precision", PATHS[precision],
+        "--checkpoint-every-s", "600", "--eval-episodes", "10", "--eval-budget-s", "60",
+        "--no-tensorboard",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{run_dir.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    hb = json.loads((run_dir / "heartbeat.json").read_text())
+    ev = json.loads((run_dir / "eval.json").read_text())
+    train_s = wall - float(ev.get("seconds") or 0.0)
+    return {
+        "path": precision,
+        "precision": hb.get("precision"),
+        "seed": seed,
+        "steps": hb["global_step"],
+        "episodes": hb["episodes"],
+        "mean_last_100": hb["mean_return"],
+        "eval_mean": ev.get("mean"),
+        "eval_episodes": ev.get("episodes"),
+        "eval_capped": ev.get("capped"),
+        "eval_unfinished": ev.get("unfinished"),
+        "eval_s": ev.get("seconds"),
+        "wall_s": round(wall, 1),
+        "sps": round(hb["global_step"] / train_s, 1) if train_s > 0 else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--game", default="Breakout-v5")
+    parser.add_argument("--steps", type=int, default=500_000)
+    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="keep the run dirs here")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    # The slower path's runs first (the longest jobs first: the shortest makespan); with one
+    # thread per run on its own core, a run's wall time is its own.
+    jobs = [(p, seed) for p in ("fp32", "fast") for seed in seeds]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+            futures = [
+                pool.submit(train, args.game, p, s, args.steps, args.threads, out) for p, s in jobs
+            ]
+            runs = [f.result() for f in futures]
+        total = time.monotonic() - t0
+    by: dict[str, list[dict[str, Any]]] = {p: [r for r in runs if r["path"] == p] for p in PATHS}
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.game} PPO, "
+        f"{args.steps} agent steps per run, {args.parallel} runs at a time x {args.threads} "
+        f"thread(s); {total / 60:.0f} min in all"
+    )
+    head = f"{'path':<6}{'prec':>6}{'seed':>6}{'last-100 mean':>15}{'eval mean':>11}"
+    print(head + f"{'eval eps':>9}{'wall s':>9}{'steps/s':>9}")
+    for r in runs:
+        ev = "-" if r["eval_mean"] is None else f"{r['eval_mean']:.2f}"
+        print(
+            f"{r['path']:<6}{r['precision'] or '?':>6}{r['seed']:>6}"
+            f"{r['mean_last_100']:>15.2f}{ev:>11}{r['eval_episodes']:>9}"
+            f"{r['wall_s']:>9.0f}{r['sps']:>9.0f}"
+        )
+    means = {p: [r["mean_last_100"] for r in rs] for p, rs in by.items()}
+    fp32_mean = statistics.mean(means["fp32"])
+    spread = max(means["fp32"]) - min(means["fp32"])
+    fast_mean = statistics.mean(means["fast"])
+    within = abs(fast_mean - fp32_mean) <= spread or fast_mean >= fp32_mean
+    sps = {p: statistics.mean(r["sps"] for r in rs) for p, rs in by.items()}
+    print(
+        f"fp32 mean {fp32_mean:.2f} (seed spread {spread:.2f}); fast mean {fast_mean:.2f}: "
+        f"{'within' if within else 'OUTSIDE'} the fp32 spread; "
+        f"steps/s fast / fp32 = {sps['fast'] / sps['fp32']:.2f}"
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "learning",
+                "game": args.game,
+                "steps": args.steps,
+                "runs": runs,
+                "fp32_mean": round(fp32_mean, 3),
+                "fp32_spread": round(spread, 3),
+                "fast_mean": round(fast_mean, 3),
+                "within_spread": within,
+                "sps_ratio": round(sps["fast"] / sps["fp32"], 3),
+                "minutes": round(total / 60, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
