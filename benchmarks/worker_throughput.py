@@ -13,6 +13,8 @@ All measured in this run, on this machine:
   worker's rate is read from its progress.csv after its first rollout (start-up excluded);
 - where the time goes, per path: the learner run in this process for `--seconds / 3`, its
   phases summed by the learner itself (env step, inference, copies, update);
+- the acting loop alone, synchronous against envpool's async send/recv (the overlap of env
+  stepping with inference);
 - DQN (4 envs, defaults but learning from step 1,000 so that updates run) on both paths: the
   fast path must not be slower;
 - with `--metrics-cost`, the fast path with TensorBoard metrics on and off (target >= 0.98).
@@ -53,6 +55,50 @@ def envpool_ceiling(game: str, num_envs: int, seconds: float, threads: int) -> f
         env.step(rng.integers(0, n, size=num_envs, dtype=np.int32))
         steps += num_envs
     return steps / (time.perf_counter() - t0)
+
+
+def acting_probe(game: str, num_envs: int, seconds: float, threads: int) -> dict[str, float]:
+    """The rollout's acting loop alone (no update), fast path's network: synchronous stepping
+    of `num_envs` (what the worker does) against envpool's async send/recv with 2x the envs
+    and batches of `num_envs` (the emulators of one batch run while the network thinks about
+    the other). Agent steps/s of each; their ratio bounds what async stepping could add to the
+    rollout share of a PPO iteration."""
+    import envpool
+    import torch
+
+    from training.networks import ActorCritic
+    from training.optim import Precision
+
+    torch.set_num_threads(threads)
+    make = {"env_type": "gymnasium", "seed": 1, "num_threads": threads}
+    sync = envpool.make(game, num_envs=num_envs, **make)
+    net = ActorCritic(tuple(sync.observation_space.shape), int(sync.action_space.n), ())
+    precision = Precision(torch.device("cpu"), "auto", conv=True)
+
+    def act(obs: Any) -> Any:
+        with torch.inference_mode():
+            logits, _ = net(torch.as_tensor(obs))
+        return torch.distributions.Categorical(logits=logits.float()).sample().numpy()
+
+    out: dict[str, float] = {}
+    with precision.autocast():
+        obs, _ = sync.reset()
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            obs, *_ = sync.step(act(obs))
+            steps += num_envs
+        out["sync"] = steps / (time.perf_counter() - t0)
+        sync.close()
+        pool = envpool.make(game, num_envs=2 * num_envs, batch_size=num_envs, **make)
+        pool.async_reset()
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            obs, _, _, _, info = pool.recv()
+            pool.send(act(obs), info["env_id"])
+            steps += num_envs
+        out["async"] = steps / (time.perf_counter() - t0)
+        pool.close()
+    return out
 
 
 def worker_rate(args: argparse.Namespace, extra: list[str], seconds: float) -> float:
@@ -116,8 +162,8 @@ def breakdown(args: argparse.Namespace, precision: str, seconds: float) -> dict[
             learner.iterate()
         wall = time.perf_counter() - t0
         steps = learner.global_step - step0
-        per_k = {k: v / steps * 1000 for k, v in phases.items()}
-        per_k["other"] = max(0.0, wall / steps * 1000 - sum(per_k.values()))
+        per_k = {k: v / steps * 1e6 for k, v in phases.items()}  # ms per 1,000 steps
+        per_k["other"] = max(0.0, wall / steps * 1e6 - sum(per_k.values()))
         return {"sps": steps / wall, "s_per_1k": per_k, "precision": learner.precision.name}
     finally:
         learner.close()
@@ -151,6 +197,7 @@ def main() -> None:
             extra = ["--algo", "dqn", "--num-envs", "4", "--learning-starts", "1000",
                      "--precision", precision]  # fmt: skip
             dqn[name] = worker_rate(args, extra, args.seconds)
+    probe = acting_probe(args.game, args.num_envs, min(15.0, args.seconds / 4), args.threads)
     tb: dict[str, float] = {}
     if args.metrics_cost:
         for flag in ("--tensorboard", "--no-tensorboard"):
@@ -177,6 +224,10 @@ def main() -> None:
     for name, _ in PATHS:
         s = split[name]
         print(f"{name:<8}{s['sps']:>9.0f}" + "".join(f"{s['s_per_1k'][p]:>11.0f}" for p in phases))
+    a = probe["async"] / probe["sync"] if probe["sync"] else 0.0
+    print(f"\nacting alone (no update), fast path: synchronous {probe['sync']:.0f} agent steps/s, "
+          f"async send/recv with {2 * args.num_envs} envs in batches of {args.num_envs} "
+          f"{probe['async']:.0f}: {a:.2f}x")  # fmt: skip
     if dqn:
         r = dqn["fast"] / dqn["fp32"] if dqn["fp32"] else 0.0
         print(f"\nDQN worker (4 envs): fp32 {dqn['fp32']:.0f}, fast {dqn['fast']:.0f} "
@@ -201,6 +252,7 @@ def main() -> None:
             n: {k: round(v, 1) for k, v in split[n]["s_per_1k"].items()} for n, _ in PATHS
         },
         "dqn_sps": {k: round(v, 1) for k, v in dqn.items()},
+        "acting_sps": {k: round(v, 1) for k, v in probe.items()},
         "tensorboard_ratio": None if tb_ratio is None else round(tb_ratio, 4),
         "repeats": max(1, args.repeats),
     }
