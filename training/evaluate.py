@@ -88,7 +88,7 @@ def evaluate(
         while len(returns) < episodes:
             if deadline is not None and clock() >= deadline:
                 info["budget_hit"] = True
-                info["unfinished"] = int(np.minimum(quota - played, 1).clip(min=0).sum())
+                info["unfinished"] = int((played < quota).sum())  # one game running in each
                 break
             obs, reward, terminated, truncated, step_info = envs.step(learner.act_eval(obs, rng))
             # Atari: the game's own score and game over (for_eval has no life-loss ends anyway)

@@ -47,7 +47,9 @@ class Precision:
     @property
     def name(self) -> str:
         """What runs: "fp32", "bf16" or "fp16" (heartbeat, eval.json, the benchmark)."""
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "fp32")  # type: ignore[arg-type]
+        if self.dtype is None:
+            return "fp32"
+        return "bf16" if self.dtype == torch.bfloat16 else "fp16"
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:

@@ -6,6 +6,7 @@ epsilon 0.05, step caps, the wall budget, training's RNG left alone)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,9 @@ TINY_PPO = {"game": "Breakout-v5", "algo": "ppo", "num_envs": 2, "n_steps": 16,
 
 
 @pytest.fixture
-def cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str | None], None]:
+    """Plays a CPU: its /proc/cpuinfo text (None: no file to read)."""
+
     def use(text: str | None) -> None:
         path = tmp_path / "cpuinfo"
         if text is None:
@@ -45,7 +48,9 @@ def cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no
 # ---- which arithmetic ------------------------------------------------------------------------
 
 
-def test_auto_is_bf16_only_for_the_cnn_on_a_cpu_with_native_bf16(cpuinfo) -> None:  # type: ignore[no-untyped-def]
+def test_auto_is_bf16_only_for_the_cnn_on_a_cpu_with_native_bf16(
+    cpuinfo: Callable[[str | None], None],
+) -> None:
     cpuinfo(FLAGS_BF16)
     assert torchbuild.cpu_bf16_native()
     assert Precision(CPU, "auto", conv=True).name == "bf16"
