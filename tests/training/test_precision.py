@@ -105,6 +105,10 @@ def test_state_saved_on_one_path_loads_exactly_on_the_other(saved: str, resumed:
     for _ in range(2):
         a.iterate()
     assert a.precision.name == saved and a.updates > 0
+    # Where the time went, by phase (what benchmarks/worker_throughput.py prints).
+    phases = a.phase_s  # type: ignore[attr-defined]
+    assert set(phases) == {"env", "inference", "copies", "update"}
+    assert all(v > 0 for v in phases.values()), phases
     state = round_trip(a.state_dict())
     weights = [v for v in state["net"].values() if v.is_floating_point()]
     assert weights and all(v.dtype == torch.float32 for v in weights)  # fp32 master weights
