@@ -12,8 +12,8 @@ evaluation protocol of training/evaluate.py, 60 s budget), the wall time and age
 Runs go `--parallel` at a time with `--threads` each (default: two at a time, one core each,
 the fp32 runs first). The verdict: the fast path's mean over seeds must lie within the fp32
 path's seed-to-seed spread (the range of its seeds' means) of the fp32 mean, or above it.
-`--paths fast` (or fp32) runs more seeds of one path only, with no verdict. It takes about an hour on a 2-core machine; it is not in
-`make test`. Ends with one JSON line of the figures.
+`--paths fast` (or fp32) runs more seeds of one path only, with no verdict. It takes about an
+hour on a 2-core machine; it is not in `make test`. Ends with one JSON line of the figures.
 """
 
 from __future__ import annotations
