@@ -332,7 +332,10 @@ def _install(plan: Plan) -> None:
         os.replace(tmp, SYSTEM_CONFIG)
         print(f"wrote {SYSTEM_CONFIG}")
     plan.unit_path.parent.mkdir(parents=True, exist_ok=True)
-    plan.unit_path.write_text(plan.unit, encoding="utf-8")
+    unit_tmp = plan.unit_path.with_name(f".{plan.unit_path.name}.tmp")
+    unit_tmp.write_text(plan.unit, encoding="utf-8")
+    os.chmod(unit_tmp, 0o644)
+    os.replace(unit_tmp, plan.unit_path)  # never a half-written unit for systemd to read
     print(f"wrote {plan.unit_path}")
     for cmd in plan.commands:
         _run(cmd)

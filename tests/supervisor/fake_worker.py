@@ -75,7 +75,11 @@ def main() -> int:
         tmp = run / "hb.tmp"
         tmp.write_text(json.dumps(hb))
         os.replace(tmp, run / HEARTBEAT_FILE)
-        progress.write_text(str(step))
+        # Atomic like the heartbeat: a SIGKILL between truncate and write left an empty file
+        # once in CI, and every restart then died on int("").
+        tmp = run / "progress.tmp"
+        tmp.write_text(str(step))
+        os.replace(tmp, progress)
         if crash_now:
             return fail(run, 1, "crash", "RuntimeError: envpool failed to build the envs")
         if step >= cfg.total_steps:
