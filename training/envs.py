@@ -14,9 +14,7 @@ from typing import Any
 import envpool
 import numpy as np
 
-
-def is_atari(env_id: str) -> bool:
-    return env_id.endswith("-v5")
+from training.tasks import is_atari
 
 
 def make_env(

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from training.envs import is_atari, make_env
+from training.envs import make_env
+from training.tasks import is_atari
 
 if TYPE_CHECKING:
     from training.learner import Learner

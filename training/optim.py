@@ -17,32 +17,32 @@ from training import torchbuild
 from training.protocol import WorkerConfig
 
 
+def cuda_bf16_native(device: torch.device) -> bool:
+    """bf16 in hardware on this GPU (Ampere, compute capability 8.0, and newer; ROCm).
+    Not `torch.cuda.is_bf16_supported()`: it counts emulated bf16 too (a T4 or V100 says yes),
+    which is slower there than fp16 with a GradScaler, and it asks of the current device."""
+    if torch.version.hip:
+        return True
+    return bool(torch.cuda.get_device_properties(device).major >= 8)
+
+
 class Precision:
     """The networks' arithmetic (`--precision`): autocast to bf16 (or fp16 with a GradScaler
     on a CUDA GPU without bf16), or plain fp32. The weights, gradients and optimizer state stay
     fp32 in every mode (autocast casts per op), so a checkpoint saved under one mode resumes
-    under another.
-
-    "auto": CUDA -> bf16 (fp16 without it); CPU -> bf16 only for a conv net (`conv`, the Atari
-    CNN) on a CPU with native bf16, where oneDNN runs it about twice as fast; fp32 otherwise
-    (tiny MLPs gain nothing, and emulated bf16 is slower than fp32).
+    under another. Which one "auto" picks is `torchbuild.resolve_precision` (`conv`: the
+    Atari CNN), the rule `rlsup doctor` reports too.
     """
 
     def __init__(self, device: torch.device, mode: str = "auto", *, conv: bool = False) -> None:
         self.device = device
         self.mode = mode
-        self.dtype: torch.dtype | None = None
-        self.scaler: torch.amp.GradScaler | None = None
-        if mode == "fp32":
-            pass
-        elif device.type == "cuda":
-            if mode == "bf16" or torch.cuda.is_bf16_supported():
-                self.dtype = torch.bfloat16
-            else:
-                self.dtype = torch.float16
-                self.scaler = torch.amp.GradScaler("cuda")
-        elif mode == "bf16" or (conv and torchbuild.cpu_bf16_native()):
-            self.dtype = torch.bfloat16
+        cuda_bf16 = device.type == "cuda" and mode == "auto" and cuda_bf16_native(device)
+        name = torchbuild.resolve_precision(mode, device.type, conv, cuda_bf16)
+        self.dtype: torch.dtype | None = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+        self.scaler: torch.amp.GradScaler | None = (
+            torch.amp.GradScaler("cuda") if name == "fp16" else None
+        )
 
     @property
     def name(self) -> str:

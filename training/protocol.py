@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from training.tasks import KNOWN_TASKS, suggest
+from training.tasks import KNOWN_TASKS, is_atari, suggest
 
 HEARTBEAT_SCHEMA = 1
 
@@ -238,7 +238,7 @@ class WorkerConfig:
     # ---- derived views -------------------------------------------------------------------
     @property
     def is_atari(self) -> bool:
-        return self.game.endswith("-v5")
+        return is_atari(self.game)
 
     def mlp_sizes(self) -> tuple[int, ...]:
         if not self.net_arch:

@@ -134,3 +134,8 @@ def suggest(name: str, n: int = 3) -> list[str]:
     lowered = {t.lower(): t for t in KNOWN_TASKS}
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.6)
     return [lowered[h] for h in hits]
+
+
+def is_atari(env_id: str) -> bool:
+    """An Atari v5 task (frames, the conv net), as opposed to a classic-control vector task."""
+    return env_id.endswith("-v5")

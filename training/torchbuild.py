@@ -67,6 +67,21 @@ def cpu_bf16_native() -> bool:
     return False
 
 
+def resolve_precision(mode: str, device_type: str, conv: bool, cuda_bf16: bool) -> str:
+    """What `--precision` MODE runs as: "fp32", "bf16" or "fp16". Torch-free, so that
+    `rlsup doctor` says what a worker will pick; `training.optim.Precision` decides by it.
+
+    "auto": on CUDA bf16 where the GPU has it (`cuda_bf16`), else fp16 (with a GradScaler);
+    on the CPU bf16 only for a conv net (the Atari CNN) on a CPU with native bf16, where
+    oneDNN runs it about twice as fast; fp32 otherwise (tiny MLPs gain nothing, and emulated
+    bf16 is slower than fp32). "bf16" is bf16 everywhere, "fp32" fp32."""
+    if mode == "fp32":
+        return "fp32"
+    if device_type == "cuda":
+        return "bf16" if mode == "bf16" or cuda_bf16 else "fp16"
+    return "bf16" if mode == "bf16" or (conv and cpu_bf16_native()) else "fp32"
+
+
 @dataclasses.dataclass(frozen=True)
 class InstalledTorch:
     """torch as installed, read from its metadata (no import)."""

@@ -3,7 +3,8 @@
 Prints the Python, rlsup, envpool, NVIDIA driver, NVML and torch versions (the installed torch
 build from its metadata, and what it can do at run time, asked of a subprocess so that this
 process never imports torch), then every GPU NVML sees (index, UUID, name, memory, compute
-capability) and whether this torch can train on it, then what each configured game will use.
+capability) and whether this torch can train on it, then what each configured game will use
+(its device, and the arithmetic `--precision` resolves to there).
 
 Exit codes: 0 when what the configuration asks for is usable (without a configuration file:
 when torch imports); 1 otherwise, each reason printed; 2 on a bad configuration or usage.
@@ -24,8 +25,9 @@ from typing import Any
 
 import supervisor
 from supervisor.commands._common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_config_argument
-from supervisor.config import Config, ConfigError, load_config, resolve_config_path
+from supervisor.config import Config, ConfigError, GameSpec, load_config, resolve_config_path
 from training import torchbuild
+from training.tasks import is_atari
 
 SCHEMA = 1
 TORCH_PROBE_TIMEOUT_S = 120.0  # importing torch and initialising CUDA; slow on a cold disk
@@ -175,8 +177,11 @@ def diagnose(
             + (f"; {torchbuild.cuda_install_hint(installed.public_version)}"
                if fallback == "no CUDA torch" else "")
         )  # fmt: skip
-    games = [_game_verdict(g.name, g.device, cuda_usable, fallback, installed) for g in
-             (config.games if config is not None else ())]  # fmt: skip
+    games: list[dict[str, Any]] = []
+    for spec in config.games if config is not None else ():
+        verdict = _game_verdict(spec.name, spec.device, cuda_usable, fallback, installed)
+        precision = _game_precision(spec, verdict["uses"], gpus, runtime)
+        games.append({**verdict, "precision": precision})
     for g in games:
         if not g["ok"]:
             problems.append(f"game {g['name']}: {g['note']}")
@@ -281,6 +286,30 @@ def _game_verdict(
     return {**verdict, "uses": None, "ok": False, "note": note}
 
 
+def _game_precision(
+    game: GameSpec, uses: str | None, gpus: list[dict[str, Any]], runtime: dict[str, Any]
+) -> str | None:
+    """What the game's `--precision` (its `args`, default "auto") resolves to where it trains,
+    by the worker's own rule; None where it cannot train. On CUDA "auto" is bf16 only if every
+    usable GPU has it in hardware (compute capability 8.0 or newer): a game may land on any.
+    Without NVML, the GPUs torch sees stand in."""
+    if uses is None:
+        return None
+    caps = [g["capability"] for g in gpus if g["torch_usable"]] or [
+        d.get("capability") for d in runtime.get("devices") or []
+    ]
+    cuda_bf16 = bool(caps) and all(_major(c) >= 8 for c in caps)
+    mode = str(game.args_dict.get("precision", "auto"))
+    return torchbuild.resolve_precision(mode, uses, is_atari(game.env_id), cuda_bf16)
+
+
+def _major(capability: str | None) -> int:
+    try:
+        return int(str(capability).split(".")[0])
+    except ValueError:
+        return 0
+
+
 def _dist_version(name: str) -> str | None:
     import importlib.metadata
 
@@ -332,6 +361,8 @@ def render_human(doc: dict[str, Any]) -> str:
             uses = g["uses"] or "nothing usable"
             if g.get("fallback"):
                 uses += f" ({g['fallback']})"
+            if g.get("precision"):
+                uses += f", {g['precision']}"
             lines.append(
                 f"  {g['name']}: device = {g['device']} -> {uses}"
                 + ("" if g["ok"] else "  [PROBLEM]")

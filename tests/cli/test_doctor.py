@@ -273,3 +273,77 @@ def test_status_flags_an_auto_game_on_cpu_of_a_driver_host(cli: Cli, state: Stat
     assert games["pong"]["device_note"] == "no CUDA torch"
     assert all(g["device_note"] is None for name, g in games.items() if name != "pong")
     assert "cpu (no CUDA torch)" in cli("status").stdout
+
+
+PRECISION_CONFIG = """\
+state_dir = "s"
+[modes.light]
+num_envs = 4
+batch_size = 64
+max_concurrent = 4
+[[games]]
+name = "pong"
+env_id = "Pong-v5"
+total_steps = 1000
+device = "cpu"
+[[games]]
+name = "pong32"
+env_id = "Pong-v5"
+total_steps = 1000
+device = "cpu"
+args = { precision = "fp32" }
+[[games]]
+name = "cart"
+env_id = "CartPole-v1"
+total_steps = 1000
+device = "cpu"
+[[games]]
+name = "gpu"
+env_id = "Breakout-v5"
+total_steps = 1000
+device = "cuda"
+"""
+
+
+def test_each_game_says_the_arithmetic_its_worker_will_pick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--precision auto` as the worker resolves it: bf16 for the Atari CNN on a CPU with
+    native bf16 (fp32 without), fp32 for MLPs and where asked; on CUDA bf16 on Ampere and
+    newer, fp16 on older GPUs (emulated bf16 is slower); none where the game cannot train."""
+    config = tmp_path / "rlsup.toml"
+    config.write_text(PRECISION_CONFIG)
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setenv(torchbuild.CPUINFO_PATH_ENV, str(cpuinfo))
+    v100 = ("GPU-dddd-4444", "Tesla V100-SXM2-32GB", (7, 0))
+
+    def precisions(flags: str, gpus: list[Any], installed: InstalledTorch, runtime: dict) -> dict:
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        doc = doctor.diagnose(
+            config=load_config(config, check_devices=False), driver="550.54.14",
+            nvml=doctor.nvml_report(FakeNvml(gpus)), installed=installed, runtime=runtime,
+        )  # fmt: skip
+        return {g["name"]: g["precision"] for g in doc["games"]}
+
+    a100 = precisions("avx512f avx512_bf16", [A100], CUDA_TORCH, cuda_runtime(A100))
+    assert a100 == {"pong": "bf16", "pong32": "fp32", "cart": "fp32", "gpu": "bf16"}
+    both = cuda_runtime(A100, v100, arch="sm_70 sm_80 sm_90")
+    old = precisions("avx512f", [A100, v100], CUDA_TORCH, both)
+    assert old == {"pong": "fp32", "pong32": "fp32", "cart": "fp32", "gpu": "fp16"}
+    no_nvml = precisions("avx512f", [], CUDA_TORCH, cuda_runtime(H100))  # torch's view stands in
+    assert no_nvml["gpu"] == "bf16"
+    cpu_only = precisions("avx512_bf16", [A100], CPU_TORCH, CPU_RUNTIME)
+    assert cpu_only["gpu"] is None and cpu_only["pong"] == "bf16"
+    cpuinfo.write_text("flags\t\t: avx512_bf16\n")
+    here = doctor.diagnose(
+        config=load_config(config, check_devices=False), driver=None,
+        nvml=doctor.nvml_report(NoDriverNvml([])), installed=CPU_TORCH, runtime=CPU_RUNTIME,
+    )  # fmt: skip
+    text = doctor.render_human(here)
+    for line in (
+        "pong: device = cpu -> cpu, bf16",
+        "pong32: device = cpu -> cpu, fp32",
+        "cart: device = cpu -> cpu, fp32",
+        "gpu: device = cuda -> nothing usable",
+    ):
+        assert line in text, text

@@ -5,8 +5,9 @@ epsilon 0.05, step caps, the wall budget, training's RNG left alone)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,11 @@ def cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str | 
     return use
 
 
+@contextlib.contextmanager
+def _no_warning() -> Iterator[None]:
+    yield
+
+
 # ---- which arithmetic ------------------------------------------------------------------------
 
 
@@ -63,6 +69,32 @@ def test_auto_is_bf16_only_for_the_cnn_on_a_cpu_with_native_bf16(
     cpuinfo(None)  # no /proc/cpuinfo to read: no claim of bf16
     assert not torchbuild.cpu_bf16_native()
     assert Precision(CPU, "auto", conv=True).name == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("major", "hip", "auto"),
+    [(7, None, "fp16"), (8, None, "bf16"), (9, None, "bf16"), (7, "6.2", "bf16")],
+)
+def test_auto_on_cuda_is_bf16_only_where_the_gpu_has_it_in_hardware(
+    monkeypatch: pytest.MonkeyPatch, major: int, hip: str | None, auto: str
+) -> None:
+    """A T4 or V100 (7.x) emulates bf16, slower than fp16 with a GradScaler: torch's
+    is_bf16_supported() says yes there, so the choice reads the GPU's own capability."""
+    asked: list[object] = []
+
+    def props(device: object) -> object:
+        asked.append(device)
+        return type("Props", (), {"major": major})()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    gpu = torch.device("cuda", 1)
+    with pytest.warns(UserWarning) if auto == "fp16" else _no_warning():  # GradScaler, no CUDA
+        p = Precision(gpu, "auto", conv=False)
+    assert p.name == auto and (p.scaler is not None) == (auto == "fp16")
+    assert asked == ([] if hip else [gpu]), "the worker's own GPU, not the current device"
+    assert Precision(gpu, "bf16").name == "bf16" and Precision(gpu, "fp32").name == "fp32"
+    assert torchbuild.resolve_precision("auto", "cuda", True, major >= 8 or bool(hip)) == auto
 
 
 def test_a_bad_precision_is_a_config_error_naming_the_flag() -> None:
