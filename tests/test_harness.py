@@ -1,0 +1,69 @@
+"""The harness's own rules (tests/conftest.py): a leaked process fails the run and is killed;
+children of a run started with SIGINT ignored still get Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+LEAKY = """
+import subprocess, sys
+from pathlib import Path
+
+def test_leaks_a_process(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(__file__).with_name("leaked.pid").write_text(str(p.pid))
+"""
+
+FOLLOWER = """
+import signal, subprocess, sys
+
+def test_a_child_gets_sigint():
+    p = subprocess.Popen([sys.executable, "-c",
+        "import sys, time\\nprint('up', flush=True)\\ntry:\\n time.sleep(60)\\n"
+        "except KeyboardInterrupt:\\n sys.exit(7)"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "up\\n"
+    p.send_signal(signal.SIGINT)
+    assert p.wait(20) == 7
+"""
+
+
+def _inner(pytester: pytest.Pytester, body: str) -> subprocess.CompletedProcess[str]:
+    shutil.copy(CONFTEST, pytester.path / "conftest.py")
+    pytester.makepyfile(test_inner=body)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(pytester.path)],
+        cwd=pytester.path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # A separate run: its own marker, so this run's guard does not count its children.
+        env={k: v for k, v in os.environ.items() if k != "RLSUP_TEST_RUN"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+
+
+def test_a_process_left_behind_fails_the_run_and_is_killed(pytester: pytest.Pytester) -> None:
+    r = _inner(pytester, LEAKY)
+    pid = int((pytester.path / "leaked.pid").read_text())
+    assert r.returncode != 0, r.stdout
+    assert "processes left behind" in r.stdout and str(pid) in r.stdout, r.stdout
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_children_of_a_run_started_with_sigint_ignored_get_ctrl_c(
+    pytester: pytest.Pytester,
+) -> None:
+    r = _inner(pytester, FOLLOWER)
+    assert r.returncode == 0, r.stdout
