@@ -672,8 +672,40 @@ def _parse_hooks(ctx: _Ctx, data: Any, games: tuple[GameSpec, ...]) -> tuple[Hoo
 
 def _parse_mirror(ctx: _Ctx, data: Any) -> MirrorConfig:
     v = _values(ctx, ["mirror"], data, _MIRROR)
+    _check_mirror_client_values(ctx, v["endpoint_url"], v["region"])
     every = v.pop("every")
     return MirrorConfig(every_s=0.0 if every == "each" else float(every[:-1]), **v)
+
+
+def _check_mirror_client_values(ctx: _Ctx, endpoint_url: str, region: str) -> None:
+    """The S3 client's own rules (botocore's validators, the ones its client creation runs),
+    at load time: a value it refuses would otherwise crash every worker that restores, the
+    uploader and `rlsup pull`, each at its first use. Imported only with a [mirror] table."""
+    from botocore.utils import (
+        InvalidRegionError,
+        is_valid_endpoint_url,
+        is_valid_ipv6_endpoint_url,
+        validate_region_name,
+    )
+
+    if endpoint_url and not (
+        is_valid_endpoint_url(endpoint_url) or is_valid_ipv6_endpoint_url(endpoint_url)
+    ):
+        raise ctx.fail(
+            ["mirror", "endpoint_url"],
+            f"got {endpoint_url!r}: the S3 client refuses it (the host must be a DNS name of "
+            "letters, digits, hyphens and dots — no underscores — or an IP address), e.g. "
+            '"http://s3-server:8333"',
+        )
+    if region:
+        try:
+            validate_region_name(region)
+        except InvalidRegionError:
+            raise ctx.fail(
+                ["mirror", "region"],
+                f"got {region!r}: the S3 client refuses it (letters, digits and hyphens, "
+                'e.g. "eu-west-1")',
+            ) from None
 
 
 def _parse_modes(ctx: _Ctx, data: Any) -> tuple[ModeSpec, ...]:

@@ -1,0 +1,74 @@
+"""`[mirror]` values are checked at load time by the S3 client's own rules (botocore's
+validators), so a value the client would refuse is a configuration error naming the file, the
+line and the key, not a worker crash loop, an uploader crash loop and a `pull` traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import ConfigError, load_config
+from tests.supervisor.helpers import REPO, env_for, write_config
+
+
+def _with_mirror(tmp_path: Path, body: str) -> Path:
+    path = write_config(tmp_path, [("g", 1000)])
+    path.write_text(path.read_text() + f'\n[mirror]\nurl = "s3://rlsup-test/runs"\n{body}\n')
+    return path
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("endpoint_url", "http://s3_server:8333"),  # an underscore: not a host name
+        ("endpoint_url", "http://-s3:8333"),
+        ("region", "eu_west_1"),
+        ("region", "eu-west-1-"),
+    ],
+)
+def test_a_mirror_value_botocore_refuses_names_file_line_and_key(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    path = _with_mirror(tmp_path, f'{key} = "{value}"')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert f"line {_line_of(path, key)}: mirror.{key}" in message
+    assert repr(value) in message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        'endpoint_url = "http://127.0.0.1:8333"\nregion = "us-east-1"',
+        'endpoint_url = "https://s3.eu-west-1.amazonaws.com"\nregion = "eu-west-1"',
+        'endpoint_url = "http://[::1]:8333"',
+        'endpoint_url = "http://s3-server:8333"\nregion = "garage"',
+        "",
+    ],
+)
+def test_mirror_values_botocore_accepts_load(tmp_path: Path, body: str) -> None:
+    cfg = load_config(_with_mirror(tmp_path, body))
+    assert cfg.mirror is not None
+
+
+def test_check_config_refuses_the_endpoint_with_exit_2(tmp_path: Path) -> None:
+    path = _with_mirror(tmp_path, 'endpoint_url = "http://s3_server:8333"')
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "check-config", "--config", str(path)],
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "mirror.endpoint_url" in done.stderr and "Traceback" not in done.stderr
