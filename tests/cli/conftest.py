@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,15 @@ from state_fixture import StateFixture, build_state
 
 REPO = Path(__file__).resolve().parents[2]
 Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(autouse=True)
+def _followers_killed() -> Iterator[None]:
+    """No `-f` follower outlives its test, whether the test passed or not."""
+    from follow import Follow
+
+    yield
+    Follow.kill_all()
 
 
 @pytest.fixture

@@ -8,17 +8,24 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 from conftest import REPO
 
 
 class Follow:
-    """`rlsup logs|events ... -f` in the background; its stdout lines as they come."""
+    """`rlsup logs|events ... -f` in the background; its stdout lines as they come.
+
+    Every follower is killed after its test on every path, a failing test included
+    (`kill_all`, from the CLI tests' autouse fixture)."""
+
+    live: ClassVar[list[Follow]] = []
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
             argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        Follow.live.append(self)
         assert self.proc.stdout is not None
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.buf = b""
@@ -74,3 +81,16 @@ class Follow:
         finally:
             self.proc.kill()
             self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    @classmethod
+    def kill_all(cls) -> None:
+        while cls.live:
+            cls.live.pop().kill()
