@@ -245,6 +245,7 @@ class Supervisor:
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
         outcome = db.classify_boot(self.conn, self.boot_id, now_wall)
+        self.recorder.drop_stale_stop_request()  # before the supervisor row says running
         boot_time = psutil.boot_time()
         self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time))
         leftovers = []
@@ -333,7 +334,7 @@ class Supervisor:
     def tick(self) -> None:
         now = self.clock()
         assert self.recorder is not None
-        if not self.stopping and self.recorder.stop_requested(self._anchor[0]):
+        if not self.stopping and self.recorder.stop_requested():
             self.begin_shutdown(now, "rlsup stop (a request in the state database)")
         if self.flags.stop and not self.stopping:
             self.begin_shutdown(now, "signal")

@@ -86,9 +86,23 @@ class Recorder:
             key="samples",
         )
 
-    def stop_requested(self, since: float) -> bool:
+    def drop_stale_stop_request(self) -> None:
+        """At start, before this supervisor is recorded as running: a stop request still in
+        the database was meant for a predecessor that died before reading it. Dropping it
+        here orders requests by the database's own commit order (the CLI writes one only for
+        a supervisor it found running, i.e. after this), never by wall times, which a clock
+        step reorders. Direct, not journaled: it must land before the first tick reads."""
+        with db.transaction(self.conn):
+            request = db.pending_request(self.conn, db.STOP_REQUEST)
+            if request is not None:
+                db.clear_request(self.conn, db.STOP_REQUEST)
+        if request is not None:
+            log.info("stop_request_stale", by=request[0], reason="written before this start")
+
+    def stop_requested(self) -> bool:
         """`rlsup stop` by an operator who may not signal us (the service runs as another
-        user) leaves a request in the database; a request older than `since` is stale."""
+        user) leaves a request in the database; any request there now was written after
+        this supervisor started (`drop_stale_stop_request`)."""
         try:
             request = db.pending_request(self.conn, db.STOP_REQUEST)
         except sqlite3.Error:
@@ -96,8 +110,6 @@ class Recorder:
         if request is None:
             return False
         self.journal.write(lambda c: db.clear_request(c, db.STOP_REQUEST))
-        if request[1] < since:
-            return False
         log.info("stop_requested", by=request[0])
         return True
 

@@ -260,14 +260,6 @@ def test_a_stop_request_in_the_database_stops_like_sigterm(make) -> None:  # typ
     assert db.pending_request(sup.conn, db.STOP_REQUEST) is None, "consumed"  # type: ignore[arg-type]
 
 
-def test_a_stop_request_older_than_the_supervisor_is_ignored(make) -> None:  # type: ignore[no-untyped-def]
-    sup = make(game("a", 100_000))
-    with db.transaction(sup.conn):  # type: ignore[arg-type]
-        db.request(sup.conn, db.STOP_REQUEST, "stale", 1.0)  # type: ignore[arg-type]
-    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
-    assert not sup.stopping
-
-
 def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a", 100_000))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
