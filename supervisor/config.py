@@ -260,7 +260,9 @@ _TOP: dict[str, Field] = {
     "checkpoint_every_s": (_NUM, 300.0, _positive, "seconds > 0"),
     "stop_grace_s": (_NUM, 60.0, _positive, "seconds > 0"),
     "cost_per_hour": (_NUM, 0.0, _non_negative, "a number >= 0"),
-    "tick_s": (_NUM, 1.0, _positive, "seconds > 0"),
+    # The loop's longest sleep: stop requests, mode changes and hang kills wait up to a tick
+    # (above a minute they would lag visibly); below 10 ms it would spin a core for nothing.
+    "tick_s": (_NUM, 1.0, lambda v: 0.01 <= v <= 60, "seconds in 0.01..60"),
     "logs_dir": ((str,), "", None, "a path (string)"),
 }
 _TABLES = (
@@ -721,6 +723,28 @@ def _parse_modes(ctx: _Ctx, data: Any) -> tuple[ModeSpec, ...]:
     )
 
 
+# Where the supervisor takes each worker flag it owns (protocol.SUPERVISOR_FIELDS): the key an
+# operator sets instead of `args`.
+_SET_FROM = {
+    "game": "games.env_id",
+    "algo": "games.algo",
+    "run_dir": "state_dir: runs/<name>",
+    "num_envs": "the mode: [modes.<name>] num_envs",
+    "batch_size": "the mode: [modes.<name>] batch_size",
+    "n_steps": "the mode: [modes.<name>] n_steps",
+    "total_steps": "games.total_steps",
+    "seed": "games.seed",
+    "device": "games.device",
+    "threads": "the host's cores shared among the running games",
+    "checkpoint_every_s": "checkpoint_every_s at the top of the file",
+    "mirror_url": "[mirror] url",
+    "mirror_endpoint_url": "[mirror] endpoint_url",
+    "mirror_region": "[mirror] region",
+    "mirror_name": "[mirror]: the game's name",
+    "epoch": "the placement on several hosts: its fencing epoch",
+}
+
+
 def _parse_games(
     ctx: _Ctx, data: Any, modes: tuple[ModeSpec, ...], checkpoint_every_s: float
 ) -> tuple[GameSpec, ...]:
@@ -741,6 +765,12 @@ def _parse_games(
             )
         args = v["args"]
         for key, value in args.items():
+            if key in protocol.SUPERVISOR_FIELDS:
+                raise ctx.fail(
+                    ["games", i, "args", key],
+                    f"set by the supervisor for every worker (from {_SET_FROM.get(key, 'it')}), "
+                    "not a hyper-parameter: remove it from args",
+                )
             if key not in protocol.HYPERPARAMETER_FIELDS:
                 close = difflib.get_close_matches(key, sorted(protocol.HYPERPARAMETER_FIELDS), n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -846,7 +876,9 @@ def worker_config(
 ) -> protocol.WorkerConfig:
     """The worker's arguments for one game in one mode (validated by the protocol); with a
     mirror, where to restore from when the run dir has no checkpoint."""
-    values: dict[str, Any] = {"n_steps": mode.n_steps, "checkpoint_every_s": checkpoint_every_s}
+    # The game's hyper-parameters first: whatever the supervisor sets below wins over them.
+    values: dict[str, Any] = dict(game.args_dict)
+    values.update(n_steps=mode.n_steps, checkpoint_every_s=checkpoint_every_s)
     if mirror is not None:
         values.update(
             mirror_url=mirror.url,
@@ -854,7 +886,6 @@ def worker_config(
             mirror_region=mirror.region or None,
             mirror_name=game.name,
         )
-    values.update(game.args_dict)
     values.update(
         game=game.env_id,
         algo=game.algo,

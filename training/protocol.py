@@ -289,19 +289,31 @@ class WorkerConfig:
 
 WORKER_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkerConfig))
 _FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(WorkerConfig)}
+# The fields the supervisor builds every worker's argv with (supervisor.config.worker_config,
+# and the placement epoch on several hosts): its own, never a config file's `args`.
+SUPERVISOR_FIELDS = frozenset(
+    {
+        "game",
+        "algo",
+        "run_dir",
+        "num_envs",
+        "batch_size",
+        "n_steps",
+        "total_steps",
+        "seed",
+        "device",
+        "threads",
+        "checkpoint_every_s",
+        "mirror_url",
+        "mirror_endpoint_url",
+        "mirror_region",
+        "mirror_name",
+        "epoch",
+    }
+)
 # Hyper-parameters a config file may pass through `args = {...}`: everything but the
 # fields the supervisor itself decides.
-HYPERPARAMETER_FIELDS = WORKER_FIELDS - {
-    "game",
-    "algo",
-    "run_dir",
-    "num_envs",
-    "batch_size",
-    "total_steps",
-    "seed",
-    "device",
-    "threads",
-}
+HYPERPARAMETER_FIELDS = WORKER_FIELDS - SUPERVISOR_FIELDS
 
 
 def largest_divisor_at_most(n: int, cap: int) -> int:

@@ -108,7 +108,36 @@ BAD = [
     (
         "supervisor-decided field in args",
         ("learning_starts = 100", "num_envs = 100"),
-        ["games[1].args.num_envs", "unknown hyper-parameter"],
+        ["games[1].args.num_envs", "line 26", "set by the supervisor", "modes"],
+    ),
+    # Every flag the supervisor builds the worker's argv with is its own (issue 24 #13).
+    *[
+        (
+            f"supervisor-owned {key} in args",
+            ("learning_starts = 100", f"{key} = {value}"),
+            [f"games[1].args.{key}", "line 26", "set by the supervisor", source],
+        )
+        for key, value, source in [
+            ("mirror_url", '"s3://elsewhere/x"', "[mirror]"),
+            ("mirror_endpoint_url", '"http://evil:9000"', "[mirror]"),
+            ("mirror_region", '"eu-west-1"', "[mirror]"),
+            ("mirror_name", '"cart"', "[mirror]"),
+            ("epoch", "7", "placement"),
+            ("n_steps", "32", "modes"),
+            ("checkpoint_every_s", "5", "checkpoint_every_s"),
+            ("run_dir", '"/tmp/x"', "state_dir"),
+            ("device", '"cuda"', "games.device"),
+        ]
+    ],
+    (
+        "tick_s far too long",
+        ('initial_mode = "light"', 'initial_mode = "light"\ntick_s = 1e9'),
+        ["line 3", "tick_s", "1000000000", "0.01..60"],
+    ),
+    (
+        "tick_s far too short",
+        ('initial_mode = "light"', 'initial_mode = "light"\ntick_s = 1e-9'),
+        ["tick_s", "1e-09", "0.01..60"],
     ),
     ("bad algo", ('algo = "dqn"', 'algo = "a2c"'), ["games[1].algo", "dqn | ppo"]),
     (
@@ -239,3 +268,12 @@ def test_cluster_table_defaults_to_this_host_and_reads_the_ray_backend(tmp_path:
         2.0,
         0.5,
     )
+
+
+def test_every_supervisor_owned_worker_flag_names_where_it_is_set() -> None:
+    """The refusal of a supervisor-owned flag in `args` names the key to set instead."""
+    from supervisor import config
+    from training import protocol
+
+    assert set(config._SET_FROM) == protocol.SUPERVISOR_FIELDS
+    assert protocol.SUPERVISOR_FIELDS | protocol.HYPERPARAMETER_FIELDS == protocol.WORKER_FIELDS
