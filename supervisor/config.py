@@ -710,6 +710,38 @@ def _check_mirror_client_values(ctx: _Ctx, endpoint_url: str, region: str) -> No
             ) from None
 
 
+MIRROR_LOCATION_KEYS = ("url", "endpoint_url", "region")
+
+
+def mirror_reload_refusal(old: Config, new: Config) -> str | None:
+    """Why a reload from `old` to `new` must be refused whole, or None. The mirror's location
+    (the table itself, url, endpoint_url, region) changes only with a restart: running
+    workers restore, fence (several hosts) and are mirrored against the location they
+    started with, and a new location holds none of their checkpoints or fences, so moving it
+    under them would leave no fencing and start moved games from step 0. Its tuning (every,
+    bandwidth, keep, concurrency, chunk size) may change: only the uploader reads it."""
+    if old.mirror is None and new.mirror is None:
+        return None
+    if old.mirror is None or new.mirror is None:
+        key, got, kept = "mirror", "added" if old.mirror is None else "removed", "as it was"
+    else:
+        changed = [
+            k for k in MIRROR_LOCATION_KEYS if getattr(old.mirror, k) != getattr(new.mirror, k)
+        ]
+        if not changed:
+            return None
+        key = f"mirror.{changed[0]}"
+        got = repr(getattr(new.mirror, changed[0]))
+        kept = repr(getattr(old.mirror, changed[0]))
+    return (
+        f"{new.path}: {key}: got {got} (in force: {kept}); a reload cannot move the mirror "
+        "(running workers restore, fence and upload against the location they started with, "
+        "and a new one holds none of their checkpoints or fences). Kept the previous "
+        "configuration, all of it; restart the supervisor to apply it (systemctl restart "
+        "rlsup), after copying the bucket's contents when the games should resume from them"
+    )
+
+
 def _parse_modes(ctx: _Ctx, data: Any) -> tuple[ModeSpec, ...]:
     if not isinstance(data, dict) or not data:
         raise ctx.fail(

@@ -31,6 +31,7 @@ from supervisor.config import (
     ModeSpec,
     check_runs_match,
     load_config,
+    mirror_reload_refusal,
     worker_config,
 )
 from supervisor.exits import StopReason, WorkerExit, route_exit
@@ -1056,6 +1057,12 @@ class Supervisor:
             log.error("config_error", error=str(exc), kept="previous configuration")
             self.event("config_error", None, {"message": str(exc), "kept": "previous"})
             return
+        if (refusal := mirror_reload_refusal(self.cfg, new)) is not None:
+            # Applied to some parts and not others (the launcher's fences, the uploader, the
+            # workers' restores), a moved mirror loses fencing and progress: refused whole.
+            log.error("config_error", error=refusal, kept="previous configuration")
+            self.event("config_error", None, {"message": refusal, "kept": "previous"})
+            return
         if new.state_dir != self.cfg.state_dir:
             log.warning("config_reload_state_dir_ignored", old=str(self.cfg.state_dir))
             new = dataclasses.replace(new, state_dir=self.cfg.state_dir)
@@ -1069,6 +1076,7 @@ class Supervisor:
             self._configure_metrics()
         elif self.metrics is not None:
             self.metrics.cfg = new
+        self.launcher.configure(new)
         if self.uploader is not None:
             self.uploader.reconfigure(new)
         change = reconcile(self.games, self.removed, new.games, self.wall())

@@ -20,6 +20,7 @@ from supervisor.procid import start_ticks as start_ticks
 from training.protocol import PARENT_PID_ENV
 
 if TYPE_CHECKING:
+    from supervisor.config import Config
     from supervisor.spare import SpareKeeper, SpareWant
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -138,6 +139,9 @@ class Launcher:
 
     def connect(self) -> None:
         """Before the first spawn (several hosts: join the cluster). OSError when it cannot."""
+
+    def configure(self, cfg: Config) -> None:
+        """A reload: the configuration now in force (this host's launcher keeps none of it)."""
 
     def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
         """Once a tick: events about the hosts (several hosts: joined, lost, rebooted)."""

@@ -353,6 +353,11 @@ class RayLauncher(Launcher):
         self._failures_seen: dict[int, int] = {}  # id(proc) -> its actor's failures reported
 
     def configure(self, cfg: Config) -> None:
+        """A reload: the configuration now in force. The supervisor refuses a reload that
+        moves the mirror (`config.mirror_reload_refusal`); were one given anyway, the fence
+        client follows it rather than fencing in one place while workers restore from another."""
+        if cfg.mirror != self.cfg.mirror:
+            self._remote = None
         self.cfg = cfg
 
     # ---- connection ---------------------------------------------------------------------

@@ -1,34 +1,67 @@
 """The checkpoint mirror's uploader: one process per host, started, watched and restarted by the
 supervisor (`Uploader`), never by a worker. Workers commit locally and move on; this process
-mirrors each game's newest committed checkpoint in the background (`python -m
-supervisor.uploader --config PATH`) and says how far it got in `<state_dir>/mirror.json`,
-which the supervisor turns into events and `rlsup status` reads.
+mirrors each game's newest committed checkpoint in the background and says how far it got in
+`<state_dir>/mirror.json`, which the supervisor turns into events and `rlsup status` reads.
+
+Started by the supervisor as `python -m supervisor.uploader --config PATH --plan PLAN`: PLAN
+(`<state_dir>/uploader.json`) is the configuration in force in that supervisor (the mirror and
+the games' run dirs), so a restarted uploader never mirrors an edit of the file that the
+supervisor refused or has not reloaded. Without `--plan` it reads the file at PATH.
 
 It uploads only the newest checkpoint of each game (stale steps are skipped when it falls
 behind), bounded in memory by the transfer limits, with botocore's own retries per request and
-a capped backoff between attempts; killed at any point, it leaves no manifest whose blobs are
-missing (manifests are written last). It exits when its parent (the supervisor) is gone.
+a capped backoff between attempts; one game's failure (its folder unreadable, its upload
+refused) backs off that game only. Killed at any point, it leaves no manifest whose blobs are
+missing (manifests are written last). It exits when its parent (the supervisor) is gone, even
+when that happens while it is still starting.
 """
 
 from __future__ import annotations
 
+import os
+
+# training.protocol.PARENT_PID_ENV, spelled out: it is read before anything is imported.
+_PARENT_PID_ENV = "RLSUP_PARENT_PID"
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the parent dies (PR_SET_PDEATHSIG), then exit if the
+    parent that started us is gone already: it may die before the request takes effect, and
+    then nothing would ever be sent. First thing in the process: the imports below take
+    0.2-0.4 s, a window in which a dying supervisor would leave us running forever."""
+    import contextlib
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the loop's check remains
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    expected = os.environ.get(_PARENT_PID_ENV, "")
+    if expected.isdigit() and os.getppid() != int(expected):
+        raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    _die_with_parent()
+
+# ruff: noqa: E402  (the imports follow the parent-death check on purpose)
 import argparse
 import contextlib
 import json
-import os
 import random
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from checkpoints import CheckpointError, CheckpointStore
-from supervisor.config import Config, ConfigError, load_config
+from supervisor.config import Config, ConfigError, MirrorConfig, load_config
+from supervisor.launcher import rotate_log
 from supervisor.mirror_state import GameMirror, MirrorState
 from training import protocol
 
@@ -36,6 +69,48 @@ log = structlog.get_logger("rlsup.uploader")
 
 GC_EVERY_S = 600.0
 BACKOFF_MAX_S = 300.0
+PLAN_FILE = "uploader.json"  # in the state dir: the plan of the uploader last started
+
+
+# ---- what one uploader mirrors --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    """What one uploader process mirrors, taken from the configuration in force when it was
+    started (never re-read from the file by the process itself)."""
+
+    state_dir: Path  # mirror.json goes here
+    mirror: MirrorConfig
+    runs: tuple[tuple[str, Path], ...]  # (game, its run dir), in the configuration's order
+
+    @classmethod
+    def of(cls, cfg: Config) -> UploadPlan:
+        if cfg.mirror is None:
+            raise ValueError(f"{cfg.path} has no [mirror] table")
+        runs = tuple((g.name, cfg.run_dir(g.name)) for g in cfg.games)
+        return cls(cfg.state_dir, cfg.mirror, runs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state_dir": str(self.state_dir),
+            "mirror": self.mirror.as_dict(),
+            "runs": [[name, str(path)] for name, path in self.runs],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> UploadPlan:
+        """Raises ValueError naming what is wrong."""
+        try:
+            runs = tuple((str(name), Path(path)) for name, path in data["runs"])
+            return cls(Path(data["state_dir"]), MirrorConfig(**data["mirror"]), runs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not an uploader plan: {exc!r}") from None
+
+    @classmethod
+    def read(cls, path: Path) -> UploadPlan:
+        """Raises OSError or ValueError."""
+        return cls.from_json(json.loads(protocol.read_regular_file(path)))
 
 
 # ---- the uploader process ---------------------------------------------------------------
@@ -45,127 +120,157 @@ def _backoff(failures: int, rng: random.Random) -> float:
     return float(min(BACKOFF_MAX_S, 2.0 ** min(failures, 9)) * rng.uniform(0.5, 1.0))
 
 
-def run_uploader(cfg: Config, stop: threading.Event, poll_s: float = 1.0) -> None:
-    from checkpoints.mirror import collect_garbage, upload_checkpoint
-    from checkpoints.remote import (
-        RemoteError,
-        RemoteLocation,
-        RemoteStore,
-        TransferLimits,
-        make_client,
-    )
+def _remote_store(m: MirrorConfig) -> Any:
+    from checkpoints.remote import RemoteLocation, RemoteStore, TransferLimits, make_client
 
-    m = cfg.mirror
-    assert m is not None
     limits = TransferLimits(
         concurrency=m.concurrency,
         chunk_bytes=int(m.chunk_mb * 2**20),
         bandwidth_bytes_s=int(m.bandwidth_mb_s * 1e6) or None,
     )
-    remote = RemoteStore(
-        make_client(m.endpoint_url or None, m.region or None), RemoteLocation.parse(m.url), limits
-    )
-    state = MirrorState.read(cfg.state_dir) or MirrorState()
-    if state.url != m.url:  # another bucket: what was mirrored there says nothing here
-        state = MirrorState(url=m.url)
-    state.pid = os.getpid()
-    rng = random.Random()
-    retry_at: dict[str, float] = {}
-    bucket_ok, next_gc = False, time.monotonic() + 60.0
+    client = make_client(m.endpoint_url or None, m.region or None)
+    return RemoteStore(client, RemoteLocation.parse(m.url), limits)
+
+
+class _Pass:
+    """The uploader's bookkeeping across passes: mirror.json, each game's retry time."""
+
+    def __init__(self, plan: UploadPlan, remote: Any) -> None:
+        self.plan, self.remote = plan, remote
+        state = MirrorState.read(plan.state_dir) or MirrorState()
+        if state.url != plan.mirror.url:  # another bucket: what was mirrored there says nothing
+            state = MirrorState(url=plan.mirror.url)
+        state.pid = os.getpid()
+        self.state = state
+        self.rng = random.Random()
+        self.retry_at: dict[str, float] = {}
+        self.bucket_ok = False
+
+    def save(self) -> None:
+        self.state.write(self.plan.state_dir)
+
+    def failed(self, game: str, gm: GameMirror, error: str, now: float) -> None:
+        gm.failures += 1
+        gm.last_error = error[:500]
+        gm.error_at = time.time()
+        delay = _backoff(gm.failures, self.rng)
+        self.retry_at[game] = now + delay
+        log.warning("mirror_failed", game=game, error=gm.last_error, retry_s=delay)
+        self.save()
+
+    def game(self, game: str, run_dir: Path, now: float) -> bool:
+        """One attempt at `game`'s newest checkpoint; True when one was mirrored."""
+        from checkpoints.mirror import upload_checkpoint
+        from checkpoints.remote import RemoteError
+
+        gm = self.state.games.setdefault(game, GameMirror())
+        if now < self.retry_at.get(game, 0.0):
+            return False
+        folder = run_dir / protocol.CHECKPOINT_DIR
+        try:
+            ref = CheckpointStore(folder).latest()
+        except OSError as exc:  # this game's folder only: the others go on
+            self.failed(game, gm, f"{folder}: {exc}", now)
+            return False
+        if ref is None or (gm.step is not None and ref.step <= gm.step):
+            return False
+        every_s = self.plan.mirror.every_s
+        if every_s and gm.uploaded_at and time.time() - gm.uploaded_at < every_s:
+            return False
+        try:
+            if not self.bucket_ok:
+                self.remote.ensure_bucket()
+                self.bucket_ok = True
+            up = upload_checkpoint(self.remote, game, ref)
+            created = json.loads((ref.path / "MANIFEST.json").read_bytes()).get("created")
+        except FileNotFoundError:
+            return False  # retention removed it meanwhile: the next pass takes the newer one
+        except Exception as exc:
+            if not isinstance(exc, RemoteError | CheckpointError | OSError | ValueError):
+                log.exception("mirror_unexpected_error", game=game)
+            self.failed(game, gm, f"{ref.path.name}: {exc}", now)
+            return False
+        gm.step, gm.created, gm.uploaded_at = ref.step, created, time.time()
+        gm.bytes_uploaded, gm.bytes_present = up.bytes_uploaded, up.bytes_present
+        gm.seconds, gm.uploads = round(up.seconds, 3), gm.uploads + 1
+        gm.last_error = None
+        self.retry_at.pop(game, None)
+        log.info("mirror_ok", game=game, **asdict(up))
+        self.save()
+        return True
+
+    def collect_garbage(self) -> None:
+        from checkpoints.mirror import collect_garbage
+        from checkpoints.remote import RemoteError
+
+        try:
+            got = collect_garbage(self.remote, self.plan.mirror.keep)
+            self.state.gc = {**asdict(got), "at": time.time()}
+            log.info("mirror_gc", **self.state.gc)
+        except (RemoteError, CheckpointError) as exc:
+            self.state.gc = {"error": str(exc)[:500], "at": time.time()}
+            log.warning("mirror_gc_failed", error=str(exc))
+        self.save()
+
+
+def run_uploader(plan: UploadPlan, stop: threading.Event, poll_s: float = 1.0) -> None:
+    one = _Pass(plan, _remote_store(plan.mirror))
+    next_gc = time.monotonic() + 60.0
     parent = os.getppid()
-    state.write(cfg.state_dir)
+    one.save()
     while not stop.is_set() and os.getppid() == parent:
         now = time.monotonic()
         uploaded = False
-        for game in cfg.games:
-            gm = state.games.setdefault(game.name, GameMirror())
-            if now < retry_at.get(game.name, 0.0):
-                continue
-            store = CheckpointStore(cfg.run_dir(game.name) / protocol.CHECKPOINT_DIR)
-            ref = store.latest()
-            if ref is None or (gm.step is not None and ref.step <= gm.step):
-                continue
-            if m.every_s and gm.uploaded_at and time.time() - gm.uploaded_at < m.every_s:
-                continue
-            try:
-                if not bucket_ok:
-                    remote.ensure_bucket()
-                    bucket_ok = True
-                up = upload_checkpoint(remote, game.name, ref)
-                created = json.loads((ref.path / "MANIFEST.json").read_bytes()).get("created")
-            except FileNotFoundError:
-                continue  # retention removed it meanwhile: the next pass takes the newer one
-            except Exception as exc:
-                if not isinstance(exc, RemoteError | CheckpointError | OSError | ValueError):
-                    log.exception("mirror_unexpected_error", game=game.name)
-                gm.failures += 1
-                gm.last_error = f"{ref.path.name}: {exc}"[:500]
-                gm.error_at = time.time()
-                delay = _backoff(gm.failures, rng)
-                retry_at[game.name] = now + delay
-                log.warning("mirror_failed", game=game.name, error=gm.last_error, retry_s=delay)
-                state.write(cfg.state_dir)
-                continue
-            gm.step, gm.created, gm.uploaded_at = ref.step, created, time.time()
-            gm.bytes_uploaded, gm.bytes_present = up.bytes_uploaded, up.bytes_present
-            gm.seconds, gm.uploads = round(up.seconds, 3), gm.uploads + 1
-            gm.last_error = None
-            retry_at.pop(game.name, None)
-            uploaded = True
-            log.info("mirror_ok", game=game.name, **asdict(up))
-            state.write(cfg.state_dir)
+        for game, run_dir in plan.runs:
+            uploaded = one.game(game, run_dir, now) or uploaded
         if uploaded and time.monotonic() >= next_gc:
             next_gc = time.monotonic() + GC_EVERY_S
-            try:
-                got = collect_garbage(remote, m.keep)
-                state.gc = {**asdict(got), "at": time.time()}
-                log.info("mirror_gc", **state.gc)
-            except (RemoteError, CheckpointError) as exc:
-                state.gc = {"error": str(exc)[:500], "at": time.time()}
-                log.warning("mirror_gc_failed", error=str(exc))
-            state.write(cfg.state_dir)
+            one.collect_garbage()
         stop.wait(poll_s)
+
+
+def _plan_of(args: argparse.Namespace) -> UploadPlan | str:
+    """The plan to run, or why there is none."""
+    if args.plan:
+        try:
+            return UploadPlan.read(Path(args.plan))
+        except (OSError, ValueError) as exc:
+            return f"{args.plan}: {exc}"
+    try:
+        return UploadPlan.of(load_config(args.config))
+    except (ConfigError, ValueError) as exc:
+        return str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m supervisor.uploader")
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", required=True, help="the configuration (read without --plan)")
+    parser.add_argument("--plan", help="what to mirror: the supervisor's configuration in force")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"rlsup uploader: {exc}", file=sys.stderr)
-        return 2
-    if cfg.mirror is None:
-        print(f"rlsup uploader: {cfg.path} has no [mirror] table", file=sys.stderr)
-        return 2
     # SIGTERM keeps its default (exit at once): killed anywhere, an upload leaves no manifest
     # without its blobs, so there is nothing to finish first. The same when the supervisor
-    # dies: the kernel sends it (PR_SET_PDEATHSIG), even in the middle of a long upload.
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # it died before the request took effect
-        return 0
-    run_uploader(cfg, threading.Event())
+    # dies: the kernel sends it (PR_SET_PDEATHSIG, armed first thing), even mid-upload.
+    plan = _plan_of(args)
+    if isinstance(plan, str):
+        print(f"rlsup uploader: {plan}", file=sys.stderr)
+        return 2
+    run_uploader(plan, threading.Event())
     return 0
-
-
-def _die_with_parent() -> None:
-    import ctypes
-    import signal
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
 
 
 # ---- the supervisor's handle ------------------------------------------------------------
 
 
+def _restart_delay(exits: int) -> float:
+    return float(min(BACKOFF_MAX_S, 2.0 ** min(exits, 8)))
+
+
 class Uploader:
     """The supervisor's side: keeps one uploader process running while [mirror] is set
-    (restarted after a capped backoff when it exits), and turns mirror.json's changes into
-    events (`mirror_ok` per newly mirrored checkpoint, `mirror_failed` per failed attempt)."""
+    (restarted after a capped backoff when it exits, or when it cannot even be started: an
+    `uploader_exit` event with `returncode` null and the `error`; never a failed tick), and
+    turns mirror.json's changes into events (`mirror_ok` per newly mirrored checkpoint,
+    `mirror_failed` per failed attempt)."""
 
     def __init__(self, cfg: Config, event: Any, spawn_process: bool = True) -> None:
         self.cfg = cfg
@@ -188,28 +293,45 @@ class Uploader:
             self._report()
             return
         if self.proc is not None and (rc := self.proc.poll()) is not None:
-            self.exits += 1
-            delay = min(BACKOFF_MAX_S, 2.0 ** min(self.exits, 8))
-            self.event("uploader_exit", None, {"returncode": rc, "restart_in_s": delay})
-            log.warning("uploader_exit", returncode=rc, restart_in_s=delay)
-            self.proc, self.restart_at = None, now + delay
+            self._backoff(now, {"returncode": rc})
+            self.proc = None
         if self.proc is None and now >= self.restart_at:
-            self._spawn()
+            try:
+                self._spawn()
+            except (OSError, subprocess.SubprocessError, ValueError) as exc:
+                # fork's EAGAIN, a full disk, an unusable log: the helper waits, the tick goes on
+                self.proc = None
+                self._backoff(now, {"returncode": None, "error": f"cannot start: {exc}"[:500]})
         self._report()
 
+    def _backoff(self, now: float, detail: dict[str, Any]) -> None:
+        self.exits += 1
+        delay = _restart_delay(self.exits)
+        self.event("uploader_exit", None, {**detail, "restart_in_s": delay})
+        log.warning("uploader_exit", **detail, restart_in_s=delay)
+        self.restart_at = now + delay
+
     def _spawn(self) -> None:
+        from checkpoints import write_json_atomic
+
         logs = self.cfg.logs_dir
         logs.mkdir(parents=True, exist_ok=True)
-        fd = os.open(
-            logs / "uploader.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
-        )
+        plan = self.cfg.state_dir / PLAN_FILE
+        write_json_atomic(plan, UploadPlan.of(self.cfg).to_json(), durable=False)
+        log_path = logs / "uploader.log"
+        rotate_log(log_path)
+        # O_NOFOLLOW: a link planted at the log's name never redirects the service's writes.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(log_path, flags, 0o600)
+        argv = ["-m", "supervisor.uploader", "--config", str(self.cfg.path), "--plan", str(plan)]
         with os.fdopen(fd, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "supervisor.uploader", "--config", str(self.cfg.path)],
+                [sys.executable, *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
                 cwd=str(Path(__file__).resolve().parent.parent),
+                env={**os.environ, protocol.PARENT_PID_ENV: str(os.getpid())},
             )
         log.info("uploader_start", pid=self.proc.pid)
 
@@ -231,8 +353,10 @@ class Uploader:
             self.seen[name] = (gm.step, gm.failures)
 
     def reconfigure(self, cfg: Config) -> None:
-        """A reload: a changed [mirror] restarts the uploader (it reads its config at start)."""
-        changed = cfg.mirror != self.cfg.mirror or cfg.games != self.cfg.games
+        """A reload: a changed plan (the mirror's tuning, the games) restarts the uploader
+        with it. The mirror's location never changes here: the reload refuses that
+        (`config.mirror_reload_refusal`)."""
+        changed = _plan_or_none(cfg) != _plan_or_none(self.cfg)
         self.cfg = cfg
         if changed:
             self.stop()
@@ -249,6 +373,10 @@ class Uploader:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+def _plan_or_none(cfg: Config) -> UploadPlan | None:
+    return UploadPlan.of(cfg) if cfg.mirror is not None else None
 
 
 if __name__ == "__main__":
