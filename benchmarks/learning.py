@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from hostinfo import host_facts, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = {"fp32": "fp32", "fast": "auto"}
@@ -97,7 +97,7 @@ def main() -> None:
         total = time.monotonic() - t0
     by: dict[str, list[dict[str, Any]]] = {p: [r for r in runs if r["path"] == p] for p in PATHS}
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores; {args.game} PPO, "
+        f"{host_line()}\n{args.game} PPO, "
         f"{args.steps} agent steps per run, {args.parallel} runs at a time x {args.threads} "
         f"thread(s); {total / 60:.0f} min in all"
     )
@@ -112,8 +112,9 @@ def main() -> None:
         )
     means = {p: [r["mean_last_100"] for r in rs] for p, rs in by.items()}
     if not all(means.values()):
-        print(json.dumps({"benchmark": "learning", "game": args.game, "steps": args.steps,
-                          "runs": runs, "minutes": round(total / 60, 1)}))  # fmt: skip
+        print(json.dumps({"benchmark": "learning", "host": host_facts(), "game": args.game,
+                          "steps": args.steps, "runs": runs,
+                          "minutes": round(total / 60, 1)}))  # fmt: skip
         return
     fp32_mean = statistics.mean(means["fp32"])
     spread = max(means["fp32"]) - min(means["fp32"])
@@ -129,6 +130,7 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "learning",
+                "host": host_facts(),
                 "game": args.game,
                 "steps": args.steps,
                 "runs": runs,

@@ -26,6 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+
+from hostinfo import host_facts, host_line  # noqa: E402
+
 from benchmarks.supervision_overhead import rate  # noqa: E402
 from tests.mirror.conftest import TEST_AWS_ENV  # noqa: E402
 from tests.mirror.seaweed import running_weed  # noqa: E402
@@ -108,8 +111,10 @@ def main() -> None:
         print(
             f"{'full checkpoint size (baseline)':<44}{statistics.median(full):>14,.0f}{1.0:>8.2f}"
         )
+    print(host_line())
     print(json.dumps({
         "benchmark": "mirror",
+        "host": host_facts(),
         "cores": os.cpu_count(),
         "off_sps": round(b, 1),
         "on_sps": round(m, 1),

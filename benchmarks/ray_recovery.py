@@ -30,6 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hostinfo import host_facts, host_line  # noqa: E402
+
 from tests.cluster.ray_cluster import LoopbackCluster, loopback_cluster, python_env  # noqa: E402
 from tests.mirror.conftest import TEST_AWS_ENV  # noqa: E402
 from tests.mirror.seaweed import running_weed  # noqa: E402
@@ -166,7 +168,8 @@ def main() -> int:
         f"{out['host_death_median_s']} s, worst {out['host_death_worst_s']} s "
         f"({out['ratio_median']}x the single-host median)"
     )
-    print(json.dumps(out))
+    print(host_line())
+    print(json.dumps({**out, "host": host_facts()}))
     return 0
 
 

@@ -33,11 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hostinfo import host_facts, host_line
+
 REPO = Path(__file__).resolve().parents[1]
 
 FLOOR_CODE = """
 import time; t0 = time.perf_counter()
 import torch, envpool, gymnasium, numpy as np
+
 env = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=4, seed=1)
 obs, _ = env.reset()
 net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
@@ -309,10 +312,12 @@ def main() -> None:
           f"{spare_run['pss_mib']:>9.0f}")  # fmt: skip
     print(f"{'simulated reboot -> all games training (cold)':<52}{reboot_s:>9.2f}{'':>9}"
           f"{reboot_s / floor:>9.2f}")  # fmt: skip
+    print(host_line())
     print(
         json.dumps(
             {
                 "benchmark": "recovery",
+                "host": host_facts(),
                 "cores": os.cpu_count(),
                 "games": args.games,
                 "kills": args.kills,

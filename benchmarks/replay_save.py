@@ -39,6 +39,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hostinfo import host_facts, host_line
+
 from checkpoints import CheckpointStore
 from training.replay import ReplayBuffer
 
@@ -529,7 +531,17 @@ def main() -> None:
     methods = list(METHODS) if args.method == "all" else [args.method]
     res = {m: run_child(m, args, base) for m in methods}
     print_table(res, args.size_gib)
-    print(json.dumps({"benchmark": "replay_save", "size_gib": args.size_gib, "results": res}))
+    print(host_line())
+    print(
+        json.dumps(
+            {
+                "benchmark": "replay_save",
+                "host": host_facts(),
+                "size_gib": args.size_gib,
+                "results": res,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ table and ends with one JSON line. Exit status 1 when an invariant was violated.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+from hostinfo import host_facts, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +41,9 @@ def main() -> int:
         finish_timeout_s=max(240.0, phase_s * 0.3),
     )
     print(f"soak: {args.minutes} min, seed {args.seed}, workdir {workdir}", flush=True)
-    _, violations = engine.run_soak(settings)
+    print(host_line(), flush=True)
+    soak, violations = engine.run_soak(settings)
+    print(json.dumps({"benchmark": "soak", "host": host_facts(), **soak.figures()}))
     return 1 if violations else 0
 
 

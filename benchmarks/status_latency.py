@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "cli"))
 
+from hostinfo import host_facts, host_line  # noqa: E402
 from state_fixture import build_state  # noqa: E402
 
 BUDGET_MS = 150.0  # median `rlsup status`, idle and under load (issue 16)
@@ -146,7 +147,8 @@ def main() -> int:
         "budget_ms": BUDGET_MS,
         "within_budget": max(med["rlsup status"], lmed["rlsup status"]) <= BUDGET_MS,
     }
-    print(json.dumps(figures))
+    print(host_line())
+    print(json.dumps({**figures, "host": host_facts()}))
     return 0 if figures["within_budget"] else 1
 
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hostinfo import host_facts, host_line
+
 REPO = Path(__file__).resolve().parents[1]
 THREADS = max(1, os.cpu_count() or 1)
 
@@ -148,7 +150,8 @@ def main() -> None:
         "idle_spare_vs_none": round(sp / s, 4),
         "rounds": args.rounds,
     }
-    print(json.dumps(figures))
+    print(host_line())
+    print(json.dumps({**figures, "host": host_facts()}))
 
 
 if __name__ == "__main__":

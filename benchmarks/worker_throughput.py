@@ -27,7 +27,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from hostinfo import host_facts, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_SPS = 422.0  # CleanRL ppo_atari_envpool.py, same settings, this machine (issue 18)
@@ -205,7 +206,7 @@ def main() -> None:
 
     fast_prec = split["fast"]["precision"]
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
+        f"{host_line()}; {args.threads} threads; "
         f"{args.game} PPO {args.num_envs} envs x {args.n_steps} steps, minibatch "
         f"{args.batch_size}, {args.epochs} epochs; fast path runs {fast_prec}"
     )
@@ -256,7 +257,8 @@ def main() -> None:
         "tensorboard_ratio": None if tb_ratio is None else round(tb_ratio, 4),
         "repeats": max(1, args.repeats),
     }
-    print(json.dumps(figures))
+    print(host_line())
+    print(json.dumps({**figures, "host": host_facts()}))
 
 
 if __name__ == "__main__":
