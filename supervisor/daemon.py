@@ -167,6 +167,8 @@ class Supervisor:
         self._lost_gpus: set[str] = set()  # UUIDs reported lost (gpu_lost written)
         self._avoid: dict[str, dict[str, float]] = {}  # game → GPU UUID moved off → until (steady)
         self._driver_up: bool | None = None  # NVML answered at the last snapshot seen
+        # The auto games that will train on the CPU (device_fallback), for the config read.
+        self._cpu_fallback: tuple[Config | None, frozenset[str]] = (None, frozenset())
         # policy: the stability policy by default; None turns automatic scaling off.
         self.policy: PolicyStep | None = (
             scaling.StabilityPolicy(
@@ -277,7 +279,7 @@ class Supervisor:
             self.event(kind, game, detail)
             log.warning(kind, game=game, **detail)
         if self.launcher.backend == "local":  # several hosts: each has its own torch and driver
-            for game, detail in devices.cpu_fallback_warnings(self.cfg.games):
+            for game, detail in self._read_cpu_fallbacks():
                 self.event("device_fallback", game, detail)
                 log.warning("device_fallback", game=game, **detail)
         log.info(
@@ -382,8 +384,8 @@ class Supervisor:
         self.recorder.on_event = self.hooks.fire if self.hooks is not None else None
 
     def _configure_metrics(self) -> None:
-        if self.metrics is not None:
-            self.metrics.stop()
+        if self.metrics is not None:  # a reload: the old exporter writes no "up 0"
+            self.metrics.stop(replaced_by=self.cfg.metrics)
         self.metrics = MetricsExporter(self.cfg) if self.cfg.metrics.enabled else None
         if self.metrics is not None:
             self.metrics.start()
@@ -772,6 +774,11 @@ class Supervisor:
         gpu.timeout_s one rung lower (gpugate)."""
         if rt.spec.device == "cpu" or self.launcher.backend != "local":
             return True  # several hosts: Ray's num_gpus places GPU games
+        if self._trains_on_cpu(rt.spec.name):
+            return True  # auto with a CPU-only torch (device_fallback): no GPU to wait for
+        if (never := self._cuda_never_here(rt)) is not None:
+            self._set(rt, S.FATAL, never)  # not a wait that no driver will ever end
+            return False
         assert self.conn is not None and self.journal is not None
         name, current = rt.spec.name, self.view.game(rt.spec.name)
         peak = rt.gpu_peak_mb.get(current.sizes())
@@ -808,6 +815,31 @@ class Supervisor:
         if gpu is not None:
             self._chosen[name] = gpu
         return True
+
+    def _read_cpu_fallbacks(self) -> list[tuple[str, dict[str, Any]]]:
+        """The auto games that will train on the CPU of this host (its torch is CPU-only, its
+        NVIDIA driver unused), with their `device_fallback` detail; remembered for this
+        configuration (reads torch's metadata: not once a tick)."""
+        warnings = devices.cpu_fallback_warnings(self.cfg.games)
+        self._cpu_fallback = (self.cfg, frozenset(name for name, _ in warnings))
+        return warnings
+
+    def _trains_on_cpu(self, name: str) -> bool:
+        """Decided before the gate: an auto game rlsup said will train on the CPU."""
+        if self._cpu_fallback[0] is not self.cfg:  # a reload: decide again for its games
+            self._read_cpu_fallbacks()
+        return name in self._cpu_fallback[1]
+
+    def _cuda_never_here(self, rt: GameRuntime) -> str | None:
+        """Why a `device = "cuda"` game can never start on this host (no NVIDIA driver is
+        installed: NVML's library is missing), or None. A driver installed but not loaded
+        yet (late at boot) is waited for instead."""
+        if rt.spec.device != "cuda" or not isinstance(self.probe, NvmlProbe):
+            return None
+        snap = self.probe.latest()
+        if snap.ts == 0.0 or snap.hung or snap.driver or not snap.absent:
+            return None
+        return devices.no_driver_refusal(snap.reason)
 
     def _place(self, rt: GameRuntime, need: float, now: float) -> tuple[bool, GpuId | None]:
         """(may it go on to the gate, the GPU it is placed on). Reads the sampler's last

@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import structlog
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from supervisor import db, render
-from supervisor.config import Config
+from supervisor.config import Config, MetricsConfig
 from supervisor.states import WorkerState
 
 log = structlog.get_logger("rlsup.supervisor")
@@ -51,6 +55,10 @@ def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
     sup = doc["supervisor"]
     up = gauge("rlsup_supervisor_up", "1 while the supervisor runs and ticks")
     up.add_metric([], 1.0 if sup["state"] == "running" else 0.0)
+    gauge(
+        "rlsup_metrics_updated_timestamp_seconds",
+        "when the supervisor last wrote these metrics (Unix seconds): old means it is dead",
+    ).add_metric([], float(doc["generated_at"]))
     if sup.get("started"):
         started = gauge("rlsup_supervisor_start_time_seconds", "when it started (Unix seconds)")
         started.add_metric([], float(sup["started"]))
@@ -128,6 +136,15 @@ def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
     return out
 
 
+# What the last textfile says when even the status document cannot be read at a stop.
+_DOWN_DOC: dict[str, Any] = {
+    "supervisor": {"state": "stopped"},
+    "games": [],
+    "host": {"unexpected_reboots_total": 0},
+    "mode": {"scopes": []},
+}
+
+
 class _Snapshot(Collector):
     def __init__(self) -> None:
         self.metrics: list[Metric] = []
@@ -146,24 +163,23 @@ class MetricsExporter:
         self.registry.register(self._snapshot)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._server: Any = None
+        self._server: BoundedMetricsServer | None = None
         self._lock = threading.Lock()
         self._failures: list[dict[str, Any]] = []
         self._failing: set[str] = set()  # what is failing now: reported once, until it heals
+        self._publish_lock = threading.Lock()  # one writer of the snapshot and the textfile
+        self._final = False  # the supervisor's last word (up 0) is written: nothing after it
         self.address: tuple[str, int] | None = None  # where the endpoint listens
 
     def start(self) -> None:
         m = self.cfg.metrics
         self.refresh()  # the first snapshot before anyone can scrape
         if m.listen_host:
-            from prometheus_client import start_http_server
-
             try:
-                self._server, _ = start_http_server(
-                    m.listen_port, addr=m.listen_host, registry=self.registry
-                )
-                self.address = self._server.server_address[:2]
-                log.info("metrics_listening", address=f"{m.listen_host}:{self.address[1]}")
+                self._server = start_bounded_server(m.listen_host, m.listen_port, self.registry)
+                host, port = self._server.server_address[:2]
+                self.address = (str(host), int(port))
+                log.info("metrics_listening", address=f"{m.listen_host}:{port}")
             except OSError as exc:
                 self._fail(
                     "listen",
@@ -173,14 +189,23 @@ class MetricsExporter:
         self._thread = threading.Thread(target=self._loop, name="rlsup-metrics", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, replaced_by: MetricsConfig | None = None) -> None:
+        """The supervisor stops (`replaced_by` None): the textfile's last version says
+        `rlsup_supervisor_up 0`, so that node_exporter's alerts see it down. A reload
+        (`replaced_by` the new [metrics]) writes nothing, and removes a textfile that the
+        new configuration no longer writes (it would only go stale)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10.0)
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
+        own = self.cfg.metrics.textfile
+        if replaced_by is None:
+            self.refresh(stopping=True)
+        elif own is not None and replaced_by.textfile != own:
+            with contextlib.suppress(OSError):
+                os.unlink(own)
 
     def drain(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -191,18 +216,35 @@ class MetricsExporter:
         while not self._stop.wait(self.cfg.metrics.interval_s):
             self.refresh()
 
-    def refresh(self) -> None:
-        from supervisor.commands.status import collect  # the status document: one owner
-
+    def refresh(self, *, stopping: bool = False) -> None:
+        """Recompute the snapshot and rewrite the textfile; `stopping`: the last time, with
+        the supervisor down (whatever its row still says) and the games as recorded."""
         try:
-            doc = collect(self.cfg, time.time())
-            with render.open_db_readonly(self.cfg.db_path) as conn:
-                decisions = db.event_counts(conn, POLICY_KINDS) if conn is not None else {}
-            self._snapshot.metrics = families(dict(doc), decisions)
+            metrics = self._collect(stopping)
             self._healed("collect")
         except (sqlite3.Error, OSError, ValueError, KeyError, TypeError) as exc:
             self._fail("collect", f"cannot collect the metrics: {exc}")
-            return
+            if not stopping:
+                return
+            metrics = families(_DOWN_DOC | {"generated_at": time.time()}, {})
+        with self._publish_lock:  # a late refresh of the thread never overwrites the last word
+            if self._final:
+                return
+            self._final = stopping
+            self._snapshot.metrics = metrics
+            self._write_textfile()
+
+    def _collect(self, stopping: bool) -> list[Metric]:
+        from supervisor.commands.status import collect  # the status document: one owner
+
+        doc: dict[str, Any] = dict(collect(self.cfg, time.time()))
+        if stopping:
+            doc["supervisor"] = {**doc["supervisor"], "state": "stopped"}
+        with render.open_db_readonly(self.cfg.db_path) as conn:
+            decisions = db.event_counts(conn, POLICY_KINDS) if conn is not None else {}
+        return families(doc, decisions)
+
+    def _write_textfile(self) -> None:
         if self.cfg.metrics.textfile is not None:
             try:
                 write_textfile(self.cfg.metrics.textfile, self.registry)
@@ -230,16 +272,125 @@ class MetricsExporter:
 
 def write_textfile(path: os.PathLike[str] | str, registry: CollectorRegistry) -> None:
     """prometheus_client's write_to_textfile, with the mode node_exporter needs to read it:
-    a temporary file beside it, then rename(2), so a reader never sees half a file."""
+    a temporary file beside it, then rename(2), so a reader never sees half a file.
+
+    The temporary name is unpredictable and created with O_EXCL | O_NOFOLLOW: the collector's
+    directory may be writable by others, and a name planted there (a symlink to a file the
+    supervisor's user can write) is never opened, truncated or chmod-ed."""
     data = generate_latest(registry)
-    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, TEXTFILE_MODE)
+    target = os.fspath(path)
+    folder, name = os.path.split(target)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")  # not *.prom: not read
+    fd = os.open(tmp, flags, TEXTFILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, TEXTFILE_MODE)  # whatever the umask took away
-        os.replace(tmp, path)
+            os.fchmod(f.fileno(), TEXTFILE_MODE)  # whatever the umask took away; by fd
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+# ---- the /metrics endpoint: bounded, so that no client can take the supervisor's descriptors ---
+
+MAX_CONNECTIONS = 8  # connections served at once (Prometheus holds one per scrape)
+IDLE_TIMEOUT_S = 5.0  # a connection that sends (or reads) nothing this long is closed
+CONNECTION_DEADLINE_S = 10.0  # and none is kept longer, however slowly it trickles
+LISTEN_BACKLOG = 64
+
+
+class _MetricsRequestHandler(WSGIRequestHandler):
+    """prometheus_client's WSGI app behind a socket timeout; requests are not logged."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(IDLE_TIMEOUT_S)  # the module's value at each connection
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class BoundedMetricsServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, as prometheus_client's own server, but at most
+    MAX_CONNECTIONS of them: a new connection past that closes the oldest one (an idle
+    client never locks a scrape out), idle ones close after IDLE_TIMEOUT_S, and none lives
+    past CONNECTION_DEADLINE_S. So a flood of local connections costs a few descriptors and
+    threads, never the ones the supervisor needs to restart a worker."""
+
+    daemon_threads = True
+    block_on_close = False  # stop() cuts the connections; nothing to wait for
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self._open: dict[socket.socket, float] = {}  # connection -> accepted (monotonic)
+        self._cut: set[socket.socket] = set()  # shut down, its thread finishing
+        self._conns_lock = threading.Lock()
+        super().__init__(address, _MetricsRequestHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conns_lock:
+            if len(self._open) >= MAX_CONNECTIONS:
+                self._cut_locked(min(self._open, key=self._open.__getitem__))
+            if len(self._cut) >= MAX_CONNECTIONS:  # cut ones not gone yet: refuse, bounded
+                refused = True
+            else:
+                refused = False
+                self._open[request] = time.monotonic()
+        if refused:
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conns_lock:
+            self._open.pop(request, None)
+            self._cut.discard(request)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """serve_forever() calls this between polls (every 0.5 s): cut what outlived its
+        deadline, whatever its thread is blocked on."""
+        too_old = time.monotonic() - CONNECTION_DEADLINE_S
+        with self._conns_lock:
+            for conn in [c for c, t in self._open.items() if t < too_old]:
+                self._cut_locked(conn)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out or went away: nothing to report, the connection is closed.
+        log.debug("metrics_connection_error", client=str(client_address))
+
+    def stop(self) -> None:
+        self.shutdown()  # the accept loop ends
+        with self._conns_lock:
+            for conn in list(self._open):
+                self._cut_locked(conn)
+        self.server_close()
+
+    @property
+    def connections(self) -> int:
+        with self._conns_lock:
+            return len(self._open) + len(self._cut)
+
+    def _cut_locked(self, conn: socket.socket) -> None:
+        """Wake the connection's thread (its recv/send returns) so that it closes it."""
+        self._open.pop(conn, None)
+        self._cut.add(conn)
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+
+
+def start_bounded_server(host: str, port: int, registry: CollectorRegistry) -> BoundedMetricsServer:
+    """Listen on host:port (IPv4 or IPv6, as the address says) and serve the registry's
+    /metrics from a daemon thread; OSError if the address cannot be bound."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(BoundedMetricsServer):
+        address_family = family
+
+    server = Server((host, port))
+    server.set_app(make_wsgi_app(registry))
+    threading.Thread(target=server.serve_forever, name="rlsup-metrics-http", daemon=True).start()
+    return server

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -99,3 +101,45 @@ def test_the_endpoint_serves_the_snapshot_and_a_taken_port_is_reported(
     with socket.socket() as s:  # the port is free again: the server was shut down
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
         s.bind(("127.0.0.1", port))
+
+
+def test_a_stopped_exporter_leaves_up_0_and_every_file_says_when_it_was_written(
+    state: StateFixture, tmp_path: Path
+) -> None:
+    path = tmp_path / "rlsup.prom"
+    ex = exporter(state, textfile=path, interval_s=60)
+    t0 = time.time()
+    ex.start()
+    running = samples(path.read_text())
+    assert value(running, "rlsup_supervisor_up") == 1.0
+    written = value(running, "rlsup_metrics_updated_timestamp_seconds")
+    assert written is not None and t0 - 1 <= written <= time.time() + 1
+    ex.stop()  # a clean stop (the supervisor's close()): node_exporter must not see it up
+    stopped = samples(path.read_text())
+    assert value(stopped, "rlsup_supervisor_up") == 0.0
+    assert (value(stopped, "rlsup_metrics_updated_timestamp_seconds") or 0) >= written
+    ex.refresh()  # a refresh after the stop (the thread's last one, late) changes nothing
+    assert value(samples(path.read_text()), "rlsup_supervisor_up") == 0.0
+
+
+def test_the_textfile_never_follows_a_planted_temporary_name(
+    state: StateFixture, tmp_path: Path
+) -> None:
+    """Another local user who can write the textfile collector's directory plants a symlink
+    where the temporary file would go: the supervisor (often root) must not write through it."""
+    node = tmp_path / "node"
+    node.mkdir()
+    path = node / "rlsup.prom"
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    planted = [node / f"rlsup.prom.{os.getpid()}.tmp", node / ".rlsup.prom.tmp"]
+    for link in planted:
+        link.symlink_to(victim)
+    ex = exporter(state, textfile=path)
+    ex.refresh()
+    assert ex.drain() == []
+    assert victim.read_text() == "precious\n"
+    assert not path.is_symlink() and "rlsup_game_steps" in path.read_text()
+    assert sorted(p.name for p in node.iterdir()) == sorted(
+        ["rlsup.prom", *(p.name for p in planted)]
+    )
