@@ -20,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -180,7 +181,10 @@ def unreachable(path: Path, account: str) -> str | None:
         uid, gids = -1, set()
     for target in (path, path.resolve()):
         for directory in reversed(target.parents):
-            st = directory.stat()
+            try:
+                st = directory.stat()
+            except FileNotFoundError:
+                return f"{directory} does not exist"
             if st.st_uid == uid:
                 bit = stat.S_IXUSR
             elif st.st_gid in gids:
@@ -189,6 +193,130 @@ def unreachable(path: Path, account: str) -> str | None:
                 bit = stat.S_IXOTH
             if not st.st_mode & bit:
                 return f"{account} cannot enter {directory} (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+# PrivateTmp=yes (SANDBOXING) gives the service an empty /tmp and /var/tmp of its own.
+PRIVATE_TMP_DIRS = (Path("/tmp"), Path("/var/tmp"))
+# Where home directories live: ProtectHome=yes|tmpfs would hide them; read-only only forbids writes.
+HOME_DIRS = (Path("/home"), Path("/root"), Path("/run/user"))
+SERVICE_VENV = Path("/opt/rlsup")
+# Interpreters a service venv can be made from: a distribution's or a local build's, outside
+# every home directory (pyenv's and conda's live in one; a venv keeps using its base).
+SYSTEM_PYTHON_DIRS = (Path("/usr/bin"), Path("/usr/local/bin"))
+
+
+def protect_home() -> str:
+    """The unit's ProtectHome= value (SANDBOXING)."""
+    found = re.search(r"^ProtectHome=(\S+)$", SANDBOXING, re.MULTILINE)
+    return found.group(1) if found else "no"
+
+
+def sandbox_hides(path: Path) -> str | None:
+    """Why the unit's sandboxing hides `path` (or what its symlinks point at) from the
+    service, whoever it runs as; None when it does not."""
+    for target in dict.fromkeys((path, path.resolve())):
+        for tmp in PRIVATE_TMP_DIRS:
+            if target.is_relative_to(tmp):
+                return (
+                    f"{target} is under {tmp}, which PrivateTmp=yes replaces with an empty "
+                    "directory of the service's own"
+                )
+        if protect_home() in ("yes", "tmpfs") and any(map(target.is_relative_to, HOME_DIRS)):
+            return f"{target} is in a home directory, which ProtectHome={protect_home()} hides"
+    return None
+
+
+def needed_paths(cfg: Config) -> list[tuple[str, Path]]:
+    """(what, path) the service must read to run rlsup from this very environment: the
+    interpreter, its standard library, the installed packages, rlsup's code (an editable
+    install imports it from the checkout) and the hook programs named by absolute path."""
+    paths = sysconfig.get_paths()
+    needed = [
+        ("the interpreter", Path(sys.executable)),
+        ("the standard library", Path(paths["stdlib"])),
+        ("the installed packages", Path(paths["purelib"])),
+        ("rlsup's code", Path(__file__).resolve().parents[2]),
+    ]
+    for hook in cfg.hooks:
+        if Path(hook.command[0]).is_absolute():
+            needed.append(("a hook program", Path(hook.command[0])))
+    return needed
+
+
+def hidden_from_service(cfg: Config, account: str) -> list[str]:
+    """One sentence per path the service (as `account`, under the unit's sandboxing) could
+    not read, each naming the path, why, and the way out; [] when it can read them all."""
+    found: list[tuple[str, str, bool]] = []  # (what, why, only permissions hide it)
+    for what, path in needed_paths(cfg):
+        why = sandbox_hides(path)
+        only_permissions = why is None
+        why = why or unreachable(path, account)
+        if why:
+            found.append((what, why, only_permissions))
+    if not found:
+        return []
+    whole = [f"the service could not read {what}: {why}" for what, why, _ in found]
+    if all(what == "a hook program" for what, _, _ in found):
+        return [f"{line}; install it outside /tmp, /var/tmp and home directories" for line in whole]
+    return [*whole, way_out(cfg, account, all(perm for _, _, perm in found))]
+
+
+def way_out(cfg: Config, account: str, only_permissions: bool) -> str:
+    """The commands that install rlsup where the service can run it, from an interpreter a
+    service venv may be made from (a pyenv or conda one lives in a home directory)."""
+    base = Path(getattr(sys, "_base_executable", sys.executable))
+    python = base if visible(base, account) else system_python(account)
+    project = Path(__file__).resolve().parents[2]
+    source = shlex.quote(str(project)) if (project / "pyproject.toml").exists() else "rlsup"
+    if python is None:
+        steps = (
+            f"no interpreter the service can read was found ({base}, the base of this "
+            f"environment, is not; none in {', '.join(map(str, SYSTEM_PYTHON_DIRS))}): install "
+            "one outside home directories and /tmp (e.g. `apt install python3-venv`, pyenv with "
+            "PYENV_ROOT=/opt/pyenv, or `conda create -p /opt/rlsup-python python=3.11`), make a "
+            f"venv in {SERVICE_VENV} from it, `pip install {source}` there and run its "
+            "`rlsup install-service`"
+        )
+    else:
+        sudo = "" if os.geteuid() == 0 else "sudo "
+        steps = (
+            f"`{python} -m venv {SERVICE_VENV} && {SERVICE_VENV}/bin/pip install {source} && "
+            f"{sudo}{SERVICE_VENV}/bin/rlsup install-service "
+            f"--config {shlex.quote(str(cfg.path))}`"
+        )
+        if python != base:  # a pyenv or conda interpreter: a venv made from it leads back
+            steps += f" (not from {base}: the service cannot read that one either)"
+    root = ""
+    if only_permissions and account != "root":
+        root = (
+            "; or --run-as root, which reads it where it is, at a price: the service, every "
+            "worker and every hook then run as root, with full power over this host"
+        )
+    return f"the way out: install rlsup where the service can read it: {steps}{root}"
+
+
+def visible(python: Path, account: str) -> bool:
+    """`python` (and the directory its standard library is in) is readable by the service."""
+    return not any(
+        sandbox_hides(p) or unreachable(p, account) for p in (python, python.resolve().parent)
+    )
+
+
+def system_python(account: str) -> Path | None:
+    """A python3 of at least this version's minor, outside home directories, the service
+    can read: the same minor first (the installed wheels fit it), the newest else."""
+    major, minor = sys.version_info[:2]
+    names = [f"python{major}.{minor}", *(f"python{major}.{m}" for m in range(minor + 9, minor, -1))]
+    for name in names:
+        for directory in SYSTEM_PYTHON_DIRS:
+            candidate = directory / name
+            if (
+                candidate.is_file()
+                and os.access(candidate, os.X_OK)
+                and visible(candidate, account)
+            ):
+                return candidate
     return None
 
 
@@ -225,12 +353,7 @@ def plan_install(cfg: Config, args: argparse.Namespace) -> Plan:
                 f"{cfg.state_dir / 'runs'}, copy that directory there (owned by {account}) "
                 "before it starts them afresh"
             )
-        problem = unreachable(Path(sys.executable), account)
-        if problem:
-            plan.problems.append(
-                f"the service could not start: {problem}. Install rlsup where the service "
-                "account can reach it (e.g. `python3 -m venv /opt/rlsup`), or use --run-as root"
-            )
+        plan.problems += hidden_from_service(cfg, account)
     plan.commands = [
         ["systemctl", *scope, "daemon-reload"],
         ["systemctl", *scope, "enable", "--now", UNIT_NAME],

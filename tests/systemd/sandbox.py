@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -178,9 +181,66 @@ ExecStartPre=+/bin/sh -c 'install -m 0644 /proc/sys/kernel/random/boot_id /run/r
 """
 
 
-def install(box: Sandbox, games: str) -> None:
+def prepare(box: Sandbox, games: str) -> None:
+    """The operator's configuration in /root/rlsup.toml, and the sandbox's boot-id drop-in."""
     box.push(CONFIG.format(games=games), "/root/rlsup.toml")
     box.push(BOOT_ID_DROPIN, "/etc/systemd/system/rlsup.service.d/sdlab-boot-id.conf")
-    box.ok(f"{RLSUP} install-service --config /root/rlsup.toml", timeout=180)
+
+
+def wait_training(box: Sandbox, games: str) -> None:
     for name in [line.split('"')[1] for line in games.splitlines() if line.startswith("name")]:
         wait_for(lambda n=name: box.training(n, above=0), 120, f"{name} training")
+
+
+def install(box: Sandbox, games: str, *flags: str) -> None:
+    """rlsup installed as a service the way an operator would: `rlsup install-service` from
+    this checkout's environment; where it refuses (a checkout under /tmp, which the unit's
+    PrivateTmp hides), the way out it prints, followed."""
+    prepare(box, games)
+    extra = "".join(f" {flag}" for flag in flags)
+    command = f"{RLSUP} install-service --config /root/rlsup.toml{extra}"
+    done = box.sh(command, timeout=180)
+    if done.returncode != 0 and "the way out" in done.stderr:
+        command = follow_the_way_out(box, done.stderr) + extra
+        done = box.sh(command, timeout=180)
+    assert done.returncode == 0, f"{command}: {done.returncode}\n{done.stdout}{done.stderr}"
+    wait_training(box, games)
+
+
+HOST_VENV = "/opt/rlsup-host-venv"  # this checkout's venv, shown where the service can read it
+SOURCE_COPY = "/root/rlsup-source"  # pip builds in the source tree: a writable copy
+
+
+def follow_the_way_out(box: Sandbox, refusal: str) -> str:
+    """Run the commands a refused `install-service` printed (`PYTHON -m venv VENV && VENV/bin/pip
+    install SOURCE && VENV/bin/rlsup install-service --config FILE`) inside the sandbox, and
+    return the last one, for the caller to run. Tests have no network: pip installs rlsup
+    itself from a copy of SOURCE with this checkout's pip, and its dependencies come from this
+    checkout's venv (a .pth naming its site-packages) instead of a download."""
+    found = re.search(
+        r"the way out: install rlsup where the service can read it: `([^`]+)`", refusal
+    )
+    assert found, refusal
+    make_venv, pip_install, install_service = found.group(1).split(" && ")
+    python, venv = re.fullmatch(r"(\S+) -m venv (\S+)", make_venv).groups()  # type: ignore[union-attr]
+    assert pip_install.startswith(f"{venv}/bin/pip install "), pip_install
+    assert install_service.startswith(f"{venv}/bin/rlsup install-service "), install_service
+    source = shlex.split(pip_install)[-1]
+    box.ok(f"{python} -m venv --without-pip {venv}")
+    box.ok(
+        f"mkdir -p {HOST_VENV} && mount --bind {sys.prefix} {HOST_VENV} && "
+        f"mount -o remount,bind,ro {HOST_VENV}"
+    )
+    site = box.ok(
+        f"{venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'"
+    )
+    host_site = Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix)
+    box.ok(f"echo {HOST_VENV}/{host_site} > {site.strip()}/zz-rlsup-dependencies.pth")
+    box.ok(
+        f"mkdir -p {SOURCE_COPY} && tar -C {source} --exclude=./.venv --exclude=./.git "
+        f"--exclude=./build -cf - . | tar -C {SOURCE_COPY} -xf - && "
+        f"{venv}/bin/python -m pip install -q --no-index --no-deps --no-build-isolation "
+        f"--ignore-installed {SOURCE_COPY}",
+        timeout=300,
+    )
+    return install_service

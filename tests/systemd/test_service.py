@@ -169,3 +169,30 @@ def test_an_operator_reads_the_state_without_sudo_and_a_stranger_is_told_why(
     assert denied.returncode == 2
     assert "/etc/rlsup/rlsup.toml: permission denied" in denied.stderr
     assert "Traceback" not in denied.stderr and len(denied.stderr.strip().splitlines()) == 1
+
+
+def test_a_power_loss_after_a_stop_a_start_and_a_supervisor_kill_is_an_unexpected_reboot(
+    sandbox: Sandbox,
+) -> None:
+    """Issue 24, defect 14: as root, `rlsup stop`, `systemctl start`, kill -9 of the supervisor
+    (systemd restarts it), then a power loss: the next boot still records the host_reboot."""
+    box = sandbox
+    install(box, game("cart"), "--run-as", "root")
+    box.ok(f"{RLSUP} stop", timeout=120)
+    box.ok("systemctl start rlsup")
+    first = wait_for(lambda: box.training("cart"), 120, "training after the start")
+    main = box.main_pid()
+    box.ok(f"kill -9 {main}")
+    wait_for(lambda: box.main_pid() not in (0, main), 90, "systemd restarting the supervisor")
+    hb = wait_for(lambda: box.training("cart", not_pid=first["pid"]), 120, "training again")
+    wait_for(lambda: box.checkpoints("cart")[-1:] > [hb["resumed_from_step"]], 60, "a checkpoint")
+    boot_before = box.ok("cat /proc/sys/kernel/random/boot_id").strip()
+    box.tool("stop", "--kill")  # PID 1 SIGKILLed: nothing stops cleanly
+    newest = box.checkpoints("cart")[-1]
+    box.boot()
+    wait_for(lambda: box.training("cart", above=newest), 120, "cart after the power loss")
+    kinds = [e["kind"] for e in box.events()]
+    reboots = box.events("host_reboot")
+    assert len(reboots) == 1, kinds
+    assert reboots[0]["detail"]["previous_boot_id"] == boot_before
+    assert box.events("supervisor_start")[-1]["detail"]["after"] == "host_reboot"
