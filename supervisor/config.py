@@ -842,7 +842,8 @@ def _check_cuda_usable(ctx: _Ctx, games: tuple[GameSpec, ...]) -> None:
     """`device = "cuda"` on a host with an NVIDIA driver and a CPU-only torch is a configuration
     error naming the fix, not a worker that exits 78 at every start. Costs nothing unless a game
     asks for cuda (then a read of /proc and of torch's metadata; torch is never imported).
-    Without a driver the worker itself says that no CUDA device is available."""
+    Without a driver the supervisor ends the game FATAL at once, naming the fix (the other
+    games run: a file shared by several hosts stays loadable)."""
     wanted = [i for i, game in enumerate(games) if game.device == "cuda"]
     if not wanted:
         return

@@ -36,3 +36,16 @@ def cpu_fallback_warnings(games: Iterable[GameSpec]) -> list[tuple[str, dict[str
         "fix": torchbuild.cuda_install_hint(build.public_version),
     }
     return [(name, dict(detail)) for name in auto]
+
+
+def no_driver_refusal(nvml_reason: str) -> str:
+    """The FATAL reason of a `device = "cuda"` game on a host with no NVIDIA driver installed
+    (NVML's library is missing: no driver is coming, unlike one not loaded yet late at boot),
+    naming both ways out. `nvml_reason`: what NVML said."""
+    said = nvml_reason.split(" (next try", 1)[0]  # the probe's retry note says nothing here
+    return (
+        f'device = "cuda", but this host has no NVIDIA driver (NVML: {said}): a CUDA worker '
+        "can never start here. Either install the NVIDIA driver (then `rlsup doctor` says "
+        'whether torch can use the GPUs), or set device = "auto" (trains on the CPU) or '
+        '"cpu" for this game; then restart rlsup'
+    )

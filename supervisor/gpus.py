@@ -49,12 +49,19 @@ FAKE_NVML_ENV = "RLSUP_FAKE_NVML"  # test-only: a scenario file instead of the d
 T = TypeVar("T")
 
 
-class NvmlFailure(Exception):
-    """An NVML call failed. `lost`: the GPU is gone (fallen off the bus, reset required)."""
+# What NVML says when its library is not installed: no NVIDIA driver on this host at all (a
+# driver that is installed but not loaded yet says "Driver Not Loaded").
+LIBRARY_NOT_FOUND = "NVML Shared Library Not Found"
 
-    def __init__(self, message: str, lost: bool = False) -> None:
+
+class NvmlFailure(Exception):
+    """An NVML call failed. `lost`: the GPU is gone (fallen off the bus, reset required).
+    `absent`: no NVIDIA driver is installed (NVML's library is missing): not a late driver."""
+
+    def __init__(self, message: str, lost: bool = False, absent: bool = False) -> None:
         super().__init__(message)
         self.lost = lost
+        self.absent = absent
 
 
 class NvmlBackend(Protocol):
@@ -90,6 +97,7 @@ class GpuSnapshot:
     gpus: tuple[GpuVitals, ...] = ()
     lost: tuple[LostGpu, ...] = ()
     hung: bool = False  # an NVML call did not return within the timeout
+    absent: bool = False  # no NVIDIA driver installed (NVML's library missing): none will come
 
     def by_uuid(self, uuid: str) -> GpuVitals | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
@@ -103,7 +111,8 @@ NO_READING = GpuSnapshot(ts=0.0, driver=False, reason="not read yet")
 
 def _failure(exc: Exception) -> NvmlFailure:
     lost = pynvml is not None and isinstance(exc, pynvml.NVMLError_GpuIsLost)
-    return NvmlFailure(str(exc) or type(exc).__name__, lost=lost)
+    absent = pynvml is not None and isinstance(exc, pynvml.NVMLError_LibraryNotFound)
+    return NvmlFailure(str(exc) or type(exc).__name__, lost=lost, absent=absent)
 
 
 class PynvmlBackend:
@@ -180,7 +189,7 @@ class ScenarioBackend:
     def init(self) -> None:
         status = self._scenario().get("init", "ok")
         if status != "ok":
-            raise NvmlFailure(str(status))
+            raise NvmlFailure(str(status), absent=status == LIBRARY_NOT_FOUND)
 
     def count(self) -> int:
         data = self._scenario()
@@ -285,6 +294,7 @@ class NvmlProbe:
         self._next_init = 0.0
         self._latest = NO_READING
         self.reason = ""
+        self._absent = False  # the last init found no NVIDIA driver installed
 
     @property
     def backend(self) -> NvmlBackend:
@@ -332,23 +342,27 @@ class NvmlProbe:
         try:
             if not self._initialised:
                 if now < self._next_init:
-                    return GpuSnapshot(now, False, self.reason or "NVML not initialised")
+                    why = self.reason or "NVML not initialised"
+                    return GpuSnapshot(now, False, why, absent=self._absent)
                 self._init(now)
             return self._read_all(now)
         except NvmlHung as exc:
             return GpuSnapshot(now, self._initialised, str(exc), hung=True)
         except NvmlFailure as exc:
             self._drop(now, str(exc))
-            return GpuSnapshot(now, False, str(exc))
+            return GpuSnapshot(now, False, str(exc), absent=exc.absent)
 
     def _init(self, now: float) -> None:
         try:
             self._call(self.backend.init)
         except NvmlFailure as exc:
+            self._absent = exc.absent
             self._next_init = now + self._retry_s
             self._retry_s = min(self.retry_max_s, self._retry_s * 2)
-            raise NvmlFailure(f"{exc} (next try in {self._next_init - now:.0f}s)") from None
+            why = f"{exc} (next try in {self._next_init - now:.0f}s)"
+            raise NvmlFailure(why, absent=exc.absent) from None
         self._initialised = True
+        self._absent = False
         self._retry_s = self.retry_base_s
 
     def _drop(self, now: float, why: str) -> None:

@@ -20,11 +20,14 @@ from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
 from supervisor.vitals import VitalsSampler
 from tests.supervisor.helpers import REPO, close_supervisors, spin
+from training import torchbuild
+from training.torchbuild import InstalledTorch
 
 pytestmark = pytest.mark.timeout(60)
 
 UUIDS = ["GPU-aaaa0000-0000", "GPU-bbbb1111-1111", "GPU-cccc2222-2222", "GPU-dddd3333-3333"]
 GIB = 1024
+CPU_TORCH = InstalledTorch("2.13.0+cpu", False)
 
 CONFIG = """\
 {head}
@@ -82,6 +85,8 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
     (tmp_path / "boot").write_text("boot-1")
     monkeypatch.setenv("RLSUP_BOOT_ID_PATH", str(tmp_path / "boot"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    # This host plays one without an NVIDIA kernel driver whatever it has: NVML is the scenario.
+    monkeypatch.setenv(torchbuild.DRIVER_PATH_ENV, str(tmp_path / "no-nvidia-driver"))
     made: list[Supervisor] = []
 
     def factory(
@@ -280,3 +285,37 @@ def test_an_oom_moves_the_game_then_a_second_oom_steps_it_down(make, tmp_path) -
     downs = events(sup, "scale_down")
     assert [(e.game, e.detail.get("to")) for e in downs] == [("a", "light")]
     assert sup.view.game("a").name == "light" and worker_gpu(sup, "a") == UUIDS[1]
+
+
+# ---- the device is decided before the gate (issue 24 #11, #12) ------------------------------
+
+
+def test_an_auto_game_that_will_train_on_the_cpu_skips_the_gpu_gate(  # type: ignore[no-untyped-def]
+    make, tmp_path, monkeypatch
+) -> None:
+    """A host with an NVIDIA driver and a CPU-only torch: rlsup says the auto game trains on
+    the CPU (`device_fallback`), so it neither waits for GPU memory nor gets a GPU."""
+    driver = tmp_path / "nvidia-version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22\n")
+    monkeypatch.setenv(torchbuild.DRIVER_PATH_ENV, str(driver))
+    monkeypatch.setattr(torchbuild, "installed_torch", lambda: CPU_TORCH)
+    write_scenario(tmp_path / "nvml.json", [79])  # 1 GiB free < 4 GiB: a CUDA game would wait
+    sup = make(game("a", device="auto"))
+    spin(sup, running(sup, "a"), timeout=20)
+    assert "CUDA_VISIBLE_DEVICES" not in environ(sup.games["a"].proc.pid)  # type: ignore[union-attr]
+    assert events(sup, "gpu_wait") == [] and events(sup, "gpu_assigned") == []
+    assert [e.game for e in events(sup, "device_fallback")] == ["a"]
+
+
+def test_a_cuda_game_on_a_host_without_an_nvidia_driver_is_fatal_at_once(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """No NVIDIA driver installed (NVML's library is missing): a CUDA worker can never start,
+    so the game ends FATAL naming CUDA and the fix; the others run."""
+    (tmp_path / "nvml.json").write_text(json.dumps({"init": "NVML Shared Library Not Found"}))
+    sup = make(game("a") + game("c", device="cpu"))
+    spin(sup, lambda: sup.games["a"].state is S.FATAL and running(sup, "c")(), timeout=20)
+    reason = sup.games["a"].reason
+    assert 'device = "cuda"' in reason and "no NVIDIA driver" in reason, reason
+    assert 'device = "auto"' in reason and "install the NVIDIA driver" in reason, reason
+    [fatal] = events(sup, "fatal")
+    assert fatal.game == "a" and fatal.detail["reason"] == reason
+    assert [e.game for e in events(sup, "worker_start")] == ["c"], "a never got a worker"

@@ -12,10 +12,12 @@ import pytest
 
 from supervisor.gpus import (
     FAKE_NVML_ENV,
+    LIBRARY_NOT_FOUND,
     NvmlFailure,
     NvmlProbe,
     PynvmlBackend,
     ScenarioBackend,
+    _failure,
     default_backend,
 )
 
@@ -156,3 +158,29 @@ def test_without_a_driver_on_this_machine_the_real_probe_says_so() -> None:
     if snap.driver:
         pytest.skip("this machine has an NVIDIA driver")
     assert snap.gpus == () and snap.reason
+
+
+def test_no_driver_installed_is_told_apart_from_a_driver_not_loaded_yet(tmp_path: Path) -> None:
+    """NVML's library missing: no driver is coming (`absent`, every snapshot until one
+    answers); "Driver Not Loaded": a late driver, waited for."""
+    clock = Clock()
+    path = scenario(tmp_path / "s.json", init=LIBRARY_NOT_FOUND)
+    probe = NvmlProbe(ScenarioBackend(path), retry_base_s=1.0, clock=clock)
+    first = probe.refresh()
+    clock.t += 0.5  # before the next try: the snapshot still says so
+    assert first.absent and probe.refresh().absent and not probe.latest().driver
+    scenario(path, init="Driver Not Loaded")
+    clock.t += 10
+    assert not probe.refresh().absent
+    scenario(path)
+    clock.t += 10
+    snap = probe.refresh()
+    assert snap.driver and not snap.absent
+
+
+def test_the_real_backend_marks_a_missing_library_absent() -> None:
+    import pynvml
+
+    assert _failure(pynvml.NVMLError_LibraryNotFound()).absent
+    assert not _failure(pynvml.NVMLError_DriverNotLoaded()).absent
+    assert str(pynvml.NVMLError_LibraryNotFound()) == LIBRARY_NOT_FOUND  # the scenario's word
