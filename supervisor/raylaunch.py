@@ -53,6 +53,9 @@ HOST_LABEL = "rlsup-host"  # node label: the host's name
 BOOT_LABEL = "rlsup-boot"  # node label: the host's boot id when it joined
 NODE_DIR_ENV = "RLSUP_NODE_DIR"  # a host's own state: runs/<game>, logs/
 START_TIMEOUT_S = 30.0  # actor placed, worker process started (the tick waits: < WatchdogSec)
+# The mirror's answer to a placement's fence, at most (the tick waits: with START_TIMEOUT_S,
+# one spawn stays well below WatchdogSec=60, where botocore's own retries take minutes).
+FENCE_TIMEOUT_S = 10.0
 OBSERVE_EVERY_S = 2.0
 UPLOAD_EVERY_S = 1.0
 # A worker's final checkpoint is mirrored before its exit is reported, for at most this long:
@@ -495,19 +498,12 @@ class RayLauncher(Launcher):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from checkpoints.remote import RemoteError
-
         cfg = protocol.WorkerConfig.from_argv(argv)
         game = cfg.mirror_name or Path(cfg.run_dir).name
         view_dir = Path(cwd or cfg.run_dir)
         c = self.cfg.cluster
         host, node_id, _ = self._choose(game)
-        try:
-            epoch = self.remote().advance_fence(game, {"host": host, "at": time.time()})
-        except (RemoteError, ValueError) as exc:
-            raise OSError(
-                f"cannot move the placement fence of {game} in the mirror: {exc}"
-            ) from exc
+        epoch = self._advance_fence(game, host)
         threads = max(1, round(c.cpus_per_game)) if c.cpus_per_game else cfg.threads
         cfg = dataclasses.replace(cfg, threads=threads, epoch=epoch)
         m = self.cfg.mirror
@@ -555,6 +551,39 @@ class RayLauncher(Launcher):
         self.placed[game] = proc
         log.info("placed", game=game, host=proc.host, epoch=epoch, pid=proc.pid)
         return proc
+
+    def _advance_fence(self, game: str, host: str) -> int:
+        """The game's new placement epoch, within FENCE_TIMEOUT_S; OSError (a spawn failure:
+        a backoff) past it, rather than a tick held past systemd's watchdog. The request runs
+        in a daemon thread (an abandoned one never delays the supervisor's exit) and may still
+        move the fence later: harmless, an epoch no worker was given."""
+        from checkpoints.remote import RemoteError
+
+        got: list[int | BaseException] = []
+        done = threading.Event()
+
+        def advance() -> None:
+            try:
+                got.append(self.remote().advance_fence(game, {"host": host, "at": time.time()}))
+            except BaseException as exc:  # handed to the waiting tick
+                got.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=advance, name="rlsup-fence", daemon=True).start()
+        if not done.wait(FENCE_TIMEOUT_S):
+            raise OSError(
+                f"the mirror did not move the placement fence of {game} within "
+                f"{FENCE_TIMEOUT_S:g} s"
+            )
+        [outcome] = got
+        if isinstance(outcome, RemoteError | ValueError):
+            raise OSError(
+                f"cannot move the placement fence of {game} in the mirror: {outcome}"
+            ) from outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def terminate(self, proc: WorkerProcess) -> None:
         assert isinstance(proc, RayWorkerProcess)

@@ -1,0 +1,65 @@
+"""A placement's spawn never holds the tick past systemd's watchdog (WatchdogSec=60): a mirror
+that accepts connections and never answers fails the spawn within the fence's bound (a
+backoff), where botocore's own retries would wait minutes. No Ray cluster: the fence comes
+before any actor."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import load_config, worker_config
+from supervisor.raylaunch import FENCE_TIMEOUT_S, RayLauncher
+from tests.mirror.conftest import TEST_AWS_ENV
+from tests.supervisor.helpers import write_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A server that completes TCP handshakes (the kernel's backlog) and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_silent_mirror_fails_the_spawn_within_the_fence_bound(
+    tmp_path: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in TEST_AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    path = write_config(tmp_path, [("g", 1000)], extra="")
+    path.write_text(
+        path.read_text()
+        + f'[mirror]\nurl = "s3://rlsup-test/f"\nendpoint_url = "{silent_endpoint}"\n'
+        + '[cluster]\nbackend = "ray"\n'
+    )
+    cfg = load_config(path)
+    launcher = RayLauncher(cfg)
+    monkeypatch.setattr(launcher, "_choose", lambda game: ("host-a", "node-a", 4.0))
+    wcfg = worker_config(cfg.games[0], cfg.modes[0], cfg.run_dir("g"), 60.0, 1, cfg.mirror)
+    outcome: list[BaseException | None] = []
+
+    def spawn() -> None:
+        try:
+            launcher.spawn(wcfg.to_argv(), tmp_path / "g.log", time.monotonic())
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=spawn, daemon=True)
+    thread.start()
+    thread.join(FENCE_TIMEOUT_S + 15)
+    took = time.monotonic() - started
+    assert outcome, f"the spawn still blocks after {took:.0f} s (the watchdog fires at 60 s)"
+    [exc] = outcome
+    assert isinstance(exc, OSError) and "fence" in str(exc), exc
+    assert took < FENCE_TIMEOUT_S + 10
