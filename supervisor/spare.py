@@ -241,8 +241,13 @@ class SpareKeeper:
             return events
         if rc is None:  # silent: killed and replaced
             self._kill(spare)
-            rc = spare.popen.wait()
-        self._close(spare)
+            rc = spare.popen.poll()
+        if rc is None:
+            # Stuck in the GPU driver (uninterruptible), the kill takes effect only once the
+            # driver call returns: never wait for that in the tick; a later tick reaps it.
+            self.retiring.append(spare)
+        else:
+            self._close(spare)
         self.spare = None
         if spare.state == "warming":
             self.lost_in_a_row += 1
@@ -356,7 +361,10 @@ class SpareKeeper:
                 spare.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self._kill(spare)
-                spare.popen.wait()
+                # Bounded: one stuck in the GPU driver dies when its call returns (systemd's
+                # KillMode=control-group has it too); the supervisor's exit never waits on it.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spare.popen.wait(STOP_GRACE_S)
             self._close(spare)
 
     @staticmethod
