@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.config import Config
+from supervisor.config import MIRROR_LOCATION_KEYS, Config
 from supervisor.launcher import (
     WORKER_MODULE,
     Launcher,
@@ -210,6 +210,12 @@ def _actor_class() -> Any:
 # ---- the supervisor side ------------------------------------------------------------------
 
 
+def _location(cfg: Config) -> tuple[str, ...] | None:
+    """Where the mirror is: what the fence client is built from."""
+    m = cfg.mirror
+    return None if m is None else tuple(getattr(m, k) for k in MIRROR_LOCATION_KEYS)
+
+
 def actor_name(game: str, epoch: int) -> str:
     return f"{game}@{epoch}"
 
@@ -359,7 +365,7 @@ class RayLauncher(Launcher):
         """A reload: the configuration now in force. The supervisor refuses a reload that
         moves the mirror (`config.mirror_reload_refusal`); were one given anyway, the fence
         client follows it rather than fencing in one place while workers restore from another."""
-        if cfg.mirror != self.cfg.mirror:
+        if _location(cfg) != _location(self.cfg):
             self._remote = None
         self.cfg = cfg
 

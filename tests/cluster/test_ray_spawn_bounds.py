@@ -63,3 +63,25 @@ def test_a_silent_mirror_fails_the_spawn_within_the_fence_bound(
     [exc] = outcome
     assert isinstance(exc, OSError) and "fence" in str(exc), exc
     assert took < FENCE_TIMEOUT_S + 10
+
+
+def test_the_launcher_given_another_mirror_fences_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor refuses a reload that moves the mirror; were the launcher given one
+    anyway, its fence client follows it (never fences in one place while workers restore from
+    another)."""
+    for key, value in TEST_AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    path = write_config(tmp_path, [("g", 1000)])
+    base = path.read_text() + '[cluster]\nbackend = "ray"\n'
+    path.write_text(base + '[mirror]\nurl = "s3://rlsup-test/one"\n')
+    launcher = RayLauncher(load_config(path))
+    launcher._remote = object()  # a fence client on the first location, as after a spawn
+    path.write_text(base + '[mirror]\nurl = "s3://rlsup-test/one"\nkeep = 5\n')
+    launcher.configure(load_config(path))
+    assert launcher._remote is not None, "the same location: the client stays"
+    path.write_text(base + '[mirror]\nurl = "s3://rlsup-test/two"\n')
+    launcher.configure(load_config(path))
+    assert launcher._remote is None
+    assert launcher.cfg.mirror is not None and launcher.cfg.mirror.url == "s3://rlsup-test/two"
