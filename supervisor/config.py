@@ -763,12 +763,10 @@ _SET_FROM = {
     "run_dir": "state_dir: runs/<name>",
     "num_envs": "the mode: [modes.<name>] num_envs",
     "batch_size": "the mode: [modes.<name>] batch_size",
-    "n_steps": "the mode: [modes.<name>] n_steps",
     "total_steps": "games.total_steps",
     "seed": "games.seed",
     "device": "games.device",
     "threads": "the host's cores shared among the running games",
-    "checkpoint_every_s": "checkpoint_every_s at the top of the file",
     "mirror_url": "[mirror] url",
     "mirror_endpoint_url": "[mirror] endpoint_url",
     "mirror_region": "[mirror] region",
@@ -909,9 +907,11 @@ def worker_config(
 ) -> protocol.WorkerConfig:
     """The worker's arguments for one game in one mode (validated by the protocol); with a
     mirror, where to restore from when the run dir has no checkpoint."""
-    # The game's hyper-parameters first: whatever the supervisor sets below wins over them.
-    values: dict[str, Any] = dict(game.args_dict)
-    values.update(n_steps=mode.n_steps, checkpoint_every_s=checkpoint_every_s)
+    # The mode's rollout length and the file's checkpoint interval are defaults a game's args
+    # may override; what the supervisor sets below is its own (args cannot name it: refused
+    # at load) and is applied last all the same.
+    values: dict[str, Any] = {"n_steps": mode.n_steps, "checkpoint_every_s": checkpoint_every_s}
+    values.update(game.args_dict)
     if mirror is not None:
         values.update(
             mirror_url=mirror.url,

@@ -290,7 +290,9 @@ class WorkerConfig:
 WORKER_FIELDS = frozenset(f.name for f in dataclasses.fields(WorkerConfig))
 _FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(WorkerConfig)}
 # The fields the supervisor builds every worker's argv with (supervisor.config.worker_config,
-# and the placement epoch on several hosts): its own, never a config file's `args`.
+# and the placement epoch on several hosts): its own, never a config file's `args`. (Two more
+# come from the supervisor by default but a game's `args` may override them, as it always could:
+# `n_steps` from the mode, `checkpoint_every_s` from the top of the file.)
 SUPERVISOR_FIELDS = frozenset(
     {
         "game",
@@ -298,12 +300,10 @@ SUPERVISOR_FIELDS = frozenset(
         "run_dir",
         "num_envs",
         "batch_size",
-        "n_steps",
         "total_steps",
         "seed",
         "device",
         "threads",
-        "checkpoint_every_s",
         "mirror_url",
         "mirror_endpoint_url",
         "mirror_region",

@@ -123,8 +123,6 @@ BAD = [
             ("mirror_region", '"eu-west-1"', "[mirror]"),
             ("mirror_name", '"cart"', "[mirror]"),
             ("epoch", "7", "placement"),
-            ("n_steps", "32", "modes"),
-            ("checkpoint_every_s", "5", "checkpoint_every_s"),
             ("run_dir", '"/tmp/x"', "state_dir"),
             ("device", '"cuda"', "games.device"),
         ]
@@ -277,3 +275,22 @@ def test_every_supervisor_owned_worker_flag_names_where_it_is_set() -> None:
 
     assert set(config._SET_FROM) == protocol.SUPERVISOR_FIELDS
     assert protocol.SUPERVISOR_FIELDS | protocol.HYPERPARAMETER_FIELDS == protocol.WORKER_FIELDS
+
+
+def test_a_game_may_still_override_its_rollout_length_and_checkpoint_interval(
+    tmp_path: Path,
+) -> None:
+    """`n_steps` and `checkpoint_every_s` in a game's args load, as they always did, and win
+    over the mode's and the file's; the flags the supervisor owns still win over args."""
+    from supervisor.config import worker_config
+
+    text = GOOD.replace(
+        "args = { learning_starts = 100 }",
+        "args = { learning_starts = 100, n_steps = 32, checkpoint_every_s = 900 }",
+    )
+    (tmp_path / "c.toml").write_text(text)
+    cfg = load_config(tmp_path / "c.toml")
+    pong = next(g for g in cfg.games if g.name == "pong")
+    wc = worker_config(pong, cfg.mode("heavy"), tmp_path / "run", 300.0, threads=1)
+    assert (wc.n_steps, wc.checkpoint_every_s, wc.learning_starts) == (32, 900.0, 100)
+    assert (wc.num_envs, wc.batch_size, wc.run_dir) == (8, 256, str(tmp_path / "run"))
