@@ -162,6 +162,8 @@ class HookSpec:
     command: tuple[str, ...]
     timeout_s: float = 30.0
     games: tuple[str, ...] = ()  # only these games' events (and host-wide ones); () = all
+    pass_env: tuple[str, ...] = ()  # more of the service's environment variables it gets
+    program: str = ""  # command[0] resolved to a path once (resolve_hook_programs); "" = not
 
 
 @dataclass(frozen=True)
@@ -308,7 +310,16 @@ _HOOK: dict[str, Field] = {
         lambda v: all(isinstance(g, str) for g in v),
         "a list of game names",
     ),
+    "pass_env": (
+        (list,),
+        [],
+        lambda v: all(isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in v),
+        'a list of environment variable names, e.g. ["SLACK_TOKEN"]',
+    ),
 }
+# Where a bare hook program is looked up: systemd's PATH for services, the same for every
+# caller (an operator's shell PATH says nothing about the service's).
+HOOK_PROGRAM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _listen_address(v: str) -> tuple[str, int] | None:
@@ -659,17 +670,55 @@ def _parse_hooks(ctx: _Ctx, data: Any, games: tuple[GameSpec, ...]) -> tuple[Hoo
                     ["hooks", i, "games"],
                     f"unknown game {game!r}; configured: {', '.join(sorted(names))}",
                 )
-        prog = v["command"][0]
-        if not os.path.isabs(prog) and shutil.which(prog) is None:
-            raise ctx.fail(
-                ["hooks", i, "command"],
-                f"got {prog!r}: no such program on PATH (give its absolute path, e.g. "
-                "/usr/bin/curl: a service's PATH is not your shell's)",
-            )
+        # Whether the program exists is resolve_hook_programs' question, asked by `run`,
+        # `check-config` and a reload only: a read-only command never fails on a hook.
         hooks.append(
-            HookSpec(tuple(v["on"]), tuple(v["command"]), v["timeout_s"], tuple(v["games"]))
+            HookSpec(
+                tuple(v["on"]),
+                tuple(v["command"]),
+                v["timeout_s"],
+                tuple(v["games"]),
+                pass_env=tuple(v["pass_env"]),
+            )
         )
     return tuple(hooks)
+
+
+def resolve_hook_programs(cfg: Config) -> Config:
+    """The configuration with each hook's program resolved once, as the service will run it:
+    an absolute path must be an executable file; a bare name is looked up on
+    HOOK_PROGRAM_PATH (systemd's), never on the caller's PATH. ConfigError naming the file,
+    the key and the program otherwise. For `rlsup run`, `check-config` and a reload."""
+    if not cfg.hooks:
+        return cfg
+    ctx = _Ctx(cfg.path, _read_or_empty(cfg.path))
+    hooks = []
+    for i, spec in enumerate(cfg.hooks):
+        program, problem = _hook_program(spec.command[0])
+        if problem:
+            raise ctx.fail(["hooks", i, "command"], problem)
+        hooks.append(dataclasses.replace(spec, program=program))
+    return dataclasses.replace(cfg, hooks=tuple(hooks))
+
+
+def _hook_program(prog: str) -> tuple[str, str]:
+    """(the program's absolute path, "") or ("", what is wrong with it)."""
+    if not os.path.isabs(prog):
+        if "/" in prog:
+            return "", f"got {prog!r}: give the program's absolute path (hooks run in /)"
+        found = shutil.which(prog, path=HOOK_PROGRAM_PATH)
+        if found is None:
+            return "", (
+                f"got {prog!r}: no such program on the service's PATH ({HOOK_PROGRAM_PATH}); "
+                "give its absolute path, e.g. /usr/bin/curl (a service's PATH is not your "
+                "shell's)"
+            )
+        return found, ""
+    if not os.path.exists(prog):
+        return "", f"got {prog!r}: no such file"
+    if not os.path.isfile(prog) or not os.access(prog, os.X_OK):
+        return "", f"got {prog!r}: not executable (a file with the x bit for the service's user)"
+    return prog, ""
 
 
 def _parse_mirror(ctx: _Ctx, data: Any) -> MirrorConfig:

@@ -32,6 +32,7 @@ from supervisor.config import (
     check_runs_match,
     load_config,
     mirror_reload_refusal,
+    resolve_hook_programs,
     worker_config,
 )
 from supervisor.exits import StopReason, WorkerExit, route_exit
@@ -379,8 +380,10 @@ class Supervisor:
         the old one still running finish on their own, bounded by their timeouts)."""
         assert self.recorder is not None
         if self.hooks is not None:
-            self.hooks.close(wait_s=0.0)
-        self.hooks = HookRunner(self.cfg.hooks) if self.cfg.hooks else None
+            self.hooks.close(wait_s=0.0, then_kill=False)
+        self.hooks = (
+            HookRunner(self.cfg.hooks, log_dir=self.cfg.logs_dir) if self.cfg.hooks else None
+        )
         self.recorder.on_event = self.hooks.fire if self.hooks is not None else None
 
     def _configure_metrics(self) -> None:
@@ -1085,6 +1088,7 @@ class Supervisor:
         try:
             new = load_config(self.cfg.path)
             check_runs_match(dataclasses.replace(new, state_dir=self.cfg.state_dir))
+            new = resolve_hook_programs(new)
         except ConfigError as exc:
             log.error("config_error", error=str(exc), kept="previous configuration")
             self.event("config_error", None, {"message": str(exc), "kept": "previous"})

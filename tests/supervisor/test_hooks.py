@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -64,7 +66,8 @@ def test_a_hung_hook_is_killed_with_its_children_at_its_timeout_and_reported(
 ) -> None:
     marker = f"rlsup-hook-test-{os.getpid()}"
     script = tmp_path / "hang.sh"
-    script.write_text(f"#!/bin/sh\nsleep 300 &\nexec -a {marker} sleep 300\n")
+    # (no `exec -a`: dash has none; the script failed at once and passed only by defect 6)
+    script.write_text("#!/bin/sh\nsleep 300 &\nexec sleep 300\n")
     script.chmod(0o755)
     runner = HookRunner((HookSpec(("fatal",), (str(script),), timeout_s=1.0),))
     try:
@@ -167,7 +170,10 @@ def test_hooks_and_metrics_configuration(tmp_path: Path) -> None:
     ("extra", "message"),
     [
         ('[[hooks]]\non = ["fatl"]\ncommand = ["/bin/true"]\n', "did you mean fatal"),
-        ('[[hooks]]\non = ["fatal"]\ncommand = ["no-such-prog-xyz"]\n', "no such program"),
+        (  # whether the program exists is for run/check-config: test_check_config_refuses_...
+            '[[hooks]]\non = ["fatal"]\ncommand = ["/bin/true"]\npass_env = ["A B"]\n',
+            "environment variable names",
+        ),
         ('[[hooks]]\non = ["fatal"]\ncommand = "/bin/true"\n', "an argv list"),
         ('[[hooks]]\non = []\ncommand = ["/bin/true"]\n', "non-empty list"),
         ('[[hooks]]\non = ["fatal"]\ncommand = ["/bin/true"]\ngames = ["x"]\n', "unknown game"),
@@ -185,3 +191,244 @@ def test_bad_hooks_or_metrics_are_named_in_the_error(
         load(tmp_path, extra)
     assert message in str(err.value), str(err.value)
     assert "rlsup.toml" in str(err.value)
+
+
+# ---- issue 24: bounded output, timeouts that hold, lanes, environment, programs ------------
+
+
+def leftover(argv: list[str]) -> list[psutil.Process]:
+    """Our processes whose command line is exactly `argv` (a marker no one else uses)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "uids"]):
+        if p.info["cmdline"] == argv and p.info["uids"] and p.info["uids"].real == os.getuid():
+            out.append(p)
+    return out
+
+
+def kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+BIG_OUTPUT = """\
+import resource, sys, time
+from supervisor.config import HookSpec
+from supervisor.hooks import HookRunner
+
+size = int(sys.argv[1])
+spec = HookSpec(("fatal",), ("/bin/sh", "-c", f"head -c {size} /dev/zero; echo; echo THE-END"))
+runner = HookRunner((spec,))
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+runner.fire("fatal", None, {}, time.time())
+deadline = time.monotonic() + 60
+results = []
+while not results and time.monotonic() < deadline:
+    results = runner.drain()[0]
+    time.sleep(0.05)
+runner.close(wait_s=5)
+grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+print("RESULT", grown_kib, [r.error for r in results], flush=True)
+"""
+
+
+def test_a_hooks_huge_output_costs_the_supervisor_no_memory(tmp_path: Path) -> None:
+    size = 96 << 20
+    got = subprocess.run(
+        [sys.executable, "-c", BIG_OUTPUT, str(size)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = next(x for x in got.stdout.splitlines() if x.startswith("RESULT"))
+    _, grown_kib, errors = line.split(" ", 2)
+    assert errors == "['']", (errors, got.stderr[-2000:])  # one run, exited 0
+    assert int(grown_kib) < 16 * 1024, f"the runner's peak RSS grew {int(grown_kib) >> 10} MiB"
+
+
+def test_a_hooks_output_goes_to_its_log_and_its_tail_to_the_journal_line(
+    tmp_path: Path,
+) -> None:
+    logs = tmp_path / "logs"
+    body = "".join(f"line {i}\n" for i in range(20_000))  # ~200 KB
+    (tmp_path / "body.txt").write_text(body)
+    spec = HookSpec(("fatal",), ("/bin/sh", "-c", f"cat {tmp_path / 'body.txt'}; echo bye >&2"))
+    runner = HookRunner((spec,), log_dir=logs)
+    try:
+        runner.fire("fatal", "pong", {}, time.time())
+        [result] = drain_all(runner, 1)
+    finally:
+        runner.close(wait_s=10)
+    assert not result.failed
+    assert result.output.endswith("line 19999\nbye") and len(result.output) <= 4096
+    logged = (logs / "hooks.log").read_text().splitlines()
+    assert len(logged) == 20_001, logged[-3:]
+    assert all(" hook 0 " in x for x in logged)  # each line says whose it is
+    assert logged[0].endswith("line 0") and logged[-1].endswith("bye")
+    assert (logs / "hooks.log").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_descendant_in_another_session_holding_the_output_does_not_outlast_the_timeout(
+    tmp_path: Path,
+) -> None:
+    marker = ["sleep", f"{300 + os.getpid() % 1000}.25"]
+    # The hook starts a child in a new session (out of its process group) that holds the
+    # hook's stdout, then waits: at timeout_s the whole of it ends, the child included.
+    script = f"setsid {' '.join(marker)} &\necho started\nsleep 300\n"
+    runner = HookRunner((HookSpec(("fatal",), ("/bin/sh", "-c", script), timeout_s=1.0),))
+    try:
+        t0 = time.monotonic()
+        runner.fire("fatal", "pong", {}, time.time())
+        [result] = drain_all(runner, 1, timeout=20)
+        took = time.monotonic() - t0
+        assert result.returncode is None and "timeout_s of 1 s" in result.error
+        assert took < 10, took
+        assert result.output == "started"
+        wait_gone = time.monotonic() + 5
+        while leftover(marker) and time.monotonic() < wait_gone:
+            time.sleep(0.05)
+        assert not leftover(marker), "the hook's descendant in another session outlived it"
+    finally:
+        kill_all(leftover(marker))
+        runner.close(wait_s=1)
+
+
+def test_a_hook_that_exits_is_done_even_if_its_descendant_keeps_its_output(
+    tmp_path: Path,
+) -> None:
+    marker = ["sleep", f"{300 + os.getpid() % 1000}.5"]
+    script = f"setsid {' '.join(marker)} &\necho sent\n"  # exits at once; the child holds stdout
+    runner = HookRunner((HookSpec(("fatal",), ("/bin/sh", "-c", script), timeout_s=60),))
+    try:
+        t0 = time.monotonic()
+        runner.fire("fatal", "pong", {}, time.time())
+        [result] = drain_all(runner, 1, timeout=20)
+        assert time.monotonic() - t0 < 10  # not its timeout_s of 60 s
+        assert not result.failed and result.output == "sent"
+        wait_gone = time.monotonic() + 5
+        while leftover(marker) and time.monotonic() < wait_gone:
+            time.sleep(0.05)
+        assert not leftover(marker), "what the hook left running was not stopped with it"
+    finally:
+        kill_all(leftover(marker))
+        runner.close(wait_s=1)
+
+
+def test_a_slow_hook_never_delays_another_hook(tmp_path: Path) -> None:
+    marker = ["sleep", f"{300 + os.getpid() % 1000}.75"]
+    slow = HookSpec(("*",), tuple(marker), timeout_s=60)
+    pager = HookSpec(("fatal",), ("/bin/true",))
+    runner = HookRunner((slow, pager))
+    try:
+        for _ in range(6):  # more slow runs than hooks may run at once
+            runner.fire("worker_crash", "pong", {}, time.time())
+        runner.fire("fatal", "pong", {}, time.time())  # the pager's, and a 7th slow one
+        [paged] = drain_all(runner, 1, timeout=15)
+        assert paged.hook == 1 and not paged.failed
+        assert leftover(marker), "the slow runs still run"
+    finally:
+        runner.close(wait_s=0)  # the supervisor's stop: what still runs is killed
+        gone = time.monotonic() + 10
+        while leftover(marker) and time.monotonic() < gone:
+            time.sleep(0.05)
+        left = leftover(marker)
+        kill_all(left)
+    assert not left, "the supervisor's stop left hook runs behind"
+
+
+ENV_DUMP = """\
+import json, os, sys
+with open(sys.argv[1], "w") as f:
+    json.dump(dict(os.environ), f)
+"""
+
+
+def test_a_hook_gets_an_allow_listed_environment_not_the_services(tmp_path: Path) -> None:
+    (tmp_path / "dump.py").write_text(ENV_DUMP)
+    out = tmp_path / "env.json"
+    service_env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/var/lib/rlsup",
+        "LANG": "C.UTF-8",
+        "TZ": "UTC",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",  # the mirror's credentials: none of a hook's business
+        "NOTIFY_SOCKET": "/run/systemd/notify",
+        "SLACK_TOKEN": "xoxb-1",
+    }
+    spec = HookSpec(
+        ("fatal",), (sys.executable, str(tmp_path / "dump.py"), str(out)), pass_env=("SLACK_TOKEN",)
+    )
+    runner = HookRunner((spec,), env=service_env)
+    try:
+        runner.fire("fatal", "pong", {}, time.time())
+        [result] = drain_all(runner, 1)
+    finally:
+        runner.close(wait_s=10)
+    assert not result.failed, result.error
+    got = json.loads(out.read_text())
+    assert "AWS_SECRET_ACCESS_KEY" not in got and "NOTIFY_SOCKET" not in got
+    for key in ("PATH", "HOME", "LANG", "TZ", "HTTPS_PROXY", "SLACK_TOKEN"):
+        assert got.get(key) == service_env[key], key
+    assert got["RLSUP_EVENT_KIND"] == "fatal" and got["RLSUP_GAME"] == "pong"
+
+
+def check_config(
+    tmp_path: Path, hook_command: list[str], *, path: str
+) -> subprocess.CompletedProcess[str]:
+    return rlsup_in(tmp_path, hook_command, "check-config", path=path)
+
+
+def rlsup_in(
+    tmp_path: Path, hook_command: list[str], *args: str, path: str = "/usr/bin:/bin"
+) -> subprocess.CompletedProcess[str]:
+    """`rlsup ARGS` on a configuration with one hook, run by a caller whose PATH is `path`."""
+    config = tmp_path / "rlsup.toml"
+    config.write_text(BASE + f'[[hooks]]\non = ["fatal"]\ncommand = {json.dumps(hook_command)}\n')
+    env = {k: v for k, v in os.environ.items() if k != "RLSUP_CONFIG"}
+    env.update(PATH=path, RLSUP_BOOT_ID_PATH=str(tmp_path / "boot_id"))
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", *args, "--config", str(config)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_config_refuses_a_hook_program_that_is_missing_or_not_executable(
+    tmp_path: Path,
+) -> None:
+    plain = tmp_path / "notify.txt"
+    plain.write_text("not a program\n")
+    for program, why in ((str(tmp_path / "gone"), "no such file"), (str(plain), "not executable")):
+        got = check_config(tmp_path, [program, "--urgent"], path="/usr/bin:/bin")
+        assert got.returncode == 2, (program, got.stdout, got.stderr)
+        assert "hooks[0].command" in got.stderr or "hooks.0.command" in got.stderr, got.stderr
+        assert program in got.stderr and why in got.stderr, got.stderr
+
+
+def test_a_bare_hook_program_is_found_as_the_service_would_not_on_the_callers_path(
+    tmp_path: Path,
+) -> None:
+    mine = tmp_path / "bin"
+    mine.mkdir()
+    (mine / "my-notify").write_text("#!/bin/sh\nexit 0\n")
+    (mine / "my-notify").chmod(0o755)
+    # On the operator's PATH only: the service (PATH of systemd's default) would not find it.
+    got = check_config(tmp_path, ["my-notify"], path=f"{mine}:/usr/bin:/bin")
+    assert got.returncode == 2 and "my-notify" in got.stderr, got.stderr
+    assert "/usr/local/bin" in got.stderr  # says where the service looks
+    # A program in the service's PATH passes, whatever the caller's PATH says.
+    assert check_config(tmp_path, ["true"], path=str(mine)).returncode == 0
+
+
+def test_read_only_commands_never_fail_on_a_hook_program(tmp_path: Path) -> None:
+    for command in (["no-such-notify-xyz"], [str(tmp_path / "gone")]):
+        got = rlsup_in(tmp_path, command, "status", path="/usr/bin:/bin")
+        assert got.returncode == 3, (command, got.stdout, got.stderr)  # 3: not running
+        got = rlsup_in(tmp_path, command, "events", path="/usr/bin:/bin")
+        assert got.returncode == 0, (command, got.stdout, got.stderr)
