@@ -227,15 +227,20 @@ def follow_the_way_out(box: Sandbox, refusal: str) -> str:
     assert install_service.startswith(f"{venv}/bin/rlsup install-service "), install_service
     source = shlex.split(pip_install)[-1]
     box.ok(f"{python} -m venv --without-pip {venv}")
+    # In fstab, so that it is there again after the sandbox reboots.
     box.ok(
-        f"mkdir -p {HOST_VENV} && mount --bind {sys.prefix} {HOST_VENV} && "
-        f"mount -o remount,bind,ro {HOST_VENV}"
+        f"mkdir -p {HOST_VENV} && echo '{sys.prefix} {HOST_VENV} none bind,ro 0 0' >> /etc/fstab"
+        f" && systemctl daemon-reload && mount {HOST_VENV}"
     )
     site = box.ok(
         f"{venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'"
     )
     host_site = Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix)
-    box.ok(f"echo {HOST_VENV}/{host_site} > {site.strip()}/zz-rlsup-dependencies.pth")
+    # addsitedir: that venv's own .pth files count too (its packages may come from another).
+    box.ok(
+        f"echo 'import site; site.addsitedir(\"{HOST_VENV}/{host_site}\")' "
+        f"> {site.strip()}/zz-rlsup-dependencies.pth"
+    )
     box.ok(
         f"mkdir -p {SOURCE_COPY} && tar -C {source} --exclude=./.venv --exclude=./.git "
         f"--exclude=./build -cf - . | tar -C {SOURCE_COPY} -xf - && "
