@@ -326,7 +326,10 @@ def pump_output(
             if not watch:
                 time.sleep(wait)  # output closed, only its exit to wait for (no pidfd)
                 continue
-            readable, _, _ = select.select(watch, [], [], max(0.0, wait))
+            poller = select.poll()  # not select(): the supervisor's descriptors may pass 1024
+            for fd in watch:
+                poller.register(fd, select.POLLIN)
+            readable = {fd for fd, _ in poller.poll(max(0.0, wait) * 1000)}
             if out_fd in readable:
                 chunk = os.read(out_fd, 1 << 16)
                 eof = not chunk

@@ -432,3 +432,27 @@ def test_read_only_commands_never_fail_on_a_hook_program(tmp_path: Path) -> None
         assert got.returncode == 3, (command, got.stdout, got.stderr)  # 3: not running
         got = rlsup_in(tmp_path, command, "events", path="/usr/bin:/bin")
         assert got.returncode == 0, (command, got.stdout, got.stderr)
+
+
+def test_a_hook_runs_when_the_supervisor_holds_more_than_1024_descriptors() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"descriptor limit {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:  # the hook's pipe gets a number past select()'s
+            held += os.pipe()
+        runner = HookRunner((HookSpec(("fatal",), ("/bin/sh", "-c", "echo fine")),))
+        try:
+            runner.fire("fatal", None, {}, time.time())
+            [result] = drain_all(runner, 1)
+        finally:
+            runner.close(wait_s=5)
+        assert not result.failed and result.output == "fine", result.error
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -242,6 +242,16 @@ def test_metrics_tensorboard_hooks_and_logs_through_kills_a_fatal_game_and_a_reb
     assert reboot["game"] is None and reboot["detail"]["previous_boot_id"] == "boot-1"
     assert not events(state, "hook_failed")
     assert "hook saw fatal" in (tmp_path / "supervisor.log").read_text()
+    # Its whole output also in hooks.log, each line marked with the hook and the event.
+    hooks_log = (state / "logs" / "hooks.log").read_text().splitlines()
+    assert any(line.endswith("hook 0 fatal: hook saw fatal") for line in hooks_log), hooks_log
+
+    # After the clean stop, node_exporter still serves the textfile: it says the supervisor
+    # is down and no game runs, and when it was written.
+    stopped = parse((tmp_path / "metrics" / "rlsup.prom").read_text())
+    assert sample(stopped, "rlsup_supervisor_up") == 0.0
+    assert sample(stopped, "rlsup_game_state", game="alpha", state="running") == 0.0
+    assert sample(stopped, "rlsup_metrics_updated_timestamp_seconds") is not None
 
     # TensorBoard: its own loader, the expected tags, every tag's steps strictly increasing
     # across the SIGKILL (purged past the checkpoint) and the power loss.

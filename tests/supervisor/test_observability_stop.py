@@ -1,4 +1,5 @@
-"""What the Prometheus textfile says once the supervisor is gone (issue 24, defect 7).
+"""What the Prometheus textfile says once the supervisor is gone (issue 24, defect 7), and
+the last alert's output in the hooks' log (defect 5, the daemon's wiring).
 
 An in-process Supervisor with real stand-in workers and a real state database: node_exporter
 keeps serving the textfile after the supervisor exits, so its last version must say the
@@ -41,6 +42,9 @@ device = "cpu"
 [metrics]
 textfile = "node/rlsup.prom"
 interval_s = 0.2
+[[hooks]]
+on = ["supervisor_stop"]
+command = ["/bin/sh", "-c", "echo goodbye from $RLSUP_EVENT_KIND"]
 """
 A_RUNNING = ("rlsup_game_state", (("game", "a"), ("state", "running")))
 
@@ -100,3 +104,8 @@ def test_after_a_clean_stop_the_textfile_says_the_supervisor_is_down(
     assert down[A_RUNNING] == 0.0
     assert down[("rlsup_metrics_updated_timestamp_seconds", ())] >= written
     assert [p.name for p in textfile.parent.iterdir()] == ["rlsup.prom"]
+    # The last alert went out before the supervisor closed, its output in the hooks' log.
+    logged = (tmp_path / "state" / "logs" / "hooks.log").read_text().splitlines()
+    assert logged == [logged[0]] and logged[0].endswith(
+        " hook 0 supervisor_stop: goodbye from supervisor_stop"
+    ), logged
