@@ -109,3 +109,21 @@ def test_after_a_clean_stop_the_textfile_says_the_supervisor_is_down(
     assert logged == [logged[0]] and logged[0].endswith(
         " hook 0 supervisor_stop: goodbye from supervisor_stop"
     ), logged
+
+
+def test_a_reload_naming_a_missing_hook_program_is_refused_and_the_old_hooks_stay(
+    make: Callable[[], Supervisor], tmp_path: Path
+) -> None:
+    sup = make()
+    assert sup.hooks is not None and sup.cfg.hooks[0].program == ""  # run resolves; not here
+    before = sup.hooks
+    config = tmp_path / "rlsup.toml"
+    config.write_text(CONFIG.replace('"/bin/sh", "-c"', f'"{tmp_path / "gone"}", "-c"'))
+    sup.reload(sup.clock())
+    assert sup.hooks is before and sup.cfg.hooks[0].command[0] == "/bin/sh"
+    assert sup.conn is not None
+    [row] = sup.conn.execute("SELECT detail FROM events WHERE kind = 'config_error'").fetchall()
+    assert "hooks[0].command" in row[0] and "no such file" in row[0], row[0]
+    config.write_text(CONFIG.replace('"/bin/sh", "-c"', '"sh", "-c"'))  # a bare name: resolved
+    sup.reload(sup.clock())
+    assert sup.cfg.hooks[0].program in ("/usr/bin/sh", "/bin/sh")
