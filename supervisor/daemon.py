@@ -61,8 +61,9 @@ from supervisor.runtime import GameRuntime, WorkerLife, reconcile, summary
 from supervisor.sdnotify import Notifier
 from supervisor.spare import SpareKeeper, SpareWant, decide, spare_device
 from supervisor.startup import (
+    reboot_event,
     restore_states,
-    start_events,
+    start_event,
     stop_leftover_workers,
     supervisor_row,
     unrecorded_reports,
@@ -251,7 +252,12 @@ class Supervisor:
         outcome = db.classify_boot(self.conn, self.boot_id, now_wall)
         self.recorder.drop_stale_stop_request()  # before the supervisor row says running
         boot_time = psutil.boot_time()
-        self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time))
+        # The boot and its verdict in one transaction: a start that dies after recording the
+        # boot (a backend down at boot, a kill) must not leave the next start to call it a crash.
+        self.journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time), flush=False)
+        if (reboot := reboot_event(outcome)) is not None:
+            self.event(*reboot)
+        self.journal.flush()
         leftovers = []
         worker_rows = db.workers(self.conn)
         if outcome.same_boot:  # a new supervisor: stop our workers still alive BEFORE any start
@@ -272,8 +278,8 @@ class Supervisor:
         self.sampler.start()
         row = supervisor_row(self.boot_id, now_wall, self.cfg.path)
         self.journal.write(lambda c: db.set_supervisor(c, **row))
-        for kind, detail in start_events(outcome, leftovers, self.cfg.path, host_mode):
-            self.event(kind, None, detail)
+        started = start_event(outcome, leftovers, self.cfg.path, host_mode)
+        self.event("supervisor_start", None, started)
         if elsewhere:
             self.event("leftovers_stopped", None, {"actors": elsewhere, "backend": "ray"})
         for game, kind, detail in unrecorded_reports(self.conn, worker_rows, self.cfg.run_dir):

@@ -40,20 +40,24 @@ def supervisor_row(boot_id: str, now_wall: float, config: Path) -> dict[str, Any
     }
 
 
-def start_events(
+def reboot_event(outcome: BootOutcome) -> tuple[str, None, dict[str, Any]] | None:
+    """`host_reboot` after an unexpected one (recorded with the boot itself), else None."""
+    if outcome.kind != "host_reboot":
+        return None
+    return "host_reboot", None, {
+        "boot_id": outcome.boot_id,
+        "previous_boot_id": outcome.previous_boot_id,
+        "downtime_s": outcome.downtime_s,
+        "unexpected": True,
+    }  # fmt: skip
+
+
+def start_event(
     outcome: BootOutcome, leftovers: list[int], config: Path, host_mode: str
-) -> list[tuple[str, dict[str, Any]]]:
-    """`host_reboot` after an unexpected one, then `supervisor_start` saying what came before
-    (first start, a reboot, a supervisor restart or crash) and which leftovers were stopped."""
-    events: list[tuple[str, dict[str, Any]]] = []
-    if outcome.kind == "host_reboot":
-        events.append(("host_reboot", {
-            "boot_id": outcome.boot_id,
-            "previous_boot_id": outcome.previous_boot_id,
-            "downtime_s": outcome.downtime_s,
-            "unexpected": True,
-        }))  # fmt: skip
-    events.append(("supervisor_start", {
+) -> dict[str, Any]:
+    """`supervisor_start`'s detail: what came before (first start, a reboot, a supervisor
+    restart or crash) and which leftovers were stopped."""
+    return {
         "pid": os.getpid(),
         "boot_id": outcome.boot_id,
         "after": outcome.kind,
@@ -61,8 +65,7 @@ def start_events(
         "leftover_workers_stopped": leftovers,
         "config": str(config),
         "host_mode": host_mode,
-    }))  # fmt: skip
-    return events
+    }
 
 
 def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Notifier) -> list[int]:

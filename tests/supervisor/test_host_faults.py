@@ -245,6 +245,42 @@ def test_a_missing_boot_id_falls_back_and_the_supervisor_starts(
     assert start.detail["boot_id"] == sup.boot_id
 
 
+class _UnreachableBackend(Launcher):
+    """A launcher whose backend cannot be reached at start (a Ray head down at boot)."""
+
+    def connect(self) -> None:
+        raise OSError(errno.ECONNREFUSED, "the cluster's head does not answer")
+
+
+def test_a_start_that_fails_after_a_reboot_still_records_the_reboot_once(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The first start after an unexpected reboot dies before it is up (its backend is not
+    reachable; systemd restarts it): the ledger must still say the host rebooted, exactly once.
+    It used to record the new boot first and the event later, so the next start found the boot
+    already known, took it for a supervisor crash, and the reboot was lost."""
+    from supervisor.daemon import StartFailed
+
+    first = make(game("a"))
+    spin(first, lambda: first.games["a"].state is S.RUNNING)
+    first.close()  # no clean stop: the power is cut
+    (tmp_path / "boot").write_text("boot-2")
+    cfg = load_config(tmp_path / "rlsup.toml")
+    failing = Supervisor(
+        cfg,
+        launcher=_UnreachableBackend(python=sys.executable, module="tests.supervisor.fake_worker"),
+        cores=4,
+        gpu_probe=FakeNvml(None),
+    )
+    with pytest.raises(StartFailed):
+        failing.start()
+    failing.close()
+    sup = make(game("a"))
+    reboots = evs(sup, "host_reboot")
+    assert [e.detail["boot_id"] for e in reboots] == ["boot-2"], reboots
+    assert reboots[0].detail["previous_boot_id"] == "boot-1"
+    [after] = [e for e in evs(sup, "supervisor_start") if e.detail["boot_id"] == "boot-2"]
+    assert after.detail["after"] == "supervisor_crash"
+
+
 # ---- files that are not what they seem ------------------------------------------------------
 
 
