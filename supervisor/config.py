@@ -684,6 +684,17 @@ def _parse_hooks(ctx: _Ctx, data: Any, games: tuple[GameSpec, ...]) -> tuple[Hoo
     return tuple(hooks)
 
 
+def check_for_service(cfg: Config) -> Config:
+    """What only the service's own use of a configuration needs checked, once: the hooks'
+    programs (resolve_hook_programs) and the mirror's endpoint and region by the S3 client's
+    own rules. For `rlsup run`, `check-config`, a reload and `rlsup pull`; read-only commands
+    skip it, so they never fail on it and stay fast (botocore's import alone is ~260 ms)."""
+    if cfg.mirror is not None:
+        ctx = _Ctx(cfg.path, _read_or_empty(cfg.path))
+        _check_mirror_client_values(ctx, cfg.mirror.endpoint_url, cfg.mirror.region)
+    return resolve_hook_programs(cfg)
+
+
 def resolve_hook_programs(cfg: Config) -> Config:
     """The configuration with each hook's program resolved once, as the service will run it:
     an absolute path must be an executable file; a bare name is looked up on
@@ -723,7 +734,6 @@ def _hook_program(prog: str) -> tuple[str, str]:
 
 def _parse_mirror(ctx: _Ctx, data: Any) -> MirrorConfig:
     v = _values(ctx, ["mirror"], data, _MIRROR)
-    _check_mirror_client_values(ctx, v["endpoint_url"], v["region"])
     every = v.pop("every")
     return MirrorConfig(every_s=0.0 if every == "each" else float(every[:-1]), **v)
 

@@ -29,10 +29,10 @@ from supervisor.config import (
     Config,
     ConfigError,
     ModeSpec,
+    check_for_service,
     check_runs_match,
     load_config,
     mirror_reload_refusal,
-    resolve_hook_programs,
     worker_config,
 )
 from supervisor.exits import StopReason, WorkerExit, route_exit
@@ -1094,7 +1094,7 @@ class Supervisor:
         try:
             new = load_config(self.cfg.path)
             check_runs_match(dataclasses.replace(new, state_dir=self.cfg.state_dir))
-            new = resolve_hook_programs(new)
+            new = check_for_service(new)
         except ConfigError as exc:
             log.error("config_error", error=str(exc), kept="previous configuration")
             self.event("config_error", None, {"message": str(exc), "kept": "previous"})

@@ -28,11 +28,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
-    from supervisor.config import ConfigError, check_runs_match, resolve_hook_programs
+    from supervisor.config import ConfigError, check_for_service, check_runs_match
 
     try:
         check_runs_match(cfg)
-        resolve_hook_programs(cfg)  # as the service would: read-only commands skip this
+        check_for_service(cfg)  # as the service would: read-only commands skip this
     except ConfigError as exc:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

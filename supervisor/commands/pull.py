@@ -42,6 +42,13 @@ def run(args: argparse.Namespace) -> int:
     if cfg.mirror is None:
         print(f"rlsup pull: {cfg.path} has no [mirror] table", file=sys.stderr)
         return EXIT_USAGE
+    from supervisor.config import ConfigError, check_for_service
+
+    try:
+        check_for_service(cfg)  # the mirror's endpoint and region, by the S3 client's rules
+    except ConfigError as exc:
+        print(f"rlsup: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     games = {g.name: g for g in cfg.games}
     if args.game not in games:
         print(f"rlsup pull: no game {args.game!r}; configured: {', '.join(games)}", file=sys.stderr)

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from supervisor import db
-    from supervisor.config import ConfigError, check_runs_match, resolve_hook_programs
+    from supervisor.config import ConfigError, check_for_service, check_runs_match
     from supervisor.daemon import LockHeld, StartFailed, Supervisor, acquire_lock
     from supervisor.logs import configure_logging, level_number
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             cfg = dataclasses.replace(cfg, cluster=cluster)
         check_runs_match(cfg)
-        cfg = resolve_hook_programs(cfg)  # once, as this service runs them
+        cfg = check_for_service(cfg)  # once, as this service runs them
     except ConfigError as exc:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

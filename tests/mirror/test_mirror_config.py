@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError, load_config
+from supervisor.config import ConfigError, check_for_service, load_config
 from tests.supervisor.helpers import REPO, env_for, write_config
 
 
@@ -38,7 +38,7 @@ def test_a_mirror_value_botocore_refuses_names_file_line_and_key(
 ) -> None:
     path = _with_mirror(tmp_path, f'{key} = "{value}"')
     with pytest.raises(ConfigError) as err:
-        load_config(path)
+        check_for_service(load_config(path))
     message = str(err.value)
     assert str(path) in message
     assert f"line {_line_of(path, key)}: mirror.{key}" in message
@@ -56,14 +56,43 @@ def test_a_mirror_value_botocore_refuses_names_file_line_and_key(
     ],
 )
 def test_mirror_values_botocore_accepts_load(tmp_path: Path, body: str) -> None:
-    cfg = load_config(_with_mirror(tmp_path, body))
+    cfg = check_for_service(load_config(_with_mirror(tmp_path, body)))
     assert cfg.mirror is not None
+
+
+def test_read_only_commands_neither_import_botocore_nor_fail_on_its_rules(tmp_path: Path) -> None:
+    """`rlsup status` and the other read-only commands load the file without the S3 client's
+    rules: they never fail on a mirror value, and pay no botocore import (~260 ms)."""
+    path = _with_mirror(tmp_path, 'endpoint_url = "http://s3_server:8333"')
+    probe = (
+        "import sys; from supervisor.config import load_config; "
+        f"cfg = load_config({str(path)!r}); "
+        "assert cfg.mirror is not None; assert 'botocore' not in sys.modules, 'botocore'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_check_config_refuses_the_endpoint_with_exit_2(tmp_path: Path) -> None:
     path = _with_mirror(tmp_path, 'endpoint_url = "http://s3_server:8333"')
     done = subprocess.run(
         [sys.executable, "-m", "supervisor.cli", "check-config", "--config", str(path)],
+        cwd=REPO,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "mirror.endpoint_url" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_pull_refuses_the_endpoint_with_exit_2(tmp_path: Path) -> None:
+    path = _with_mirror(tmp_path, 'endpoint_url = "http://s3_server:8333"')
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "pull", "--game", "g", "--config", str(path)],
         cwd=REPO,
         env=env_for(tmp_path),
         capture_output=True,
