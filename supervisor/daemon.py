@@ -82,6 +82,10 @@ CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
 HOOKS_CLOSE_WAIT_S = 5.0  # at shutdown, for the alerts of the last events to go out
 
 
+# A tick's spawns stop once they have taken this long; the rest wait for the next tick.
+SPAWN_BUDGET_S = 10.0
+
+
 class StartFailed(RuntimeError):
     """The supervisor could not start (its state database could not be opened or read)."""
 
@@ -722,7 +726,16 @@ class Supervisor:
             return
         planned = sum(1 for rt in games if rt.state in ALIVE) + len(gated)
         threads = max(1, self.cores // max(1, planned))
-        for rt in gated:
+        began = time.monotonic()
+        for i, rt in enumerate(gated):
+            if time.monotonic() - began > SPAWN_BUDGET_S:
+                # A slow backend (a Ray actor's start may take 30 s) must not hold the tick past
+                # the systemd watchdog: the rest start next tick, after this one has pinged it.
+                deferred = [later.spec.name for later in gated[i:]]
+                for name in deferred:
+                    self._chosen.pop(name, None)  # the gate places them afresh next tick
+                log.info("spawns_deferred", games=deferred, budget_s=SPAWN_BUDGET_S)
+                return
             self.spawn(rt, threads, now)
 
     # ---- the spare worker -------------------------------------------------------------------

@@ -390,3 +390,48 @@ def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_run
     modes.pin_mode(sup.conn, sup.cfg, modes.HOST, "light")
     sup.refresh_modes()
     assert sup._lowest_rung(), "an operator's pin to the lowest rung counts"
+
+
+class _SlowLauncher(Launcher):
+    """Each spawn takes 0.3 s (a backend whose start is slow, as a Ray actor's can be)."""
+
+    def spawn(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        import time
+
+        time.sleep(0.3)
+        return super().spawn(*args, **kwargs)
+
+
+def test_slow_spawns_stop_at_the_tick_budget_and_the_rest_start_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tick never spends much more than SPAWN_BUDGET_S starting workers (a slow backend
+    would hold the tick past the systemd watchdog); the games left start on the next ticks."""
+    import time
+
+    from supervisor import daemon
+
+    monkeypatch.setattr(daemon, "SPAWN_BUDGET_S", 0.5)
+    (tmp_path / "boot").write_text("boot-1")
+    monkeypatch.setenv("RLSUP_BOOT_ID_PATH", str(tmp_path / "boot"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    path = tmp_path / "rlsup.toml"
+    games = "".join(game(n, 100000) for n in "abcd")
+    path.write_text(CONFIG.format(cap=4, games=games, extra="", tail=""))
+    sup = Supervisor(
+        load_config(path),
+        launcher=_SlowLauncher(python=sys.executable, module="tests.supervisor.fake_worker"),
+        cores=4,
+        gpu_probe=FakeNvml(None),
+    )
+    try:
+        sup.start()
+        began = time.monotonic()
+        sup.tick()
+        took = time.monotonic() - began
+        started = [n for n, rt in sup.games.items() if rt.life is not None]
+        assert 1 <= len(started) <= 2, started
+        assert took < 0.5 + 0.3 + 1.0, took  # the budget, one spawn past it, slack
+        spin(sup, lambda: all(rt.life is not None for rt in sup.games.values()))
+    finally:
+        close_supervisors([sup])
