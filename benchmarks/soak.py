@@ -2,8 +2,10 @@
 
 Shares its engine with the CI test (tests/chaos/soak_*.py): a real `rlsup run` with three
 games under a seeded fault schedule (SIGKILL, mid-checkpoint SIGKILL, SIGSTOP, supervisor kill,
-host reboot, corrupt checkpoints, full disk, kernel OOM kill, mode pins); prints the figures
-table and ends with one JSON line. Exit status 1 when an invariant was violated. Needs root.
+host reboot, corrupt checkpoints, full disk, kernel OOM kill, mode pins, a flood of idle
+connections to the metrics endpoint, a hook storm, the mirror moved by a reload; the mirror is
+SeaweedFS on loopback); prints the figures table and ends with one JSON line. Exit status 1
+when an invariant was violated. Needs root.
 """
 
 from __future__ import annotations

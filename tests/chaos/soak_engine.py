@@ -26,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -45,6 +46,16 @@ from tests.chaos.soak_config import (
 from tests.chaos.soak_faults import Fault, Injector
 from tests.chaos.soak_kinds import KINDS, FaultKind
 from tests.chaos.soak_monitor import Monitor
+from tests.chaos.soak_services import (
+    AWS_ENV,
+    HOOK_MARK_ENV,
+    HOOK_TIMEOUT_S,
+    Mirror,
+    free_port,
+    hook_processes,
+    limit_descriptors,
+    write_hook,
+)
 from training import protocol
 
 __all__ = ["KINDS", "GameDef", "Soak", "SoakSettings", "clean_workdir", "default_games", "run_soak"]
@@ -62,6 +73,12 @@ class Soak(Injector, Analyst):
         self.config = self.dir / "rlsup.toml"
         self.boot_file = self.dir / "boot_id"
         self.read_faults = self.dir / "read-faults"
+        self.hook_program = self.dir / "hook.sh"
+        self.hook_storm_flag = self.dir / "hook-storm"  # while it exists the hook misbehaves
+        self.hook_runs = self.dir / "hook-runs"  # the pid of each misbehaving run
+        self.hook_mark = uuid.uuid4().hex
+        self.metrics_port = 0
+        self.mirror = Mirror(self.dir / "weed")
         self.boot_n = 1
         self.game_names = [g.name for g in settings.games]
         self.env = self._env()
@@ -94,6 +111,8 @@ class Soak(Injector, Analyst):
         env["RLSUP_BOOT_ID_PATH"] = str(self.boot_file)
         env["RLSUP_FAULT_READ_ERRORS"] = str(self.read_faults)  # checkpoints/_faults.py
         env["PYTHONWARNINGS"] = "ignore"
+        env[HOOK_MARK_ENV] = self.hook_mark
+        env.update(AWS_ENV)  # the mirror's (SeaweedFS takes any): never the host's profile
         for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "RLSUP_CONFIG"):
             env.pop(key, None)
         return env
@@ -120,7 +139,18 @@ class Soak(Injector, Analyst):
             f"[watchdog]\nstartup_grace_s = 120\nhang_timeout_s = {s.hang_timeout_s}\n"
             "kill_grace_s = 5\n"
             # The pre-warmed spare serves restarts throughout (spare_* faults kill it).
-            "[spare]\nenabled = true\n"
+            "[spare]\nenabled = true\n" + self._service_config()
+        )
+
+    def _service_config(self) -> str:
+        """The endpoint `metrics_flood` floods, the hook `hook_storm` makes misbehave (it
+        exits at once otherwise: every crash and restart of the run fires it), and the mirror
+        `mirror_move` tries to move (every game is mirrored all along)."""
+        pass_env = json.dumps([HOOK_MARK_ENV, "RLSUP_TEST_RUN"])  # the leftover checks' marks
+        return (
+            f'[metrics]\nlisten = "127.0.0.1:{self.metrics_port}"\n'
+            f'[[hooks]]\non = ["worker_crash", "restart"]\ncommand = ["{self.hook_program}"]\n'
+            f"timeout_s = {HOOK_TIMEOUT_S:g}\npass_env = {pass_env}\n" + self.mirror.config()
         )
 
     def setup(self) -> None:
@@ -128,11 +158,22 @@ class Soak(Injector, Analyst):
         self._mount_state_tmpfs()
         self.boot_file.write_text("soak-boot-1\n")
         self.read_faults.write_text("")
+        write_hook(self.hook_program, self.hook_storm_flag, self.hook_runs)
+        self.metrics_port = free_port()
+        self._start_mirror()
         self.write_config()
         for g in self.game_names:
             (self.state / "runs" / g).mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.state, 0o700)
         self._mount_tmpfs()
+
+    def _start_mirror(self) -> None:
+        why = self.mirror.start()
+        if why:
+            self.skipped["mirror_move"] = why
+            print(f"soak: mirror_move skipped: {why}", flush=True)
+        else:
+            print(f"soak: SeaweedFS answered in {self.mirror.start_s:.1f} s", flush=True)
 
     def _mount_state_tmpfs(self) -> None:
         """The whole state dir (SQLite, logs, heartbeats, progress, checkpoints) on its own
@@ -182,6 +223,11 @@ class Soak(Injector, Analyst):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
                     os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            self.hook_storm_flag.unlink()
+        for pid in hook_processes(self.hook_mark):  # a storm cut short: its runs' processes
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if self.tmpfs is not None:
             for _ in range(10):
                 if subprocess.run(["umount", str(self.tmpfs)], capture_output=True).returncode == 0:
@@ -191,6 +237,7 @@ class Soak(Injector, Analyst):
                 subprocess.run(["umount", "-l", str(self.tmpfs)], capture_output=True)
             self.tmpfs = None
         self._step_clock(-self.clock_offset_s)
+        self.mirror.stop()
         with self._disk_lock:
             for name in (".soak-ballast", ".soak-ballast-tail"):
                 with contextlib.suppress(OSError):
@@ -217,6 +264,7 @@ class Soak(Injector, Analyst):
             start_new_session=True,
         )
         log.close()
+        limit_descriptors(proc.pid)  # a service's descriptor limit, whatever our shell's
         self.sup = proc
         self.sups.append((proc, False))
 

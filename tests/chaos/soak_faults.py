@@ -27,8 +27,20 @@ import psutil
 
 from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import MANIFEST_NAME, STAGING_PREFIX, ckpt_name, ckpt_step
+from supervisor.hooks import RUNS_PER_HOOK
 from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
 from tests.chaos.soak_monitor import Monitor, WorkerLife
+from tests.chaos.soak_services import (
+    FLOOD_FD_SLACK,
+    HOOK_TIMEOUT_S,
+    MOVED_BUCKET,
+    ConnectionFlood,
+    DescriptorWatch,
+    Mirror,
+    hook_processes,
+    open_descriptors,
+    scrape,
+)
 from training.protocol import read_heartbeat
 
 
@@ -135,6 +147,11 @@ class Injector:
     _filler: Filler | None
     _disk_lock: threading.Lock
     corrupted: dict[str, set[int]]
+    metrics_port: int
+    hook_storm_flag: Path
+    hook_mark: str
+    hook_runs: Path
+    mirror: Mirror
 
     if TYPE_CHECKING:  # the engine's own
 
@@ -1005,6 +1022,227 @@ class Injector:
                     if k == "oom_kill":
                         return int(v)
         return 0
+
+    # ---- the services beside the workers (issue 24): metrics endpoint, hooks, mirror ----------
+
+    def _trains_again(self, game: str, victim: int) -> bool:
+        """A worker other than `victim` trains `game` (its step moving), or the game is done."""
+        life = self.monitor.healthy(game)
+        return self._done(game) or (life is not None and life.pid != victim)
+
+    def _f_metrics_flood(self) -> Fault | None:
+        """A burst of idle local connections to `[metrics] listen`, more than a service has
+        descriptors, and a worker SIGKILLed while they are held: its replacement must spawn and
+        train, a real scrape must answer, and the supervisor's descriptors stay bounded."""
+        game = self.pick_game()
+        if game is None or self.sup is None:
+            return None
+        sup_pid = self.sup.pid
+        base = open_descriptors(sup_pid) or 0
+        first_id = self._last_event_id()
+        watch = DescriptorWatch(sup_pid)
+        flood = ConnectionFlood(self.metrics_port)
+        fault = Fault("metrics_flood", [game], time.monotonic())
+        try:
+            established = flood.open()
+            fault.t = time.monotonic()  # its recovery counts from the kill
+            pid = self._kill_worker(game, fault=fault)
+            if pid:
+                fault.victims[game] = pid
+                if not self._wait_for(lambda: self._trains_again(game, pid), 60):
+                    fault.problems.append(
+                        f"{game}: no replacement trained within 60 s of the kill while "
+                        f"{established} connections were held"
+                    )
+            body, error = scrape(self.metrics_port)
+        finally:
+            flood.close()
+            most = watch.stop()
+        if body is None or b"rlsup_supervisor_up 1" not in body:
+            fault.problems.append(f"GET /metrics during the flood: {error or body[:200]!r}")
+        if most > base + FLOOD_FD_SLACK:
+            fault.problems.append(
+                f"the supervisor held {most} descriptors during the flood ({base} before; "
+                f"bound {base} + {FLOOD_FD_SLACK})"
+            )
+        after = open_descriptors(sup_pid)
+        fault.note = (
+            f"{established}/{flood.count} idle connections held; supervisor descriptors "
+            f"{base} -> at most {most} -> {after}; GET /metrics "
+            + ("answered" if body is not None else "failed")
+        )
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _f_hook_storm(self) -> Fault | None:
+        """Every game's worker SIGKILLed at once while the `[[hooks]]` program on worker_crash
+        and restart misbehaves (megabytes of output, a setsid descendant holding its output,
+        sleeping past timeout_s): the supervisor keeps ticking (restarts, no hang taken),
+        each misbehaving run ends at its timeout, and nothing of a run is left running."""
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        games = [g for g in self.game_names if not self._done(g) and self._owned(g)]
+        if not games or self.sup is None:
+            return None
+        first_id = self._last_event_id()
+        with contextlib.suppress(FileNotFoundError):
+            self.hook_runs.unlink()
+        self.hook_storm_flag.touch()
+        fault = Fault("hook_storm", games, time.monotonic())
+        try:
+            for g in games:
+                if pid := self._kill_worker(g, fault=fault):
+                    fault.victims[g] = pid
+            for g, pid in fault.victims.items():
+                if not self._wait_for(lambda g=g, pid=pid: self._trains_again(g, pid), 60):
+                    fault.problems.append(f"{g}: no replacement trained within 60 s of the kill")
+        finally:
+            self.hook_storm_flag.unlink()  # later runs exit at once
+        self._judge_hook_runs(fault, first_id)
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _judge_hook_runs(self, fault: Fault, first_id: int) -> None:
+        """Each misbehaving run (its pid in hook_runs) reported killed at its timeout, none
+        lasting much past it, and no process of any run left once they are reported."""
+        runs = len(self._read_lines(self.hook_runs))
+        # The runs of one hook go RUNS_PER_HOOK at a time: a queue of them takes a multiple.
+        budget_s = HOOK_TIMEOUT_S * (runs // RUNS_PER_HOOK + 1) + 15.0
+
+        def reported() -> list[dict[str, Any]] | None:
+            timed_out = [d for d in self._details_after(first_id, "hook_failed")
+                         if "timeout_s" in str(d.get("error"))]  # fmt: skip
+            return timed_out if len(timed_out) >= runs and not self._hook_left() else None
+
+        timed_out = self._wait_for(reported, budget_s) or [
+            d for d in self._details_after(first_id, "hook_failed")
+            if "timeout_s" in str(d.get("error"))
+        ]  # fmt: skip
+        longest = max((float(d.get("seconds") or 0) for d in timed_out), default=0.0)
+        left = self._hook_left()
+        fault.note = (
+            f"{runs} misbehaving hook runs; {len(timed_out)} killed at timeout_s "
+            f"{HOOK_TIMEOUT_S:g} (longest {longest:.1f} s)"
+        )
+        if not runs:
+            fault.problems.append("the storm ran no hook (no worker_crash/restart fired it)")
+        if len(timed_out) < runs:
+            fault.problems.append(
+                f"{runs} misbehaving hook runs, {len(timed_out)} reported killed at their "
+                f"timeout within {budget_s:.0f} s"
+            )
+        if longest > HOOK_TIMEOUT_S + 2.0:
+            fault.problems.append(f"a hook run lasted {longest:.1f} s (timeout_s {HOOK_TIMEOUT_S})")
+        if left:
+            fault.problems.append(f"hook processes left running after the storm: {left}")
+            for pid in left:  # not to leak them into the rest of the run
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def _hook_left(self) -> list[str]:
+        out = []
+        for pid in hook_processes(self.hook_mark):
+            with contextlib.suppress(psutil.Error):
+                out.append(f"{pid} {' '.join(psutil.Process(pid).cmdline())}")
+        return out
+
+    @staticmethod
+    def _read_lines(path: Path) -> list[str]:
+        try:
+            return path.read_text().split()
+        except FileNotFoundError:
+            return []
+
+    def _details_after(self, first_id: int, kind: str) -> list[dict[str, Any]]:
+        """The details of the `kind` events written after event id `first_id`."""
+        return [detail for _, detail in self._events_after(first_id, kind)]
+
+    def _events_after(self, first_id: int, kind: str) -> list[tuple[int, dict[str, Any]]]:
+        """(id, detail) of the `kind` events written after event id `first_id`."""
+        with contextlib.suppress(sqlite3.Error):
+            conn = sqlite3.connect(self.state / "rlsup.db", timeout=10)
+            try:
+                rows = conn.execute(
+                    "SELECT id, detail FROM events WHERE kind = ? AND id > ? ORDER BY id",
+                    (kind, first_id),
+                ).fetchall()
+            finally:
+                conn.close()
+            return [(int(r[0]), json.loads(r[1] or "{}")) for r in rows]
+        return []
+
+    def _f_mirror_move(self) -> Fault | None:
+        """The operator points `[mirror] url` elsewhere and reloads (SIGHUP) just as a worker
+        is SIGKILLed: the reload is refused whole (config_error naming mirror.url), the
+        replacement restores and is mirrored against the location in force, uploads go on
+        there (mirror_ok after the refusal, nothing in the other bucket), no other worker is
+        restarted; then the file is reverted and reloaded."""
+        if self.mirror.weed is None:
+            why = self.skipped.get("mirror_move", "no mirror")
+            return Fault("mirror_move", [], time.monotonic(), skipped=why)
+        game = self.pick_game(need_ckpts=1)
+        if game is None or self.sup is None:
+            return None
+        original = self.config.read_text()
+        old, new = f'url = "{self.mirror.url}"', f'url = "{self.mirror.moved_url}"'
+        others = {
+            g: lf.pid for g in self.game_names if g != game and (lf := self.monitor.current(g))
+        }
+        first_id = self._last_event_id()
+        fault = Fault(
+            "mirror_move", [game], time.monotonic(), note=f"url -> {self.mirror.moved_url}"
+        )
+        self.config.write_text(original.replace(old, new))
+        try:
+            pid = self._kill_worker(game, fault=fault)
+            os.kill(self.sup.pid, signal.SIGHUP)
+            refused = self._wait_for(lambda: self._events_after(first_id, "config_error"), 30)
+        finally:
+            self.config.write_text(original)
+        if pid:
+            fault.victims[game] = pid
+            if not self._wait_for(lambda: self._trains_again(game, pid), 60):
+                fault.problems.append(f"{game}: no replacement trained within 60 s of the kill")
+            self._judge_replacement_mirror(fault, game, pid)
+        if not refused:
+            fault.problems.append("no config_error event for the moved mirror")
+        else:
+            refused_id, detail = refused[0]
+            if "mirror.url" not in str(detail.get("message")):
+                fault.problems.append(f"the refusal does not name mirror.url: {detail}")
+            self._judge_uploads_stayed(fault, refused_id)
+        t_back = time.monotonic()
+        os.kill(self.sup.pid, signal.SIGHUP)
+        if not self._wait_for(lambda: self._event_since("config_reload", t_back), 30):
+            fault.problems.append("the reverted config was not reloaded")
+        for g, other in others.items():
+            now = self.monitor.current(g)
+            if not self._done(g) and (now is None or now.pid != other):
+                fault.problems.append(f"{g}: its worker was restarted by a refused reload")
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
+    def _judge_replacement_mirror(self, fault: Fault, game: str, victim: int) -> None:
+        """The replacement was given the mirror in force, not the refused one."""
+        life = self.monitor.current(game)
+        if life is None or life.pid == victim:
+            return
+        with contextlib.suppress(psutil.Error):
+            argv = psutil.Process(life.pid).cmdline()
+            if self.mirror.moved_url in argv or self.mirror.url not in argv:
+                fault.problems.append(f"{game}: replacement pid {life.pid} runs with {argv}")
+
+    def _judge_uploads_stayed(self, fault: Fault, refused_id: int) -> None:
+        """Checkpoints are still mirrored, to the location in force: a mirror_ok after the
+        refusal, and nothing in the bucket the refused file named."""
+        uploaded = self._wait_for(lambda: self._events_after(refused_id, "mirror_ok"), 30)
+        if not uploaded:
+            fault.problems.append("no mirror_ok within 30 s of the refused reload")
+        else:
+            fault.note += f"; mirrored on: {len(uploaded)} mirror_ok after the refusal"
+        moved = self.mirror.objects(MOVED_BUCKET)
+        if moved:
+            fault.problems.append(f"{moved} objects uploaded to {MOVED_BUCKET}, the refused mirror")
 
 
 def verify_unless_retired(path: Path, step: int) -> str | None:

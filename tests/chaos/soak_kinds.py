@@ -235,6 +235,38 @@ KINDS: dict[str, FaultKind] = {
     "spare_assign_kill": FaultKind(
         Injector._f_spare_assign_kill, lambda ev: [_crash(ev)], filler=1
     ),
+    # A burst of idle connections to the metrics endpoint (more than a service has descriptors)
+    # and a worker SIGKILLed while they are held: replaced, scraped, descriptors bounded.
+    "metrics_flood": FaultKind(
+        Injector._f_metrics_flood, lambda ev: [_crash(ev)], forbid=("fatal", "worker_hang")
+    ),
+    # Every worker SIGKILLed while the hook on worker_crash/restart misbehaves (output, a setsid
+    # descendant holding it, sleeping past timeout_s): runs bounded, nothing left, no hang.
+    "hook_storm": FaultKind(
+        Injector._f_hook_storm,
+        lambda ev: [
+            _crash(ev),
+            (
+                "hook_failed (a run killed at its timeout_s)",
+                ev.has("hook_failed", None, lambda e: "timeout_s" in str(e["detail"].get("error"))),
+            ),
+        ],
+        forbid=("fatal", "worker_hang"),
+    ),
+    # [mirror] url changed and reloaded while a worker is SIGKILLed: refused whole, uploads go
+    # on to the location in force, the replacement resumes; then reverted.
+    "mirror_move": FaultKind(
+        Injector._f_mirror_move,
+        lambda ev: [
+            _crash(ev),
+            (
+                "config_error (naming mirror.url)",
+                ev.has("config_error", None, lambda e: "mirror.url" in str(e["detail"])),
+            ),
+            ("mirror_ok", ev.has("mirror_ok", None)),
+        ],
+        forbid=("fatal",),
+    ),
     # An operator's pins: `rlsup scale --mode light` early, `--mode auto` later (placed by the
     # schedule, not drawn).
     "scale_light": FaultKind(

@@ -94,3 +94,31 @@ def test_a_checkpoint_retired_while_it_is_verified_is_no_problem(tmp_path: Path)
     with pytest.raises(CheckpointError):  # what the engine used to report as damage
         store.verify(CheckpointRef(ref.path, 7))
     assert verify_unless_retired(ref.path, 7) is None
+
+
+def test_the_soak_config_loads_with_the_services_its_kinds_drive(tmp_path: Path) -> None:
+    """The config the soak writes (metrics endpoint, hook, mirror) loads as `rlsup run` loads
+    it, and `mirror_move`'s edit is one the reload must refuse, naming mirror.url: a typo in
+    either would fail a 5-minute soak, or pass it without the fault ever happening."""
+    from supervisor.config import load_config, mirror_reload_refusal, resolve_hook_programs
+    from tests.chaos.soak_services import write_hook
+    from tests.mirror.seaweed import Weed
+
+    soak = Soak(SoakSettings(workdir=tmp_path, fault_phase_s=200.0))
+    write_hook(soak.hook_program, soak.hook_storm_flag, soak.hook_runs)
+    soak.metrics_port = 49469
+    soak.mirror.weed = Weed(None, "http://127.0.0.1:48333", tmp_path, [])  # type: ignore[arg-type]
+    soak.write_config()
+    cfg = resolve_hook_programs(load_config(soak.config))
+    assert (cfg.metrics.listen_host, cfg.metrics.listen_port) == ("127.0.0.1", 49469)
+    assert [h.program for h in cfg.hooks] == [str(soak.hook_program)]
+    assert {"worker_crash", "restart"} <= set(cfg.hooks[0].on)
+    assert cfg.mirror is not None and cfg.mirror.url == soak.mirror.url
+    text = soak.config.read_text()
+    moved = text.replace(f'url = "{soak.mirror.url}"', f'url = "{soak.mirror.moved_url}"')
+    assert moved != text
+    soak.config.write_text(moved)
+    assert "mirror.url" in (mirror_reload_refusal(cfg, load_config(soak.config)) or "")
+    quiet = subprocess.run([str(soak.hook_program)], capture_output=True, timeout=10)
+    assert quiet.returncode == 0 and not quiet.stdout, "without the storm flag: exit 0 at once"
+    assert not soak.hook_runs.exists()
