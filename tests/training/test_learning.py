@@ -26,9 +26,14 @@ from test_algos_support import config, learner
 
 from training.evaluate import evaluate
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("one_torch_thread"),
+    # Every seed may use its CPU cap (and a loaded host stretches wall time past CPU time).
+    pytest.mark.timeout(2 * 3 * 600),
+]
 
-SEEDS = (1, 2, 3)
+SEEDS = (1, 2, 3)  # the module's timeout allows each its CPU cap
 # Per seed, a net and not the criterion: DQN's 150,000 steps took 51-93 CPU s in fp32 and ~280
 # in emulated bf16 (AVX2) here; a host far slower than that fails with the CPU time named.
 CPU_CAP_S = 600.0
