@@ -338,6 +338,7 @@ class Soak(Injector, Analyst):
             if not any(f.kind == "scale_auto" for f in self.faults):
                 self.faults.append(self.kinds["scale_auto"].inject(self))  # type: ignore[arg-type]
             self.finish()
+            self.judge_mirror_unmoved()
         finally:
             self.wall_s = time.monotonic() - t_start
             self.monitor.stop()

@@ -263,7 +263,10 @@ KINDS: dict[str, FaultKind] = {
                 "config_error (naming mirror.url)",
                 ev.has("config_error", None, lambda e: "mirror.url" in str(e["detail"])),
             ),
-            ("mirror_ok", ev.has("mirror_ok", None)),
+            (
+                "mirror_ok (after the refusal)",
+                ev.has("mirror_ok", None, lambda e: e["id"] > (ev.fault.after_event_id or 1 << 62)),
+            ),
         ],
         forbid=("fatal",),
     ),
