@@ -9,6 +9,7 @@ dir, without telemetry; it accepts any credentials without `-s3.config`. It does
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -66,6 +67,19 @@ class Weed:
             self.proc.wait(10)
 
 
+@functools.cache
+def _fixed_port_listeners_off() -> list[str]:
+    """Newer weed versions also open an Iceberg catalog (8181) and a Lance namespace (9101) on
+    fixed ports: a second server at once (the soak's, a benchmark's) then exits 255 on a busy
+    port. Turned off where this weed has them."""
+    binary = weed_binary()
+    usage = subprocess.run(
+        [binary or "weed", "server", "-h"], capture_output=True, text=True, timeout=60
+    )
+    text = usage.stdout + usage.stderr
+    return [f"-{flag}=0" for flag in ("s3.port.iceberg", "s3.port.lance") if flag in text]
+
+
 def start_weed(workdir: Path, timeout: float = 90.0, ports: list[int] | None = None) -> Weed:
     """Started and answering S3 (`ports`: master, volume, filer, s3; to restart one on the
     same data and address)."""
@@ -78,7 +92,7 @@ def start_weed(workdir: Path, timeout: float = 90.0, ports: list[int] | None = N
     argv = [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={workdir}"]
     argv += [f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}"]
     argv += ["-s3", f"-s3.port={s3}", "-master.volumeSizeLimitMB=64", "-volume.max=32"]
-    argv += ["-volume.preStopSeconds=0", "-master.telemetry=false"]
+    argv += ["-volume.preStopSeconds=0", "-master.telemetry=false", *_fixed_port_listeners_off()]
     proc = subprocess.Popen(
         argv,
         stdout=log,
