@@ -14,7 +14,7 @@ import pytest
 
 from tests.chaos.soak_engine import SoakSettings, run_soak
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for tmpfs and memory cgroups")
@@ -24,4 +24,6 @@ def test_soak_short_schedule_loses_nothing(tmp_path: Path) -> None:
         SoakSettings(workdir=tmp_path / "soak", fault_phase_s=200, seed=seed, min_faults=20)
     )
     assert not violations, "nothing-lost invariants violated:\n" + "\n".join(violations)
-    assert soak.wall_s < 420, f"the short soak took {soak.wall_s:.0f} s"
+    # With the services soaked too (SeaweedFS, the uploader, a hook, the metrics listener) the
+    # short schedule took 469 s on an otherwise idle 2-core machine (it was ~300 s without them).
+    assert soak.wall_s < 600, f"the short soak took {soak.wall_s:.0f} s"

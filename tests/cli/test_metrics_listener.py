@@ -8,6 +8,7 @@ answers, that the listener holds a bounded number of connections, and that it cl
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import subprocess
@@ -71,17 +72,29 @@ def exporter(state: StateFixture) -> Iterator[tuple[subprocess.Popen[str], int]]
         proc.wait(10)
 
 
-def answer(proc: subprocess.Popen[str]) -> str:
-    """The next line the script printed for the test ("= ..."; its log lines are skipped)."""
+_unread: dict[int, bytes] = {}  # per exporter pid: bytes read past the last answer
+
+
+def answer(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> str:
+    """The next line the script printed for the test ("= ..."; its log lines are skipped).
+    Read from the descriptor with our own buffer: a text stream's readline after select()
+    left a second line in Python's buffer, unseen by select(), when two came in one chunk."""
     assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        line = proc.stdout.readline() if ready else ""
-        if line.startswith("= "):
-            return line[2:].strip()
-        assert proc.poll() is None, "the exporter's process ended"
-    raise AssertionError("the exporter did not answer in 30 s")
+    fd = proc.stdout.fileno()
+    buf = _unread.pop(proc.pid, b"")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.startswith(b"= "):
+                _unread[proc.pid] = buf
+                return line[2:].decode().strip()
+        assert time.monotonic() < deadline, f"the exporter did not answer in {timeout_s:.0f} s"
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            chunk = os.read(fd, 65536)
+            assert chunk or proc.poll() is None, "the exporter's process ended"
+            buf += chunk
 
 
 def ask(proc: subprocess.Popen[str], what: str) -> str:
