@@ -28,19 +28,21 @@ from supervisor.mirror_state import MirrorState
 from supervisor.states import WorkerState as S
 from supervisor.uploader import _PARENT_PID_ENV, Uploader, UploadPlan, run_uploader
 from tests.mirror.conftest import TEST_AWS_ENV
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin, wait_for
+from tests.supervisor.helpers import (
+    FAST_LIGHT_HEAD,
+    REPO,
+    FakeNvml,
+    close_supervisors,
+    spin,
+    wait_for,
+)
 from training.protocol import PARENT_PID_ENV
 
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = """\
-state_dir = "state"
-stop_grace_s = 5
-tick_s = 0.05
-[modes.light]
-num_envs = 2
-batch_size = 2
-n_steps = 4
+CONFIG = (
+    FAST_LIGHT_HEAD
+    + """\
 max_concurrent = 2
 {games}
 [restart]
@@ -52,6 +54,7 @@ budget_window_s = 60
 url = "{url}"
 endpoint_url = "http://127.0.0.1:{port}"
 """
+)
 Events = list[tuple[str, str | None, dict[str, Any]]]
 
 

@@ -30,6 +30,19 @@ max_concurrent = {max_concurrent}
 """
 
 
+# The head of an in-process supervisor's configuration: a fast loop and one tiny mode, `light`
+# (each test adds its max_concurrent, games and sections).
+FAST_LIGHT_HEAD = """\
+state_dir = "state"
+stop_grace_s = 5
+tick_s = 0.05
+[modes.light]
+num_envs = 2
+batch_size = 2
+n_steps = 4
+"""
+
+
 def game_toml(name: str, total_steps: int, env_id: str = "CartPole-v1", seed: int = 1) -> str:
     return (
         f'[[games]]\nname = "{name}"\nenv_id = "{env_id}"\nalgo = "ppo"\n'

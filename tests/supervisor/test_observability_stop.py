@@ -21,18 +21,13 @@ from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
+from tests.supervisor.helpers import FAST_LIGHT_HEAD, REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = """\
-state_dir = "state"
-stop_grace_s = 5
-tick_s = 0.05
-[modes.light]
-num_envs = 2
-batch_size = 2
-n_steps = 4
+CONFIG = (
+    FAST_LIGHT_HEAD
+    + """\
 max_concurrent = 1
 [[games]]
 name = "a"
@@ -46,6 +41,7 @@ interval_s = 0.2
 on = ["supervisor_stop"]
 command = ["/bin/sh", "-c", "echo goodbye from $RLSUP_EVENT_KIND"]
 """
+)
 A_RUNNING = ("rlsup_game_state", (("game", "a"), ("state", "running")))
 
 

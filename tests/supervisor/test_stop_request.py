@@ -16,18 +16,13 @@ from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.launcher import Launcher
 from supervisor.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
+from tests.supervisor.helpers import FAST_LIGHT_HEAD, REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)
 
-CONFIG = """\
-state_dir = "state"
-stop_grace_s = 5
-tick_s = 0.05
-[modes.light]
-num_envs = 2
-batch_size = 2
-n_steps = 4
+CONFIG = (
+    FAST_LIGHT_HEAD
+    + """\
 max_concurrent = 1
 [[games]]
 name = "a"
@@ -35,6 +30,7 @@ env_id = "CartPole-v1"
 total_steps = 100000
 device = "cpu"
 """
+)
 HOUR = 3600.0
 
 
