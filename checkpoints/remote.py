@@ -85,8 +85,12 @@ class TransferLimits:
 def make_client(endpoint_url: str | None = None, region: str | None = None) -> Any:
     """A boto3 S3 client: endpoint, region and credentials from the standard AWS chain unless
     given; checksums only where the operation requires them (many S3-compatible servers refuse
-    boto3's default CRC headers)."""
-    import boto3
+    boto3's default CRC headers).
+
+    Each client has its own session: boto3's default session resolves credentials once per
+    process and keeps them, so a second client made after the environment's credentials changed
+    signed with the first ones (and sessions are not safe to share between threads)."""
+    import boto3.session
     from botocore.config import Config as BotoConfig
 
     cfg = BotoConfig(
@@ -97,7 +101,8 @@ def make_client(endpoint_url: str | None = None, region: str | None = None) -> A
         read_timeout=60,
         s3={"addressing_style": "path"},
     )
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
+    session = boto3.session.Session()
+    return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=cfg)
 
 
 class RemoteStore:

@@ -188,8 +188,8 @@ def hook_processes(mark: str) -> list[int]:
 MIRROR_BUCKET = "rlsup-soak"
 MOVED_BUCKET = "rlsup-soak-moved"  # where `mirror_move` tries to move it (the reload is refused)
 MIRROR_EVERY = "12s"  # per game at most one upload per 12 s (Pong's learner: 20 MB)
-# Any credentials (SeaweedFS without -s3.config accepts them), never the host's profile: as
-# tests/mirror/conftest.py's TEST_AWS_ENV.
+# The server and its clients take these from the environment (tests/mirror/seaweed.py), never
+# the host's profile: as tests/mirror/conftest.py's TEST_AWS_ENV.
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "rlsup-soak",
     "AWS_SECRET_ACCESS_KEY": "rlsup-soak",

