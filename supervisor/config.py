@@ -649,7 +649,7 @@ def _parse_metrics(ctx: _Ctx, data: Any, path: Path) -> MetricsConfig:
 def _parse_hooks(ctx: _Ctx, data: Any, games: tuple[GameSpec, ...]) -> tuple[HookSpec, ...]:
     if not isinstance(data, list):
         raise ctx.fail(["hooks"], "expected [[hooks]] tables (an array of tables)")
-    from supervisor.db import EVENT_KINDS  # the contract's event kinds
+    from supervisor.ledger.db import EVENT_KINDS  # the contract's event kinds
 
     names = {g.name for g in games}
     hooks: list[HookSpec] = []

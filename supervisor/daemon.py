@@ -24,7 +24,6 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 import structlog
 
-from supervisor import db, devices, gpuplace, modes, scaling, vitals
 from supervisor.config import (
     Config,
     ConfigError,
@@ -35,20 +34,22 @@ from supervisor.config import (
     mirror_reload_refusal,
     worker_config,
 )
-from supervisor.exits import StopReason, WorkerExit, route_exit
-from supervisor.gpugate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
-from supervisor.gpumoves import GpuMove, PlacedGame
-from supervisor.gpuplace import GpuId
-from supervisor.gpus import GpuSnapshot, NvmlProbe
-from supervisor.hooks import HookRunner
-from supervisor.journal import Journal
-from supervisor.launcher import WORKER_MODULE, Launcher, NoRoom, WorkerProcess, rotate_log
-from supervisor.liveness import Liveness, hang_reason, new_reports
-from supervisor.lock import LockHeld, acquire_lock
-from supervisor.metrics import MetricsExporter
-from supervisor.oomwatch import KernelOomWatch
-from supervisor.recorder import Recorder
-from supervisor.restart import (
+from supervisor.gpu import devices
+from supervisor.gpu import place as gpuplace
+from supervisor.gpu.gate import GateConfig, GpuGate, NvmlLike, need_mb, worker_env
+from supervisor.gpu.moves import GpuMove, PlacedGame
+from supervisor.gpu.nvml import GpuSnapshot, NvmlProbe
+from supervisor.gpu.place import GpuId
+from supervisor.launch.launcher import Launcher
+from supervisor.launch.oomwatch import KernelOomWatch
+from supervisor.launch.spare import SpareKeeper, SpareWant, decide, spare_device
+from supervisor.launch.spawn import WORKER_MODULE, NoRoom, WorkerProcess, rotate_log
+from supervisor.ledger import db
+from supervisor.ledger.journal import Journal
+from supervisor.ledger.recorder import Recorder
+from supervisor.lifecycle.exits import StopReason, WorkerExit, route_exit
+from supervisor.lifecycle.liveness import Liveness, hang_reason, new_reports
+from supervisor.lifecycle.restart import (
     ExitInfo,
     ExitKind,
     backoff_delay_s,
@@ -57,10 +58,8 @@ from supervisor.restart import (
     consecutive_after_exit,
     failures_in_window,
 )
-from supervisor.runtime import GameRuntime, WorkerLife, reconcile, summary
-from supervisor.sdnotify import Notifier
-from supervisor.spare import SpareKeeper, SpareWant, decide, spare_device
-from supervisor.startup import (
+from supervisor.lifecycle.runtime import GameRuntime, WorkerLife, reconcile, summary
+from supervisor.lifecycle.startup import (
     reboot_event,
     restore_states,
     start_event,
@@ -68,8 +67,13 @@ from supervisor.startup import (
     supervisor_row,
     unrecorded_reports,
 )
-from supervisor.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
-from supervisor.uploader import Uploader
+from supervisor.lifecycle.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
+from supervisor.lock import LockHeld, acquire_lock
+from supervisor.mirror.uploader import Uploader
+from supervisor.observe.hooks import HookRunner
+from supervisor.observe.metrics import MetricsExporter
+from supervisor.sdnotify import Notifier
+from supervisor.stability import modes, scaling, vitals
 from supervisor.waker import Waker
 from training import protocol
 
@@ -112,7 +116,7 @@ def cuda_visible_for(gpu: GpuId) -> str:
 def make_launcher(cfg: Config) -> Launcher:
     """The launcher of `[cluster] backend`: this host, or the hosts of a Ray cluster."""
     if cfg.cluster.backend == "ray":
-        from supervisor.raylaunch import RayLauncher  # imports Ray: only for this backend
+        from supervisor.launch.ray import RayLauncher  # imports Ray: only for this backend
 
         return RayLauncher(cfg)
     keeper = SpareKeeper(

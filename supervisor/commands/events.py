@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from supervisor import render
+from supervisor.commands import _render as render
 from supervisor.commands._common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -31,6 +31,7 @@ from supervisor.commands._common import (
     load_config_or_exit,
 )
 from supervisor.config import Config
+from supervisor.observe import readonly
 
 POLL_S = 0.5
 DEFAULT_SINCE = "24h"
@@ -54,7 +55,7 @@ def register(subparsers: Any) -> None:
         "--kind",
         metavar="KIND",
         action="append",
-        help="only this kind (repeatable): " + ", ".join(render.EVENT_KINDS),
+        help="only this kind (repeatable): " + ", ".join(readonly.EVENT_KINDS),
     )
     p.add_argument(
         "--json",
@@ -80,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
         return render.fail_usage(str(exc))
     kinds: list[str] = list(getattr(args, "kind", None) or [])
     events: list[dict[str, Any]] = []
-    with render.open_db_readonly(cfg.db_path) as conn:
+    with readonly.open_db_readonly(cfg.db_path) as conn:
         try:
             known_games = {g.name for g in cfg.games} | _distinct(conn, "workers", "game")
-            known_kinds = set(render.EVENT_KINDS) | _distinct(conn, "events", "kind")
+            known_kinds = set(readonly.EVENT_KINDS) | _distinct(conn, "events", "kind")
             if args.game is not None and args.game not in known_games:
                 return render.fail_usage(
                     f"unknown game {args.game!r}; known: {', '.join(sorted(known_games))}"
@@ -91,12 +92,12 @@ def run(args: argparse.Namespace) -> int:
             bad = [k for k in kinds if k not in known_kinds]
             if bad:
                 return render.fail_usage(
-                    f"unknown event kind {bad[0]!r}; known: {', '.join(render.EVENT_KINDS)}"
+                    f"unknown event kind {bad[0]!r}; known: {', '.join(readonly.EVENT_KINDS)}"
                 )
             if conn is None and not follow:
                 print(render.no_state_message(cfg), file=sys.stderr)
             elif conn is not None and since_s is not None and not follow:
-                events = render.query_events(
+                events = readonly.query_events(
                     conn, since=time.time() - since_s, game=args.game, kinds=kinds
                 )
         except sqlite3.Error as exc:
@@ -133,7 +134,7 @@ def follow_events(
     noted = False
     try:
         while True:
-            if conn is None and (conn := render.connect_readonly(cfg.db_path)) is None:
+            if conn is None and (conn := readonly.connect_readonly(cfg.db_path)) is None:
                 if not noted:
                     print(f"rlsup events: waiting for {cfg.db_path} (the supervisor has not "
                           "run yet)", file=sys.stderr)  # fmt: skip
@@ -142,10 +143,10 @@ def follow_events(
                 sleep(poll_s)
                 continue
             try:
-                top = render.last_event_id(conn)
+                top = readonly.last_event_id(conn)
                 if last_id is None:  # the first look: history only if asked for
                     last_id = 0 if since_ts is not None else top
-                new = render.query_events_between(
+                new = readonly.query_events_between(
                     conn, last_id, top, since=since_ts, game=game, kinds=kinds
                 )
             except sqlite3.OperationalError:

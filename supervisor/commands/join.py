@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def ray_start_argv(args: argparse.Namespace, name: str, boot_id: str) -> list[str]:
-    from supervisor.raylaunch import BOOT_LABEL, HOST_LABEL
+    from supervisor.launch.ray import BOOT_LABEL, HOST_LABEL
 
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--disable-usage-stats"]
     if args.head:
@@ -60,7 +60,7 @@ def ray_start_argv(args: argparse.Namespace, name: str, boot_id: str) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     from checkpoints.manifest import read_boot_id
-    from supervisor.raylaunch import NODE_DIR_ENV, RAY_VERSION, node_dir
+    from supervisor.launch.ray import NODE_DIR_ENV, RAY_VERSION, node_dir
 
     name = args.name or socket.gethostname().split(".")[0]
     if not _NAME_RE.fullmatch(name):

@@ -98,7 +98,7 @@ Write = Callable[[list[bytes]], None]
 
 
 def _writer(args: argparse.Namespace) -> Write:
-    from supervisor.logs import colors_wanted, render_log_line
+    from supervisor.observe.logs import colors_wanted, render_log_line
 
     pretty = args.pretty or (not args.json and sys.stdout.isatty())
     color = colors_wanted(sys.stdout)

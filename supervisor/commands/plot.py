@@ -19,13 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor import render
+from supervisor.commands import _render as render
 from supervisor.commands._common import (
     EXIT_FAIL,
     EXIT_OK,
     add_config_argument,
     load_config_or_exit,
 )
+from supervisor.observe import readonly
 
 MAX_POINTS = 4000  # per curve; a week of 2 s progress rows is thinned to this
 
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         return render.fail_usage(f"unknown game {unknown[0]!r}; known: {', '.join(names)}")
     out = Path(args.out) if getattr(args, "out", None) else cfg.state_dir / "plot.png"
 
-    series = {name: _series(render.read_progress(cfg.run_dir(name))) for name in wanted}
+    series = {name: _series(readonly.read_progress(cfg.run_dir(name))) for name in wanted}
     try:
         events = _events(cfg.db_path)
     except sqlite3.Error as exc:
@@ -92,21 +93,21 @@ def _series(rows: list[dict[str, str]]) -> dict[str, list[float | None]]:
         keep.append(rows[-1])
     cols: dict[str, list[float | None]] = {"time": [], "step": [], "ret": [], "sps": []}
     for r in keep:
-        t, step = render.to_float(r.get("time")), render.to_float(r.get("global_step"))
+        t, step = readonly.to_float(r.get("time")), readonly.to_float(r.get("global_step"))
         if t is None or step is None:
             continue
         cols["time"].append(t)
         cols["step"].append(step)
-        cols["ret"].append(render.to_float(r.get("mean_return")))
-        cols["sps"].append(render.to_float(r.get("sps")))
+        cols["ret"].append(readonly.to_float(r.get("mean_return")))
+        cols["sps"].append(readonly.to_float(r.get("sps")))
     return cols
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
-    with render.open_db_readonly(path) as conn:
+    with readonly.open_db_readonly(path) as conn:
         if conn is None:
             return []
-        return render.query_events(conn, kinds=tuple(MARKERS))
+        return readonly.query_events(conn, kinds=tuple(MARKERS))
 
 
 def draw(

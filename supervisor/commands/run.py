@@ -14,7 +14,7 @@ from supervisor.commands._common import (
     add_config_argument,
     load_config_or_exit,
 )
-from supervisor.logs import LEVELS
+from supervisor.observe.logs import LEVELS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
     import dataclasses
 
-    from supervisor import db
     from supervisor.config import ConfigError, check_for_service, check_runs_match
     from supervisor.daemon import LockHeld, StartFailed, Supervisor, acquire_lock
-    from supervisor.logs import configure_logging, level_number
+    from supervisor.ledger import db
+    from supervisor.observe.logs import configure_logging, level_number
 
     level_name = args.log_level or os.environ.get("RLSUP_LOG_LEVEL") or "info"
     try:

@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
-    from supervisor import db, modes
+    from supervisor.ledger import db
+    from supervisor.stability import modes
 
     valid = [*cfg.mode_names, modes.AUTO]
     if args.mode not in valid:

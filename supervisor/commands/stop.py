@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
-    from supervisor import db
+    from supervisor.ledger import db
 
     timeout = args.timeout if args.timeout is not None else cfg.stop_grace_s + 30
     try:
@@ -88,7 +88,7 @@ def _ask_to_stop(state_dir: Path, proc: psutil.Process) -> str | None:
     """SIGTERM when we may signal it; else (an operator in the service's group, the service
     running as its own user) a stop request in the state database, which it reads each tick.
     None, after saying why, when neither is allowed."""
-    from supervisor import db
+    from supervisor.ledger import db
 
     try:
         proc.send_signal(signal.SIGTERM)
@@ -126,7 +126,7 @@ def _live_supervisor(row: dict[str, Any] | None) -> psutil.Process | None:
     """The recorded supervisor, if that very process (same create time) still runs."""
     if not row or not row.get("pid") or row.get("state") != "running":
         return None
-    from supervisor.launcher import same_process
+    from supervisor.launch.process import same_process
 
     if not same_process(row["pid"], row.get("pid_start_ticks"), row.get("pid_create_time") or 0):
         return None

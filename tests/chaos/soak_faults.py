@@ -27,7 +27,7 @@ import psutil
 
 from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import MANIFEST_NAME, STAGING_PREFIX, ckpt_name, ckpt_step
-from supervisor.hooks import RUNS_PER_HOOK
+from supervisor.observe.hooks import RUNS_PER_HOOK
 from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
 from tests.chaos.soak_monitor import Monitor, WorkerLife
 from tests.chaos.soak_services import (

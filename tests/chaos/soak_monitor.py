@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from checkpoints.names import CORRUPT_PREFIX, MANIFEST_NAME, ckpt_step, corrupt_step
-from supervisor.launcher import process_argv
+from supervisor.launch.spawn import process_argv
 
 
 @dataclass

@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from supervisor.hooks import RUN_TAG_ENV
+from supervisor.observe.hooks import RUN_TAG_ENV
 from tests.mirror.seaweed import Weed, start_weed, weed_binary
 
 # The supervisor's descriptor limit in the soak: systemd's default soft LimitNOFILE for a

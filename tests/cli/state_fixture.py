@@ -1,7 +1,7 @@
 """Build a realistic state directory for the CLI tests and the status latency benchmark.
 
 The database is written with the schema of the contract (ARCHITECTURE.md section 5) by plain
-SQL, not by `supervisor.db`, so that the read side is tested against the contract itself.
+SQL, not by `supervisor.ledger.db`, so that the read side is tested against the contract itself.
 """
 
 from __future__ import annotations

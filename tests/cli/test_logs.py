@@ -17,7 +17,7 @@ from conftest import REPO
 from follow import Follow
 
 from supervisor.commands.logs import LogFollower, tail_offset
-from supervisor.logs import render_log_line
+from supervisor.observe.logs import render_log_line
 
 UTC = time.gmtime
 CONFIG = """\

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from state_fixture import StateFixture
 
 from supervisor.config import MetricsConfig, load_config
-from supervisor.metrics import MetricsExporter
+from supervisor.observe.metrics import MetricsExporter
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -27,7 +27,7 @@ FD_LIMIT = 256
 
 EXPORTER = f"""\
 import dataclasses, os, resource, subprocess, sys
-from supervisor import metrics
+from supervisor.observe import metrics
 from supervisor.config import MetricsConfig, load_config
 
 metrics.IDLE_TIMEOUT_S = 1.0  # the test's patience, not the product's

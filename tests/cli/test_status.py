@@ -90,7 +90,7 @@ def test_the_document_is_exactly_its_typed_records_and_the_readme_lists_them(
     README's field lists name only fields that exist."""
     from typing import get_type_hints
 
-    from supervisor.commands import status_schema as schema
+    from supervisor.observe import schema
 
     doc = status_json(cli)
 
@@ -280,7 +280,7 @@ def test_status_exits_0_with_the_supervisor_running_and_no_game_fatal(tmp_path: 
 
 
 def test_episodes_per_hour_uses_the_last_hour_of_one_resume_segment() -> None:
-    from supervisor.commands.status import episodes_per_hour
+    from supervisor.observe.status import episodes_per_hour
 
     def rows(points: list[tuple[float, float]]) -> list[dict[str, str]]:
         return [{"time": str(t), "episodes": str(e)} for t, e in points]

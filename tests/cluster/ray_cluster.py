@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.raylaunch import BOOT_LABEL, HOST_LABEL, NODE_DIR_ENV
+from supervisor.launch.ray import BOOT_LABEL, HOST_LABEL, NODE_DIR_ENV
 
 STORE = 80 << 20
 FAST_HEALTH = {

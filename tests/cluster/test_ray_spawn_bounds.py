@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import load_config, worker_config
-from supervisor.raylaunch import FENCE_TIMEOUT_S, RayLauncher
+from supervisor.launch.ray import FENCE_TIMEOUT_S, RayLauncher
 from tests.mirror.conftest import TEST_AWS_ENV
 from tests.supervisor.helpers import write_config
 

@@ -105,6 +105,6 @@ def _uploaders(config: Path) -> list[int]:
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = p.info["cmdline"] or []
         alive = p.info["status"] != psutil.STATUS_ZOMBIE
-        if alive and "supervisor.uploader" in cmd and str(config) in cmd:
+        if alive and "supervisor.mirror.uploader" in cmd and str(config) in cmd:
             found.append(p.pid)
     return found

@@ -16,8 +16,8 @@ from checkpoints import CheckpointStore
 from checkpoints.mirror import restore_newest
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
 from supervisor.config import load_config
-from supervisor.mirror_state import MirrorState
-from supervisor.uploader import Uploader
+from supervisor.mirror.state import MirrorState
+from supervisor.mirror.uploader import Uploader
 from tests.mirror.conftest import TEST_AWS_ENV
 from tests.mirror.seaweed import start_weed
 from tests.supervisor.helpers import wait_for, write_config

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from supervisor import db
 from supervisor.config import Config, load_config
 from supervisor.daemon import Supervisor
-from supervisor.launcher import Launcher
-from supervisor.mirror_state import MirrorState
-from supervisor.states import WorkerState as S
-from supervisor.uploader import _PARENT_PID_ENV, Uploader, UploadPlan, run_uploader
+from supervisor.launch.launcher import Launcher
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState as S
+from supervisor.mirror.state import MirrorState
+from supervisor.mirror.uploader import _PARENT_PID_ENV, Uploader, UploadPlan, run_uploader
 from tests.mirror.conftest import TEST_AWS_ENV
 from tests.supervisor.helpers import (
     FAST_LIGHT_HEAD,
@@ -182,7 +182,7 @@ def test_a_helper_start_failure_never_fails_the_tick(
 PARENT = """\
 import os, sys, time
 from supervisor.config import load_config
-from supervisor.uploader import Uploader
+from supervisor.mirror.uploader import Uploader
 up = Uploader(load_config(sys.argv[1]), lambda *a: None)
 up.tick(time.monotonic())
 print(up.proc.pid, flush=True)
@@ -344,7 +344,7 @@ def test_the_uploader_log_is_never_followed_through_a_symlink(tmp_path: Path) ->
 
 
 def test_the_uploader_log_is_rotated_at_start(tmp_path: Path) -> None:
-    from supervisor.launcher import LOG_ROTATE_BYTES
+    from supervisor.launch.spawn import LOG_ROTATE_BYTES
 
     cfg = load_config(write(tmp_path))
     cfg.logs_dir.mkdir(parents=True)

@@ -178,7 +178,7 @@ def worker_pids(state: Path, game: str) -> list[int]:
     """Live worker processes whose --run-dir is this game's (never more than one)."""
     import psutil
 
-    from supervisor.launcher import process_argv
+    from supervisor.launch.spawn import process_argv
 
     run_dir = str(state / "runs" / game)
     pids = []

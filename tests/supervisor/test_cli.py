@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import db
 from supervisor.cli import main
+from supervisor.ledger import db
 from tests.supervisor.helpers import REPO
 from tests.supervisor.test_config import GOOD
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import db, modes
 from supervisor.config import load_config
 from supervisor.daemon import LockHeld, Supervisor, acquire_lock
-from supervisor.launcher import Launcher
-from supervisor.states import WorkerState as S
+from supervisor.launch.launcher import Launcher
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState as S
+from supervisor.stability import modes
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)

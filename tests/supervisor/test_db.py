@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import db
+from supervisor.ledger import db
 
 
 def _mode(p: Path) -> int:

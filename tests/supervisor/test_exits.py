@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.exits import Route, StopReason, WorkerExit, error_event, route_exit
-from supervisor.oomwatch import OomVerdict
-from supervisor.restart import ExitKind, classify_exit
-from supervisor.states import WorkerState
+from supervisor.launch.oomwatch import OomVerdict
+from supervisor.lifecycle.exits import Route, StopReason, WorkerExit, error_event, route_exit
+from supervisor.lifecycle.restart import ExitKind, classify_exit
+from supervisor.lifecycle.states import WorkerState
 
 K, R, A = ExitKind, Route, StopReason
 ROUTES = [
@@ -130,7 +130,7 @@ def test_every_route_settles_or_is_a_failure() -> None:
 
 
 def test_host_lost_and_fenced_are_classified_and_settled() -> None:
-    from supervisor.restart import HOST_LOST_RC
+    from supervisor.lifecycle.restart import HOST_LOST_RC
 
     lost = classify_exit(HOST_LOST_RC)
     assert lost.kind is ExitKind.HOST_LOST and not lost.is_failure

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from supervisor import db
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
-from supervisor.gpus import NvmlProbe, ScenarioBackend
-from supervisor.launcher import Launcher
-from supervisor.states import WorkerState as S
-from supervisor.vitals import VitalsSampler
+from supervisor.gpu.nvml import NvmlProbe, ScenarioBackend
+from supervisor.launch.launcher import Launcher
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState as S
+from supervisor.stability.vitals import VitalsSampler
 from tests.supervisor.helpers import REPO, close_supervisors, spin
 from training import torchbuild
 from training.torchbuild import InstalledTorch

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.gpugate import GateConfig, GpuGate, need_mb, worker_env
-from supervisor.vitals import NvmlProbe
+from supervisor.gpu.gate import GateConfig, GpuGate, need_mb, worker_env
+from supervisor.stability.vitals import NvmlProbe
 from tests.supervisor.helpers import FakeNvml
 
 CFG = GateConfig(min_free_mb=2048, poll_s=30, timeout_s=7200)

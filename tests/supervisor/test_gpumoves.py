@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from supervisor.gpumoves import GpuMove, LastMove, PlacedGame, decide_moves
-from supervisor.gpuplace import GpuId
-from supervisor.stability import (
+from supervisor.gpu.moves import GpuMove, LastMove, PlacedGame, decide_moves
+from supervisor.gpu.place import GpuId
+from supervisor.stability.policy import (
     HOST,
     GpuAttribution,
     GpuVitals,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.gpuplace import GpuId, Slot, place, visible
+from supervisor.gpu.place import GpuId, Slot, place, visible
 
 GPUS = [
     GpuId(0, "GPU-aaaa0000-1111"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.gpus import (
+from supervisor.gpu.nvml import (
     FAKE_NVML_ENV,
     LIBRARY_NOT_FOUND,
     NvmlFailure,

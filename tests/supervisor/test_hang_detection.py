@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from supervisor.config import WatchdogConfig
-from supervisor.liveness import Liveness, hang_reason
+from supervisor.lifecycle.liveness import Liveness, hang_reason
 from training.protocol import Heartbeat
 
 WATCHDOG = WatchdogConfig(startup_grace_s=180, hang_timeout_s=120)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from supervisor.config import ConfigError, HookSpec, parse_config
-from supervisor.hooks import HookRunner
+from supervisor.observe.hooks import HookRunner
 
 RECORD = """\
 import json, os, sys
@@ -214,7 +214,7 @@ def kill_all(procs: list[psutil.Process]) -> None:
 BIG_OUTPUT = """\
 import resource, sys, time
 from supervisor.config import HookSpec
-from supervisor.hooks import HookRunner
+from supervisor.observe.hooks import HookRunner
 
 size = int(sys.argv[1])
 spec = HookSpec(("fatal",), ("/bin/sh", "-c", f"head -c {size} /dev/zero; echo; echo THE-END"))

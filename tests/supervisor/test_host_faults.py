@@ -21,11 +21,13 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor import db
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor, acquire_lock
-from supervisor.launcher import Launcher, find_leftover, same_process, start_ticks
-from supervisor.states import WorkerState as S
+from supervisor.launch.launcher import Launcher
+from supervisor.launch.process import same_process, start_ticks
+from supervisor.launch.spawn import find_leftover
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState as S
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
 

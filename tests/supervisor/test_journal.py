@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from supervisor import db
-from supervisor.journal import Journal
+from supervisor.ledger import db
+from supervisor.ledger.journal import Journal
 
 
 class Clock:

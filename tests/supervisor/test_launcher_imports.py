@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.launcher import Launcher
+from supervisor.launch.launcher import Launcher
 
 
 def test_a_package_in_the_working_directory_cannot_shadow_rlsups(

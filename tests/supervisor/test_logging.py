@@ -1,4 +1,4 @@
-"""The supervisor's own log (`supervisor.logs.configure_logging`): syslog priorities on the
+"""The supervisor's own log (`supervisor.observe.logs.configure_logging`): syslog priorities on the
 journal only, the level from `--log-level`, NO_COLOR on a terminal."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.logs import colors_wanted, level_number, on_journal
+from supervisor.observe.logs import colors_wanted, level_number, on_journal
 from tests.supervisor.helpers import REPO, env_for, rlsup, write_config
 
 # Every level once, through the real configure_logging, in a fresh process (it configures once).
 SCRIPT = """
 import sys, structlog
-from supervisor.logs import configure_logging, level_number
+from supervisor.observe.logs import configure_logging, level_number
 configure_logging(level=level_number(sys.argv[1]))
 log = structlog.get_logger("rlsup.test")
 log.debug("d"); log.info("i"); log.warning("w"); log.error("e"); log.critical("c")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import db, modes
 from supervisor.config import load_config
+from supervisor.ledger import db
+from supervisor.stability import modes
 from tests.supervisor.test_config import GOOD
 
 

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
-from supervisor.launcher import Launcher
-from supervisor.states import WorkerState as S
+from supervisor.launch.launcher import Launcher
+from supervisor.lifecycle.states import WorkerState as S
 from tests.supervisor.helpers import FAST_LIGHT_HEAD, REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.restart import (
+from supervisor.lifecycle.restart import (
     ExitKind,
     backoff_delay_s,
     budget_exhausted,

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.config import GameSpec
-from supervisor.exits import StopReason
-from supervisor.liveness import Liveness
-from supervisor.runtime import GameRuntime, WorkerLife, reconcile, summary
-from supervisor.states import WorkerState
+from supervisor.lifecycle.exits import StopReason
+from supervisor.lifecycle.liveness import Liveness
+from supervisor.lifecycle.runtime import GameRuntime, WorkerLife, reconcile, summary
+from supervisor.lifecycle.states import WorkerState
 
 
 def spec(name: str, steps: int = 1000) -> GameSpec:

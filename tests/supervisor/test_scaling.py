@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from checkpoints import CheckpointStore
-from supervisor import db, modes, scaling
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
-from supervisor.gpugate import ALLOC_CONF
-from supervisor.launcher import Launcher
-from supervisor.oomwatch import KernelOomWatch
-from supervisor.states import WorkerState as S
+from supervisor.gpu.gate import ALLOC_CONF
+from supervisor.launch.launcher import Launcher
+from supervisor.launch.oomwatch import KernelOomWatch
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState as S
+from supervisor.stability import modes, scaling
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = pytest.mark.timeout(60)

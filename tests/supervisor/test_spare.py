@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.launcher import process_argv
+from supervisor.launch.spawn import process_argv
 from tests.supervisor.helpers import (
     env_for,
     events,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.spare import Spare, SpareKeeper, SpareWant
+from supervisor.launch.spare import Spare, SpareKeeper, SpareWant
 from tests.supervisor.helpers import REPO
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from supervisor.stability import (
+from supervisor.stability.policy import (
     HOST,
     Decision,
     GpuVitals,

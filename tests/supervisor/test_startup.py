@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from supervisor import db
-from supervisor.liveness import Reported, new_reports, reported_from_events
-from supervisor.startup import unrecorded_reports
+from supervisor.ledger import db
+from supervisor.lifecycle.liveness import Reported, new_reports, reported_from_events
+from supervisor.lifecycle.startup import unrecorded_reports
 from training.protocol import HEARTBEAT_FILE, Heartbeat
 
 DAMAGE = {

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.states import ALLOWED, IllegalTransition, WorkerState, transition
+from supervisor.lifecycle.states import ALLOWED, IllegalTransition, WorkerState, transition
 
 S = WorkerState
 EDGES = [(a, b) for a, targets in ALLOWED.items() for b in sorted(targets)]

@@ -13,9 +13,9 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-from supervisor import db
-from supervisor.stability import GpuVitals, Vitals
-from supervisor.vitals import (
+from supervisor.ledger import db
+from supervisor.stability.policy import GpuVitals, Vitals
+from supervisor.stability.vitals import (
     NvmlProbe,
     VitalsSampler,
     from_json,

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.launcher import process_argv
-from supervisor.spare import SpareKeeper, SpareWant
+from supervisor.launch.spare import SpareKeeper, SpareWant
+from supervisor.launch.spawn import process_argv
 from tests.training.workerutil import heartbeat, run
 
 COMMON = ["--game", "CartPole-v1", "--num-envs", "4", "--batch-size", "64", "--seed", "3",

@@ -20,8 +20,8 @@ from typing import Any
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
-from supervisor.gpus import NvmlProbe
-from supervisor.stability import GpuVitals, Vitals
+from supervisor.gpu.nvml import NvmlProbe
+from supervisor.stability.policy import GpuVitals, Vitals
 
 __all__ = ["NvmlProbe", "VitalsSampler", "from_json", "sample", "to_json"]
 

@@ -45,7 +45,7 @@ from typing import Any
 import structlog
 
 from supervisor.config import HookSpec
-from supervisor.launcher import rotate_log
+from supervisor.launch.spawn import rotate_log
 
 log = structlog.get_logger("rlsup.supervisor")
 

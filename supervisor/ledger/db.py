@@ -21,8 +21,9 @@ from checkpoints.perms import DIR_MODE, masked
 
 DB_NAME = "rlsup.db"
 BUSY_TIMEOUT_MS = 10_000
-# The supervisor's own connection waits less: its writes are journaled (supervisor/journal.py)
-# and retried, and a tick must not stall behind an operator's long write lock.
+# The supervisor's own connection waits less: its writes are journaled
+# (supervisor/ledger/journal.py) and retried, and a tick must not stall behind an operator's
+# long write lock.
 SUPERVISOR_BUSY_TIMEOUT_MS = 1_000
 EVENT_KINDS = frozenset(
     {

@@ -12,9 +12,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.oomwatch import OomVerdict
-from supervisor.restart import ExitInfo, ExitKind
-from supervisor.states import WorkerState
+from supervisor.launch.oomwatch import OomVerdict
+from supervisor.lifecycle.restart import ExitInfo, ExitKind
+from supervisor.lifecycle.states import WorkerState
 from training.protocol import Heartbeat
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from supervisor import db
+from supervisor.ledger import db
 
 log = structlog.get_logger("rlsup.journal")
 

@@ -12,14 +12,15 @@ import psutil  # type: ignore[import-untyped]
 import structlog
 
 from checkpoints.names import newest_step
-from supervisor import db
 from supervisor.config import Config
-from supervisor.db import BootOutcome
-from supervisor.launcher import find_leftover, start_ticks, stop_leftovers
-from supervisor.liveness import REPORT_KINDS, new_reports, reported_from_events
-from supervisor.runtime import GameRuntime
+from supervisor.launch.process import start_ticks
+from supervisor.launch.spawn import find_leftover, stop_leftovers
+from supervisor.ledger import db
+from supervisor.ledger.db import BootOutcome
+from supervisor.lifecycle.liveness import REPORT_KINDS, new_reports, reported_from_events
+from supervisor.lifecycle.runtime import GameRuntime
+from supervisor.lifecycle.states import WorkerState
 from supervisor.sdnotify import Notifier, systemd_unit
-from supervisor.states import WorkerState
 from training import protocol
 
 log = structlog.get_logger("rlsup.supervisor")

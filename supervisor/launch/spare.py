@@ -32,8 +32,9 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from supervisor.db import make_private_dir
-from supervisor.launcher import WorkerProcess, rotate_log, start_ticks, start_worker_process
+from supervisor.launch.process import start_ticks
+from supervisor.launch.spawn import WorkerProcess, rotate_log, start_worker_process
+from supervisor.ledger.db import make_private_dir
 from training.protocol import SPARE_MAX_MESSAGE, decode_message, encode_message
 
 Event = tuple[str, str | None, dict[str, Any]]

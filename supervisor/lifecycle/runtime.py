@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import GameSpec, ModeSpec
-from supervisor.exits import StopReason
-from supervisor.launcher import WorkerProcess
-from supervisor.liveness import Liveness, Reported
-from supervisor.states import WorkerState
+from supervisor.launch.spawn import WorkerProcess
+from supervisor.lifecycle.exits import StopReason
+from supervisor.lifecycle.liveness import Liveness, Reported
+from supervisor.lifecycle.states import WorkerState
 from training.protocol import Heartbeat
 
 

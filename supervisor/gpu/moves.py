@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from supervisor.gpuplace import GpuId
-from supervisor.stability import (
+from supervisor.gpu.place import GpuId
+from supervisor.stability.policy import (
     WORKER_FAILURES,
     GpuVitals,
     Incident,

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor import db
 from supervisor.config import Config, ModeSpec
-from supervisor.stability import resume_mode
+from supervisor.ledger import db
+from supervisor.stability.policy import resume_mode
 
 # How a writer hands over one database write: db.transaction at once (the CLI), or the
 # supervisor's journal (written in order, kept and retried while the database fails).

@@ -35,10 +35,11 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from supervisor import db, modes
 from supervisor.config import Config
-from supervisor.gpumoves import GpuMove, LastMove, PlacedGame, decide_moves
-from supervisor.stability import (
+from supervisor.gpu.moves import GpuMove, LastMove, PlacedGame, decide_moves
+from supervisor.ledger import db
+from supervisor.stability import modes
+from supervisor.stability.policy import (
     HOST,
     Decision,
     GpuAttribution,

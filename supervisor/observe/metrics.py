@@ -27,14 +27,16 @@ from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from supervisor import db, render
 from supervisor.config import Config, MetricsConfig
-from supervisor.states import WorkerState
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState
+from supervisor.observe import readonly
+from supervisor.observe.status import collect  # the status document: one owner
 
 log = structlog.get_logger("rlsup.supervisor")
 
 GAME_STATES = (*(str(s) for s in WorkerState), "not_started")
-POLICY_KINDS = render.MODE_EVENT_KINDS  # scale_down, scale_up, mode_pinned
+POLICY_KINDS = readonly.MODE_EVENT_KINDS  # scale_down, scale_up, mode_pinned
 TEXTFILE_MODE = 0o644  # node_exporter runs as its own user; the file says nothing secret
 
 
@@ -235,12 +237,10 @@ class MetricsExporter:
             self._write_textfile()
 
     def _collect(self, stopping: bool) -> list[Metric]:
-        from supervisor.commands.status import collect  # the status document: one owner
-
         doc: dict[str, Any] = dict(collect(self.cfg, time.time()))
         if stopping:
             doc["supervisor"] = {**doc["supervisor"], "state": "stopped"}
-        with render.open_db_readonly(self.cfg.db_path) as conn:
+        with readonly.open_db_readonly(self.cfg.db_path) as conn:
             decisions = db.event_counts(conn, POLICY_KINDS) if conn is not None else {}
         return families(doc, decisions)
 

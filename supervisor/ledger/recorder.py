@@ -16,9 +16,10 @@ from typing import Any
 
 import structlog
 
-from supervisor import db, vitals
-from supervisor.journal import Journal
-from supervisor.stability import Vitals
+from supervisor.ledger import db
+from supervisor.ledger.journal import Journal
+from supervisor.stability import vitals
+from supervisor.stability.policy import Vitals
 
 log = structlog.get_logger("rlsup.supervisor")
 

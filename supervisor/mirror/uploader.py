@@ -3,7 +3,7 @@ supervisor (`Uploader`), never by a worker. Workers commit locally and move on; 
 mirrors each game's newest committed checkpoint in the background and says how far it got in
 `<state_dir>/mirror.json`, which the supervisor turns into events and `rlsup status` reads.
 
-Started by the supervisor as `python -m supervisor.uploader --config PATH --plan PLAN`: PLAN
+Started by the supervisor as `python -m supervisor.mirror.uploader --config PATH --plan PLAN`: PLAN
 (`<state_dir>/uploader.json`) is the configuration in force in that supervisor (the mirror and
 the games' run dirs), so a restarted uploader never mirrors an edit of the file that the
 supervisor refused or has not reloaded. Without `--plan` it reads the file at PATH.
@@ -61,8 +61,8 @@ import structlog
 
 from checkpoints import CheckpointError, CheckpointStore
 from supervisor.config import Config, ConfigError, MirrorConfig, load_config
-from supervisor.launcher import rotate_log
-from supervisor.mirror_state import GameMirror, MirrorState
+from supervisor.launch.spawn import rotate_log
+from supervisor.mirror.state import GameMirror, MirrorState
 from training import protocol
 
 log = structlog.get_logger("rlsup.uploader")
@@ -243,7 +243,7 @@ def _plan_of(args: argparse.Namespace) -> UploadPlan | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m supervisor.uploader")
+    parser = argparse.ArgumentParser(prog="python -m supervisor.mirror.uploader")
     parser.add_argument("--config", required=True, help="the configuration (read without --plan)")
     parser.add_argument("--plan", help="what to mirror: the supervisor's configuration in force")
     args = parser.parse_args(argv)
@@ -323,14 +323,21 @@ class Uploader:
         # O_NOFOLLOW: a link planted at the log's name never redirects the service's writes.
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         fd = os.open(log_path, flags, 0o600)
-        argv = ["-m", "supervisor.uploader", "--config", str(self.cfg.path), "--plan", str(plan)]
+        argv = [
+            "-m",
+            "supervisor.mirror.uploader",
+            "--config",
+            str(self.cfg.path),
+            "--plan",
+            str(plan),
+        ]
         with os.fdopen(fd, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
-                cwd=str(Path(__file__).resolve().parent.parent),
+                cwd=str(Path(__file__).resolve().parent.parent.parent),
                 env={**os.environ, protocol.PARENT_PID_ENV: str(os.getpid())},
             )
         log.info("uploader_start", pid=self.proc.pid)

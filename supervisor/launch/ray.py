@@ -35,15 +35,10 @@ from typing import Any
 import structlog
 
 from supervisor.config import MIRROR_LOCATION_KEYS, Config
-from supervisor.launcher import (
-    WORKER_MODULE,
-    Launcher,
-    NoRoom,
-    WorkerProcess,
-    start_worker_process,
-)
-from supervisor.mirror_state import GameMirror, MirrorState
-from supervisor.restart import HOST_LOST_RC
+from supervisor.launch.launcher import Launcher
+from supervisor.launch.spawn import WORKER_MODULE, NoRoom, WorkerProcess, start_worker_process
+from supervisor.lifecycle.restart import HOST_LOST_RC
+from supervisor.mirror.state import GameMirror, MirrorState
 from training import protocol
 
 log = structlog.get_logger("rlsup.ray")

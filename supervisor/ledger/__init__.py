@@ -1,0 +1,4 @@
+"""What happened, durably: the SQLite state database (events, boots, runs, modes), the
+uptime/reboot journal, and the Recorder, the one funnel through which the daemon records and
+logs an event.
+"""

@@ -1,0 +1,4 @@
+"""How much to run: the stability policy that scales environments, batch size and concurrent games
+down when the host is unstable and back up when calm, the presets (modes), the scaling
+arithmetic and the host vitals it reads.
+"""
