@@ -11,7 +11,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil  # type: ignore[import-untyped]
 
@@ -23,6 +23,32 @@ if TYPE_CHECKING:
     from supervisor.launch.spare import SpareKeeper, SpareWant
 
 
+class LauncherSeam(Protocol):
+    """What the daemon asks of a launcher (this host's, or a Ray cluster's)."""
+
+    backend: str
+    local: bool
+
+    def connect(self) -> None: ...
+    def configure(self, cfg: Config) -> None: ...
+    def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]: ...
+    def stop_leftovers(self, grace_s: float) -> list[str]: ...
+    def spawn(
+        self,
+        argv: list[str],
+        log_path: Path,
+        now_mono: float,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> WorkerProcess: ...
+    def terminate(self, proc: WorkerProcess) -> None: ...
+    def kill(self, proc: WorkerProcess) -> None: ...
+    def forget(self, proc: WorkerProcess) -> None: ...
+    def tend_spare(self, want: SpareWant, now: float) -> list[tuple[str, str | None, Any]]: ...
+    def spare_row(self) -> dict[str, Any] | None: ...
+    def close(self) -> None: ...
+
+
 class Launcher:
     """Spawns `python -m training.worker ARGV` in its own session, logs to a private file.
 
@@ -30,6 +56,10 @@ class Launcher:
     RayLauncher` on the hosts of a Ray cluster (the hooks below are no-ops here)."""
 
     backend = "local"
+    # The workers run on this host: its driver, its GPUs, its torch, its disk. What depends
+    # on that (GPU placement, the CPU-fallback check, the uploader process) asks this, never
+    # the backend's name.
+    local = True
 
     def __init__(
         self,
@@ -129,3 +159,20 @@ class Launcher:
     def _signal(pid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+
+def make_launcher(cfg: Config) -> LauncherSeam:
+    """The launcher of `[cluster] backend`: this host (with its spare), or a Ray cluster's."""
+    if cfg.cluster.backend == "ray":
+        from supervisor.launch.ray import RayLauncher  # imports Ray: only for this backend
+
+        return RayLauncher(cfg)
+    from supervisor.launch.spare import SpareKeeper
+
+    keeper = SpareKeeper(
+        sys.executable,
+        WORKER_MODULE,
+        warm_timeout_s=cfg.watchdog.startup_grace_s,
+        silent_after_s=cfg.watchdog.hang_timeout_s,
+    )
+    return Launcher(spare=keeper)

@@ -340,6 +340,7 @@ class RayLauncher(Launcher):
     """Places games on the hosts of a Ray cluster; see the module's docstring."""
 
     backend = "ray"
+    local = False
 
     def __init__(self, cfg: Config) -> None:
         super().__init__()

@@ -16,8 +16,10 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from supervisor.config import Config, GameSpec, ModeSpec, worker_config
 from supervisor.launch.process import same_process
-from training.protocol import PARENT_PID_ENV
+from supervisor.ledger.db import make_private_dir
+from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_MODULE = "training.worker"
@@ -160,3 +162,17 @@ def stop_leftovers(procs: list[psutil.Process], grace_s: float) -> list[int]:
     ):
         time.sleep(0.05)
     return [p.pid for p in procs]
+
+
+def prepare_worker(
+    cfg: Config, spec: GameSpec, mode: ModeSpec, threads: int
+) -> tuple[list[str], Path, Path]:
+    """A new worker's argv, log (the previous one rotated) and run directory (made private,
+    its last heartbeat removed: the supervisor must never read a predecessor's)."""
+    run_dir = make_private_dir(cfg.run_dir(spec.name))
+    logs_dir = make_private_dir(cfg.logs_dir)
+    rotate_log(logs_dir / f"{spec.name}.log")
+    wcfg = worker_config(spec, mode, run_dir, cfg.checkpoint_every_s, threads, cfg.mirror)
+    with contextlib.suppress(FileNotFoundError):
+        (run_dir / HEARTBEAT_FILE).unlink()
+    return wcfg.to_argv(), logs_dir / f"{spec.name}.log", run_dir

@@ -23,6 +23,20 @@ from supervisor.stability.policy import Vitals
 
 log = structlog.get_logger("rlsup.supervisor")
 
+# How loud each event is on the journal (the rest: info). Operators grep these.
+LOG_LEVEL = {
+    **dict.fromkeys(("gpu_lost", "config_error", "worker_crash", "worker_oom"), "error"),
+    **dict.fromkeys(
+        (
+            "worker_hang", "device_fallback", "no_host", "checkpoint_corrupt",
+            "checkpoint_failed", "checkpoint_unreadable", "replay_damaged", "write_failed",
+            "node_lost", "node_reboot", "hook_failed", "metrics_failed", "mirror_failed",
+            "uploader_exit", "spare_lost", "leftovers_stopped",
+        ),
+        "warning",
+    ),
+}  # fmt: skip
+
 SAMPLES_EVERY_S = 60.0
 SAMPLES_KEEP_S = 7 * 24 * 3600.0
 SAMPLES_MAX_ROWS = 10_080  # a week at one row a minute
@@ -44,9 +58,21 @@ class Recorder:
         # Every event, as recorded (kind, game, detail, ts): the alert hooks'. Must not block.
         self.on_event: Callable[[str, str | None, dict[str, Any], float], None] | None = None
 
-    def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
+    def event(
+        self,
+        kind: str,
+        game: str | None,
+        detail: dict[str, Any],
+        log_as: dict[str, Any] | bool | None = None,
+    ) -> None:
+        """Record the event (and hand it to the alert hooks), and log it once: with its detail,
+        or `log_as` (a shorter line: what and where, not a traceback), or not at all (False:
+        its own line is logged already, as a state transition's is)."""
         ts, mono = self.wall(), self.steady()
         self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
+        if log_as is not False:
+            fields = detail if log_as is None or log_as is True else log_as
+            getattr(log, LOG_LEVEL.get(kind, "info"))(kind, game=game, **fields)
         if self.on_event is not None:
             self.on_event(kind, game, detail, ts)
 

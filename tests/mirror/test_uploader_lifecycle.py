@@ -115,7 +115,7 @@ def make(tmp_path: Path) -> Iterator[Callable[[Path], Supervisor]]:
 
 
 def _uploader_pid(sup: Supervisor) -> int | None:
-    up = sup.uploader
+    up = sup.on.uploads.uploader
     return None if up is None or up.proc is None or up.proc.poll() is not None else up.proc.pid
 
 
@@ -173,7 +173,7 @@ def test_a_helper_start_failure_never_fails_the_tick(
         assert sup._tick_errors == 0
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
     assert sup._tick_errors == 0
-    [failed] = db.events(sup.conn, kind="uploader_exit")  # type: ignore[arg-type]
+    [failed] = db.events(sup.on.conn, kind="uploader_exit")  # type: ignore[arg-type]
     assert failed.detail["returncode"] is None and "uploader.log" in failed.detail["error"]
 
 
@@ -229,7 +229,7 @@ def test_a_restarted_uploader_mirrors_the_config_in_force_not_a_refused_file(
     path.write_text("state_dir = [")  # a broken edit, refused by the reload
     sup.flags.reload = True
     sup.safe_tick()
-    assert db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    assert db.events(sup.on.conn, kind="config_error")  # type: ignore[arg-type]
     os.kill(first, signal.SIGKILL)
     spin(
         sup,
@@ -253,11 +253,11 @@ def test_a_reload_that_moves_the_mirror_is_refused_whole(
     sup.safe_tick()
     assert sup.cfg is old and "b" not in sup.games, "nothing of that reload applied"
     assert sup.games["a"].proc.pid == worker and _uploader_pid(sup) == uploader  # type: ignore[union-attr]
-    [error] = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    [error] = db.events(sup.on.conn, kind="config_error")  # type: ignore[arg-type]
     message = error.detail["message"]
     assert "mirror.url" in message and "s3://rlsup-test/two" in message and "restart" in message
     assert error.detail["kept"] == "previous"
-    assert not db.events(sup.conn, kind="config_reload")  # type: ignore[arg-type]
+    assert not db.events(sup.on.conn, kind="config_reload")  # type: ignore[arg-type]
     launcher = sup.launcher
     assert isinstance(launcher, RecordingLauncher) and launcher.configured == []
 

@@ -221,7 +221,7 @@ def spin(sup: Any, until: Callable[[], object], timeout: float = 20) -> None:
 def close_supervisors(made: list[Any]) -> None:
     """Tear down in-process Supervisors: SIGKILL and reap their workers, then close them."""
     for sup in made:
-        for rt in sup._all():
+        for rt in sup.life.all():
             if rt.proc is not None:
                 sup.launcher.kill(rt.proc)
                 rt.proc.popen.wait()

@@ -126,7 +126,7 @@ def test_crash_loop_spends_the_budget_then_fatal(make, tmp_path) -> None:  # typ
     spin(sup, lambda: sup.finished)
     rt = sup.games["bad"]
     assert rt.state is S.FATAL and "restart budget" in rt.reason and rt.restarts == 1
-    crashes = db.events(sup.conn, kind="worker_crash")  # type: ignore[arg-type]
+    crashes = db.events(sup.on.conn, kind="worker_crash")  # type: ignore[arg-type]
     assert [e.detail["message"] for e in crashes] == ["boom", "boom"]
 
 
@@ -134,12 +134,12 @@ def test_pinned_mode_restarts_the_worker_with_new_sizes_without_a_failure(make) 
     sup = make(game("a", 100_000))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
     first = sup.games["a"].proc.pid
-    modes.pin_mode(sup.conn, sup.cfg, "a", "heavy")
+    modes.pin_mode(sup.on.conn, sup.cfg, "a", "heavy")
     spin(sup, lambda: (hb := sup.games["a"].heartbeat) is not None and hb.num_envs == 4)
     rt = sup.games["a"]
     assert rt.proc.pid != first and rt.failures == [] and rt.restarts == 0
     assert rt.heartbeat.resumed_from_step > 0
-    exits = db.events(sup.conn, kind="worker_exit", game="a")  # type: ignore[arg-type]
+    exits = db.events(sup.on.conn, kind="worker_exit", game="a")  # type: ignore[arg-type]
     assert exits[-1].detail["returncode"] == 75
 
 
@@ -152,7 +152,7 @@ def test_lower_max_concurrent_sends_the_extra_worker_back_to_waiting(make) -> No
     sup.flags.reload = True
     spin(sup, lambda: sup.games["b"].state is S.WAITING)
     assert sup.games["a"].state is S.RUNNING
-    assert db.events(sup.conn, kind="config_reload")  # type: ignore[arg-type]
+    assert db.events(sup.on.conn, kind="config_reload")  # type: ignore[arg-type]
 
 
 def test_bad_reload_keeps_the_old_config(make) -> None:  # type: ignore[no-untyped-def]
@@ -162,7 +162,7 @@ def test_bad_reload_keeps_the_old_config(make) -> None:  # type: ignore[no-untyp
     sup.flags.reload = True
     sup.safe_tick()
     assert sup.cfg is old
-    errors = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    errors = db.events(sup.on.conn, kind="config_error")  # type: ignore[arg-type]
     assert errors and "not valid TOML" in errors[0].detail["message"]
 
 
@@ -184,7 +184,7 @@ def test_reload_that_changes_a_games_env_id_is_refused_naming_both(make, tmp_pat
     sup.flags.reload = True
     sup.safe_tick()
     assert sup.cfg is old and sup.games["a"].proc.pid == pid, "old config kept, worker untouched"
-    [error] = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    [error] = db.events(sup.on.conn, kind="config_error")  # type: ignore[arg-type]
     message = error.detail["message"]
     assert "games[0].env_id" in message and "'Acrobot-v1'" in message
     assert "env_id = 'CartPole-v1'" in message and "move" in message
@@ -220,14 +220,14 @@ def test_worker_reports_become_events_and_unreadable_checkpoints_back_off(make, 
         (run / "fake.json").write_text(json.dumps(script))
     sup = make(game("rot", 100_000) + game("eio", 100), cap=2)
     spin(sup, lambda: sup.games["eio"].state is S.FATAL and sup.games["rot"].state is S.RUNNING)
-    [event] = db.events(sup.conn, kind="replay_damaged", game="rot")  # type: ignore[arg-type]
+    [event] = db.events(sup.on.conn, kind="replay_damaged", game="rot")  # type: ignore[arg-type]
     life = sup.games["rot"].life
     assert life is not None and event.detail == damage | {"pid": life.proc.pid}, "names its worker"
-    unreadable = db.events(sup.conn, kind="checkpoint_unreadable", game="eio")  # type: ignore[arg-type]
+    unreadable = db.events(sup.on.conn, kind="checkpoint_unreadable", game="eio")  # type: ignore[arg-type]
     assert len(unreadable) == 2 and "EIO" in unreadable[0].detail["message"]
-    assert db.events(sup.conn, kind="backoff", game="eio"), "retried after a backoff"
+    assert db.events(sup.on.conn, kind="backoff", game="eio"), "retried after a backoff"
     assert "restart budget spent" in sup.games["eio"].reason
-    assert not db.events(sup.conn, kind="checkpoint_corrupt")  # type: ignore[arg-type]
+    assert not db.events(sup.on.conn, kind="checkpoint_corrupt")  # type: ignore[arg-type]
 
 
 def test_reload_with_a_wrong_typed_worker_arg_keeps_the_old_config(make) -> None:  # type: ignore[no-untyped-def]
@@ -241,7 +241,7 @@ def test_reload_with_a_wrong_typed_worker_arg_keeps_the_old_config(make) -> None
     sup.flags.reload = True
     sup.safe_tick()
     assert sup.cfg is old and sup.games["a"].proc.pid == pid
-    [error] = db.events(sup.conn, kind="config_error")  # type: ignore[arg-type]
+    [error] = db.events(sup.on.conn, kind="config_error")  # type: ignore[arg-type]
     assert "games[0].args.dueling" in error.detail["message"]
 
 
@@ -257,8 +257,8 @@ def test_a_stop_request_in_the_database_stops_like_sigterm(make) -> None:  # typ
     conn.close()
     spin(sup, lambda: sup.finished)
     assert sup.games["a"].state is S.STOPPED
-    assert db.events(sup.conn, kind="worker_exit")[-1].detail["returncode"] == 75  # type: ignore[arg-type]
-    assert db.pending_request(sup.conn, db.STOP_REQUEST) is None, "consumed"  # type: ignore[arg-type]
+    assert db.events(sup.on.conn, kind="worker_exit")[-1].detail["returncode"] == 75  # type: ignore[arg-type]
+    assert db.pending_request(sup.on.conn, db.STOP_REQUEST) is None, "consumed"  # type: ignore[arg-type]
 
 
 def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # type: ignore[no-untyped-def]
@@ -267,8 +267,8 @@ def test_sigterm_flag_stops_workers_and_records_a_clean_stop(make) -> None:  # t
     sup.flags.stop = True
     spin(sup, lambda: sup.finished)
     assert sup.games["a"].state is S.STOPPED
-    assert db.events(sup.conn, kind="worker_exit")[-1].detail["returncode"] == 75  # type: ignore[arg-type]
-    assert sup.conn.execute("SELECT clean_stop FROM boots").fetchone()[0] == 1  # type: ignore[union-attr]
+    assert db.events(sup.on.conn, kind="worker_exit")[-1].detail["returncode"] == 75  # type: ignore[arg-type]
+    assert sup.on.conn.execute("SELECT clean_stop FROM boots").fetchone()[0] == 1  # type: ignore[union-attr]
 
 
 def test_second_lock_holder_is_refused_naming_the_first(tmp_path: Path) -> None:
@@ -292,7 +292,7 @@ def test_gpu_game_waits_for_free_memory_then_starts(make) -> None:  # type: igno
         sup.safe_tick()
         sup.wait(0.02)
     assert sup.games["a"].state is S.WAITING
-    assert len(db.events(sup.conn, kind="gpu_wait")) == 1  # type: ignore[arg-type]
+    assert len(db.events(sup.on.conn, kind="gpu_wait")) == 1  # type: ignore[arg-type]
     gpu.free = 5000.0
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
 
@@ -303,9 +303,9 @@ def test_gpu_wait_past_the_timeout_starts_one_rung_lower(make) -> None:  # type:
     sup = make(game("a", 100_000), gpu=gpu, extra=extra, tail=GPU.format(timeout=0.2))
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
     assert sup.games["a"].mode.name == "light"
-    waits = db.events(sup.conn, kind="gpu_wait")  # type: ignore[arg-type]
+    waits = db.events(sup.on.conn, kind="gpu_wait")  # type: ignore[arg-type]
     assert waits[-1].detail["timed_out"] and waits[-1].detail["to"] == "light"
-    assert db.events(sup.conn, kind="scale_down", game="a")  # type: ignore[arg-type]
+    assert db.events(sup.on.conn, kind="scale_down", game="a")  # type: ignore[arg-type]
     for _ in range(5):  # and it is not restarted back at the heavier size
         sup.safe_tick()
         sup.wait(0.02)
@@ -367,7 +367,7 @@ def test_policy_seam_changes_modes_and_a_failing_policy_is_contained(make) -> No
     sup.policy = policy
     spin(sup, lambda: (hb := sup.games["a"].heartbeat) is not None and hb.num_envs == 4)
     assert len(calls) > 4
-    assert db.events(sup.conn, kind="scale_up")  # type: ignore[arg-type]
+    assert db.events(sup.on.conn, kind="scale_up")  # type: ignore[arg-type]
 
 
 def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_rung(  # type: ignore[no-untyped-def]
@@ -376,21 +376,21 @@ def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_run
     """`initial_mode` at the lowest rung keeps the spare; a step down there (or a pin) drops
     it, with the reason in `spare_want`."""
     sup = make(game("a", 10_000), extra='initial_mode = "light"')
-    assert sup.conn is not None
+    assert sup.on.conn is not None
     sup.refresh_modes()
-    assert not sup._lowest_rung(), "starting at the lowest rung by initial_mode"
-    modes.set_auto_mode(sup.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
-    modes.set_auto_mode(sup.conn, sup.cfg, modes.HOST, "light", ["3 crashes in 3600 s"])
+    assert not sup.on.spare.lowest_rung(), "starting at the lowest rung by initial_mode"
+    modes.set_auto_mode(sup.on.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
+    modes.set_auto_mode(sup.on.conn, sup.cfg, modes.HOST, "light", ["3 crashes in 3600 s"])
     sup.refresh_modes()
-    assert sup._lowest_rung()
-    want = sup.spare_want()
+    assert sup.on.spare.lowest_rung()
+    want = sup.on.spare.want()
     assert not want.want and "lowest mode" in want.reason
-    modes.set_auto_mode(sup.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
+    modes.set_auto_mode(sup.on.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
     sup.refresh_modes()
-    assert not sup._lowest_rung()
-    modes.pin_mode(sup.conn, sup.cfg, modes.HOST, "light")
+    assert not sup.on.spare.lowest_rung()
+    modes.pin_mode(sup.on.conn, sup.cfg, modes.HOST, "light")
     sup.refresh_modes()
-    assert sup._lowest_rung(), "an operator's pin to the lowest rung counts"
+    assert sup.on.spare.lowest_rung(), "an operator's pin to the lowest rung counts"
 
 
 class _SlowLauncher(Launcher):

@@ -135,8 +135,8 @@ def test_the_supervisor_records_one_device_fallback_per_auto_game_at_start(
     )
     try:
         sup.start()  # no tick: no worker is spawned
-        assert sup.conn is not None
-        fallbacks = db.events(sup.conn, kind="device_fallback")
+        assert sup.on.conn is not None
+        fallbacks = db.events(sup.on.conn, kind="device_fallback")
     finally:
         sup.close()
         for s, h in saved.items():

@@ -129,8 +129,8 @@ def worker_gpu(sup: Supervisor, name: str) -> str:
 
 
 def events(sup: Supervisor, kind: str) -> list[Any]:
-    assert sup.conn is not None
-    return db.events(sup.conn, kind=kind)
+    assert sup.on.conn is not None
+    return db.events(sup.on.conn, kind=kind)
 
 
 def test_games_spread_over_four_gpus_avoiding_the_busy_one(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -144,7 +144,7 @@ def test_games_spread_over_four_gpus_avoiding_the_busy_one(make, tmp_path) -> No
     assert assigned["a"] == {"index": 3, "uuid": UUIDS[3], "CUDA_VISIBLE_DEVICES": UUIDS[3]}
     starts = {e.game: e.detail["gpu"] for e in events(sup, "worker_start")}
     assert starts["b"] == {"index": 0, "uuid": UUIDS[0]}
-    rows = {w["game"]: w["gpu"] for w in db.workers(sup.conn)}  # type: ignore[arg-type]
+    rows = {w["game"]: w["gpu"] for w in db.workers(sup.on.conn)}  # type: ignore[arg-type]
     assert rows["c"] == {"index": 2, "uuid": UUIDS[2]}
 
 

@@ -112,9 +112,9 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
 
 
 def evs(sup: Supervisor, kind: str, game: str | None = None) -> list[db.Event]:
-    assert sup.journal is not None and sup.conn is not None
-    sup.journal.flush(force=True)
-    return db.events(sup.conn, kind=kind, game=game)
+    assert sup.on.journal is not None and sup.on.conn is not None
+    sup.on.journal.flush(force=True)
+    return db.events(sup.on.conn, kind=kind, game=game)
 
 
 def fake_workers(game_name: str) -> list[int]:
@@ -140,11 +140,11 @@ def test_a_hung_worker_is_signalled_while_the_database_is_locked(make) -> None: 
         os.kill(pid, signal.SIGSTOP)
         spin(sup, lambda: (rt := sup.games["a"]).proc is None or rt.proc.pid != pid, timeout=30)
         assert not same_process(pid, None), "signalled, exited and reaped"
-        assert not sup.journal.healthy, "the hang was handled while no row could be written"
+        assert not sup.on.journal.healthy, "the hang was handled while no row could be written"
     finally:
         locker.execute("COMMIT")
         locker.close()
-    spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.journal.healthy)
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.on.journal.healthy)
     [hang] = evs(sup, "worker_hang", "a")
     assert hang.detail["pid"] == pid
     assert evs(sup, "state_db_unavailable")

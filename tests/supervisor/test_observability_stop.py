@@ -111,14 +111,14 @@ def test_a_reload_naming_a_missing_hook_program_is_refused_and_the_old_hooks_sta
     make: Callable[[], Supervisor], tmp_path: Path
 ) -> None:
     sup = make()
-    assert sup.hooks is not None and sup.cfg.hooks[0].program == ""  # run resolves; not here
-    before = sup.hooks
+    assert sup.on.hooks.runner is not None and sup.cfg.hooks[0].program == ""  # run resolves; not here
+    before = sup.on.hooks.runner
     config = tmp_path / "rlsup.toml"
     config.write_text(CONFIG.replace('"/bin/sh", "-c"', f'"{tmp_path / "gone"}", "-c"'))
     sup.reload(sup.clock())
-    assert sup.hooks is before and sup.cfg.hooks[0].command[0] == "/bin/sh"
-    assert sup.conn is not None
-    [row] = sup.conn.execute("SELECT detail FROM events WHERE kind = 'config_error'").fetchall()
+    assert sup.on.hooks.runner is before and sup.cfg.hooks[0].command[0] == "/bin/sh"
+    assert sup.on.conn is not None
+    [row] = sup.on.conn.execute("SELECT detail FROM events WHERE kind = 'config_error'").fetchall()
     assert "hooks[0].command" in row[0] and "no such file" in row[0], row[0]
     config.write_text(CONFIG.replace('"/bin/sh", "-c"', '"sh", "-c"'))  # a bare name: resolved
     sup.reload(sup.clock())

@@ -108,8 +108,8 @@ def fake_script(sup: Supervisor, name: str, script: dict[str, Any]) -> None:
 
 
 def evs(sup: Supervisor, kind: str, game: str | None = None) -> list[db.Event]:
-    assert sup.conn is not None
-    return db.events(sup.conn, kind=kind, game=game)
+    assert sup.on.conn is not None
+    return db.events(sup.on.conn, kind=kind, game=game)
 
 
 # ---- the policy in the loop -----------------------------------------------------------------
@@ -165,9 +165,9 @@ def test_a_sigkill_from_outside_is_a_crash_unless_the_kernel_says_oom(make, tmp_
 
 def test_calm_steps_back_up_and_stay_decisions_are_applied_nowhere(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a"), stability="", initial="heavy")
-    assert sup.conn is not None
-    modes.set_auto_mode(sup.conn, sup.cfg, "*", "light", ["test"], time.time() - 7200)
-    db.set_mode(sup.conn, "*", "light", time.time() - 7200, "test")  # long calm
+    assert sup.on.conn is not None
+    modes.set_auto_mode(sup.on.conn, sup.cfg, "*", "light", ["test"], time.time() - 7200)
+    db.set_mode(sup.on.conn, "*", "light", time.time() - 7200, "test")  # long calm
     sup.sampler.sample_once()
     spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.games["a"].mode.name == "heavy")
     up = evs(sup, "scale_up")
@@ -191,9 +191,9 @@ def test_checkpoint_failures_in_the_heartbeat_become_one_event_each(make) -> Non
 
 def test_vitals_samples_are_persisted_as_json(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a"))
-    assert sup.conn is not None
-    spin(sup, lambda: sup.conn.execute("SELECT count(*) FROM samples").fetchone()[0] >= 1)
-    data = json.loads(sup.conn.execute("SELECT data FROM samples").fetchone()[0])
+    assert sup.on.conn is not None
+    spin(sup, lambda: sup.on.conn.execute("SELECT count(*) FROM samples").fetchone()[0] >= 1)
+    data = json.loads(sup.on.conn.execute("SELECT data FROM samples").fetchone()[0])
     assert 0 < data["ram_available_pct"] <= 100 and data["gpus"] == []
 
 
@@ -238,21 +238,21 @@ def test_gpu_gate_waits_then_falls_back_one_rung_after_the_timeout(make, monkeyp
 
 def test_mode_persisted_across_a_reboot_is_resumed_never_above_the_ceiling(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a"), initial="heavy", policy=None)
-    assert sup.conn is not None
-    modes.set_auto_mode(sup.conn, sup.cfg, "*", "light", ["2 unexpected reboots"])
-    since = db.get_mode(sup.conn, "*")[1]  # type: ignore[index]
+    assert sup.on.conn is not None
+    modes.set_auto_mode(sup.on.conn, sup.cfg, "*", "light", ["2 unexpected reboots"])
+    since = db.get_mode(sup.on.conn, "*")[1]  # type: ignore[index]
     sup.close()  # no clean stop: a power loss
     (tmp_path / "boot").write_text("boot-2")
     sup2 = make(game("a"), initial="heavy", policy=None)
-    assert sup2.conn is not None
+    assert sup2.on.conn is not None
     assert evs(sup2, "host_reboot")
-    assert modes.host_mode(sup2.conn, sup2.cfg).name == "light", "not initial_mode"
-    assert db.get_mode(sup2.conn, "*")[1] == since, "the calm clock survives the reboot"  # type: ignore[index]
+    assert modes.host_mode(sup2.on.conn, sup2.cfg).name == "light", "not initial_mode"
+    assert db.get_mode(sup2.on.conn, "*")[1] == since, "the calm clock survives the reboot"  # type: ignore[index]
     assert evs(sup2, "supervisor_start")[-1].detail["host_mode"] == "light"
     spin(sup2, lambda: sup2.games["a"].state is S.RUNNING)
     assert sup2.games["a"].heartbeat.num_envs == 2
     # A persisted mode above a lowered ceiling resumes at the ceiling.
-    modes.set_auto_mode(sup2.conn, sup2.cfg, "*", "heavy", ["x"])
+    modes.set_auto_mode(sup2.on.conn, sup2.cfg, "*", "heavy", ["x"])
     proc = sup2.games["a"].proc
     assert proc is not None
     sup2.launcher.kill(proc)
@@ -260,8 +260,8 @@ def test_mode_persisted_across_a_reboot_is_resumed_never_above_the_ceiling(make,
     sup2.games["a"].life = None
     sup2.close()
     sup3 = make(game("a"), initial="heavy", stability='ceiling = "light"', policy=None)
-    assert sup3.conn is not None
-    assert modes.host_mode(sup3.conn, sup3.cfg).name == "light"
+    assert sup3.on.conn is not None
+    assert modes.host_mode(sup3.on.conn, sup3.cfg).name == "light"
 
 
 # ---- a crash right after a resume never moves the checkpoint ---------------------------------

@@ -80,8 +80,8 @@ def test_a_stop_request_after_a_backward_wall_clock_step_still_stops(
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
     ask_to_stop(sup.cfg.state_dir, time.time())
     spin(sup, lambda: sup.finished)
-    assert sup.games["a"].state is S.STOPPED and sup.conn is not None
-    assert db.pending_request(sup.conn, db.STOP_REQUEST) is None, "consumed"
+    assert sup.games["a"].state is S.STOPPED and sup.on.conn is not None
+    assert db.pending_request(sup.on.conn, db.STOP_REQUEST) is None, "consumed"
 
 
 def test_a_request_left_from_before_the_supervisor_started_is_dropped_whatever_its_time(
@@ -93,8 +93,8 @@ def test_a_request_left_from_before_the_supervisor_started_is_dropped_whatever_i
     conn.close()
     ask_to_stop(tmp_path / "state", time.time() + HOUR)
     sup = make()
-    assert sup.conn is not None
-    assert db.pending_request(sup.conn, db.STOP_REQUEST) is None, "dropped at start"
+    assert sup.on.conn is not None
+    assert db.pending_request(sup.on.conn, db.STOP_REQUEST) is None, "dropped at start"
     spin(sup, lambda: sup.games["a"].state is S.RUNNING)
     for _ in range(5):
         sup.safe_tick()

@@ -1,0 +1,208 @@
+"""The tick's participants: the parts beside the games' lives that start with the supervisor,
+act once a tick, follow a configuration reload and close at its exit. The alert hooks, the
+metrics export, the mirror's uploader and this host's spare worker are each one; the daemon
+lists them in one place (`Supervisor._participants`) and calls them in that order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import psutil  # type: ignore[import-untyped]
+
+from supervisor.config import Config
+from supervisor.launch.launcher import LauncherSeam
+from supervisor.launch.spare import SpareWant, decide, spare_device
+from supervisor.ledger import db
+from supervisor.ledger.recorder import Recorder
+from supervisor.lifecycle.runtime import GameRuntime
+from supervisor.lifecycle.states import TERMINAL
+from supervisor.mirror.uploader import Uploader
+from supervisor.observe.hooks import HookRunner
+from supervisor.observe.metrics import MetricsExporter
+from supervisor.stability import modes
+from supervisor.stability.policy import Vitals
+
+HOOKS_CLOSE_WAIT_S = 5.0  # at shutdown, for the alerts of the last events to go out
+
+
+class Participant(Protocol):
+    def start(self) -> None: ...
+
+    def tick(self, now: float, stopping: bool) -> None: ...
+
+    def reconfigure(self, cfg: Config) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class HookAlerts:
+    """`[[hooks]]`: alert programs run on events (the Recorder hands them every event it
+    records); a failed or dropped run becomes a `hook_failed` event."""
+
+    def __init__(self, cfg: Config, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.runner: HookRunner | None = None
+        self.reconfigure(cfg)  # before the first event: a host_reboot alert is one of them
+
+    def start(self) -> None:
+        pass
+
+    def reconfigure(self, cfg: Config) -> None:
+        """The runner of the configuration now in force (hooks of the old one still running
+        finish on their own, bounded by their timeouts)."""
+        if self.runner is not None:
+            self.runner.close(wait_s=0.0, then_kill=False)
+        self.runner = HookRunner(cfg.hooks, log_dir=cfg.logs_dir) if cfg.hooks else None
+        self.recorder.on_event = self.runner.fire if self.runner is not None else None
+
+    def tick(self, now: float, stopping: bool) -> None:
+        if self.runner is None:
+            return
+        results, dropped = self.runner.drain()
+        for r in results:
+            if r.failed and r.hook < len(self.runner.hooks):
+                self.recorder.event("hook_failed", r.game, r.detail(self.runner.hooks[r.hook]))
+        if dropped:
+            self.recorder.event("hook_failed", None, {"dropped": dropped, "error": "queue full"})
+
+    def close(self) -> None:
+        if self.runner is not None:
+            # Alerts of the last events (supervisor_stop, a FATAL) get a moment to go out.
+            self.runner.close(wait_s=HOOKS_CLOSE_WAIT_S)
+
+
+class MetricsExport:
+    """`[metrics]`: the Prometheus export (a listener and/or a textfile), refreshed by its own
+    thread; its failures become `metrics_failed` events."""
+
+    def __init__(self, cfg: Config, recorder: Recorder) -> None:
+        self.cfg, self.recorder = cfg, recorder
+        self.exporter: MetricsExporter | None = None
+
+    def start(self) -> None:
+        self.exporter = MetricsExporter(self.cfg) if self.cfg.metrics.enabled else None
+        if self.exporter is not None:
+            self.exporter.start()
+
+    def reconfigure(self, cfg: Config) -> None:
+        old, self.cfg = self.cfg.metrics, cfg
+        if cfg.metrics == old:
+            if self.exporter is not None:
+                self.exporter.cfg = cfg
+            return
+        if self.exporter is not None:  # the old exporter writes no "up 0"
+            self.exporter.stop(replaced_by=cfg.metrics)
+        self.start()
+
+    def tick(self, now: float, stopping: bool) -> None:
+        if self.exporter is not None:
+            for failure in self.exporter.drain():
+                self.recorder.event("metrics_failed", None, failure)
+
+    def close(self) -> None:
+        if self.exporter is not None:
+            self.exporter.stop()
+
+
+class MirrorUploads:
+    """`[mirror]`: the uploader process (this host's games; on several hosts, each host
+    mirrors its own and this only turns mirror.json's changes into events)."""
+
+    def __init__(self, cfg: Config, recorder: Recorder, *, local: bool) -> None:
+        self.uploader = Uploader(cfg, recorder.event, local)
+
+    def start(self) -> None:
+        pass
+
+    def tick(self, now: float, stopping: bool) -> None:
+        if not stopping:
+            self.uploader.tick(now)
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.uploader.reconfigure(cfg)
+
+    def close(self) -> None:
+        self.uploader.stop()
+
+
+class SpareTending:
+    """`[spare]`: keep this host's pre-warmed spare worker (or drop it) as the policy says,
+    and its row for `rlsup status`."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        recorder: Recorder,
+        launcher: LauncherSeam,
+        conn: sqlite3.Connection,
+        *,
+        games: Callable[[], Iterable[GameRuntime]],
+        view: Callable[[], modes.ModeView],
+        latest: Callable[[], Vitals | None],
+        wall: Callable[[], float],
+    ) -> None:
+        self.cfg, self.recorder, self.launcher, self.conn = cfg, recorder, launcher, conn
+        self.games, self.view, self.latest, self.wall = games, view, latest, wall
+        self._row: dict[str, Any] | None = None  # the spare's row last written
+        self._ram_total_mb = psutil.virtual_memory().total / 2**20
+        self._host_mode_reason = ""  # why the host runs its mode (modes.reason), last read
+
+    def start(self) -> None:
+        pass
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def tick(self, now: float, stopping: bool) -> None:
+        if not stopping:
+            self.tend(self.want(), now)
+
+    def close(self) -> None:
+        pass  # the launcher closes the spare with itself: no spare outlives the supervisor
+
+    def tend(self, want: SpareWant, now: float) -> None:
+        for kind, game, detail in self.launcher.tend_spare(want, now):
+            self.recorder.event(kind, game, detail)
+        row = self.launcher.spare_row()
+        if row is not None and row != self._row:
+            self._row = row
+            self.recorder.spare({**row, "updated": self.wall()})
+
+    def want(self) -> SpareWant:
+        """Whether this host keeps a spare now ([spare] enabled; "auto": not under memory
+        pressure, not where the policy stepped the host down to its lowest mode, not when no
+        game is left to start), for which device, with its log."""
+        cfg = self.cfg
+        device = spare_device([g.device for g in cfg.games])
+        log_path, cwd = cfg.logs_dir / "spare.log", cfg.state_dir
+        if all(rt.state in TERMINAL for rt in self.games()):
+            return SpareWant(False, "no game left to start", device, log_path, cwd)
+        row = self.launcher.spare_row() or {}
+        latest = self.latest()
+        want, reason = decide(
+            cfg.spare.enabled,
+            cfg.spare.min_ram_available_pct,
+            ram_available_pct=latest.ram_available_pct if latest is not None else None,
+            ram_total_mb=self._ram_total_mb,
+            spare_rss_mb=row.get("rss_mb"),
+            have_spare=row.get("state") in ("warming", "ready"),
+            lowest_rung=self.lowest_rung(),
+        )
+        return SpareWant(want, reason, device, log_path, cwd)
+
+    def lowest_rung(self) -> bool:
+        """The host runs its lowest mode because the policy stepped it down there (or an
+        operator pinned it): not merely because initial_mode names the lowest rung."""
+        names, view = self.cfg.mode_names, self.view()
+        if len(names) < 2 or view.host.name != names[0]:
+            return False
+        if modes.HOST in view.pinned:
+            return True
+        with contextlib.suppress(sqlite3.Error):
+            row = db.get_mode(self.conn, modes.HOST)
+            self._host_mode_reason = str(row[2] or "") if row else ""
+        return self._host_mode_reason != "initial_mode"
