@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from checkpoints import _retry
 from checkpoints._crashpoints import crash_point
@@ -44,8 +44,17 @@ from checkpoints.names import (
     validate_name,
 )
 
-if TYPE_CHECKING:
-    from checkpoints.store import CheckpointStore
+
+class StoreSide(Protocol):
+    """What a writer needs of its store (CheckpointStore is one): where checkpoints live,
+    its log, and retention once a checkpoint is committed."""
+
+    root: Path
+    log: Any
+
+    def path_for(self, step: int) -> Path: ...
+
+    def retain_after_commit(self, committed_step: int) -> None: ...
 
 
 @dataclass
@@ -66,7 +75,7 @@ class CheckpointWriter:
     commit()) aborts, so a half-built checkpoint is never left behind.
     """
 
-    def __init__(self, store: CheckpointStore, step: int, meta: dict[str, Any]) -> None:
+    def __init__(self, store: StoreSide, step: int, meta: dict[str, Any]) -> None:
         self._store = store
         self._log = store.log
         self.step = step

@@ -38,7 +38,8 @@ from supervisor.config import (
 from supervisor.gpu.gate import NvmlLike, worker_env
 from supervisor.gpu.moves import GpuMove, PlacedGame
 from supervisor.gpu.placer import GameAsk, GpuPlacer, PlacedAsk
-from supervisor.launch.launcher import LauncherSeam, make_launcher
+from supervisor.launch.backends import make_launcher
+from supervisor.launch.launcher import LauncherSeam
 from supervisor.launch.oomwatch import KernelOomWatch
 from supervisor.launch.spare import SpareWant
 from supervisor.launch.spawn import NoRoom, WorkerProcess, prepare_worker
@@ -334,7 +335,7 @@ class Supervisor:
             for name in self.gpus.watch():  # games on a lost GPU: placed again elsewhere
                 if (rt := self.games.get(name)) is not None:
                     self.life.stop(rt, StopReason.GPU_LOST, grace)
-            on.recorder.sample(self.sampler.latest(), now)
+            on.recorder.sample(self.sampler.latest_json(), now)
             self.run_policy()
             self.refresh_modes()
             self.life.apply_modes(self.view.game, self.view.host.max_concurrent, now)

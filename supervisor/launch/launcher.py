@@ -159,20 +159,3 @@ class Launcher:
     def _signal(pid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-
-
-def make_launcher(cfg: Config) -> LauncherSeam:
-    """The launcher of `[cluster] backend`: this host (with its spare), or a Ray cluster's."""
-    if cfg.cluster.backend == "ray":
-        from supervisor.launch.ray import RayLauncher  # imports Ray: only for this backend
-
-        return RayLauncher(cfg)
-    from supervisor.launch.spare import SpareKeeper
-
-    keeper = SpareKeeper(
-        sys.executable,
-        WORKER_MODULE,
-        warm_timeout_s=cfg.watchdog.startup_grace_s,
-        silent_after_s=cfg.watchdog.hang_timeout_s,
-    )
-    return Launcher(spare=keeper)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The exit status of a worker whose host was lost (several hosts): not a real process's, a
+# launcher's verdict. The game is placed again elsewhere, not counted as a crash.
+HOST_LOST_RC = 1000
+
 
 def start_ticks(pid: int) -> int | None:
     """When `pid` started, in clock ticks since boot (/proc/<pid>/stat field 22), or None when

@@ -36,8 +36,8 @@ import structlog
 
 from supervisor.config import MIRROR_LOCATION_KEYS, Config
 from supervisor.launch.launcher import Launcher
+from supervisor.launch.process import HOST_LOST_RC
 from supervisor.launch.spawn import WORKER_MODULE, NoRoom, WorkerProcess, start_worker_process
-from supervisor.lifecycle.restart import HOST_LOST_RC
 from supervisor.mirror.state import GameMirror, MirrorState
 from training import protocol
 

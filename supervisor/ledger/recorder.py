@@ -18,8 +18,6 @@ import structlog
 
 from supervisor.ledger import db
 from supervisor.ledger.journal import Journal
-from supervisor.stability import vitals
-from supervisor.stability.policy import Vitals
 
 log = structlog.get_logger("rlsup.supervisor")
 
@@ -100,13 +98,14 @@ class Recorder:
         self.journal.write(ticked, key="tick", flush=False)
         self.journal.flush()
 
-    def sample(self, latest: Vitals | None, now: float) -> None:
-        """The sampler's latest reading into `samples` about once a minute; keep a week."""
-        if now < self._next_sample or latest is None or latest.ts == self._last_sample_ts:
+    def sample(self, latest: tuple[float, dict[str, Any]] | None, now: float) -> None:
+        """The sampler's latest reading (its time, its JSON) into `samples` about once a
+        minute; keep a week."""
+        if now < self._next_sample or latest is None or latest[0] == self._last_sample_ts:
             return
         self._next_sample = now + SAMPLES_EVERY_S
-        self._last_sample_ts = latest.ts
-        ts, data = latest.ts, json.dumps(vitals.to_json(latest), allow_nan=False)
+        ts, data = latest[0], json.dumps(latest[1], allow_nan=False)
+        self._last_sample_ts = ts
         # Keyed: while the database fails, only the newest sample waits (samples are history).
         self.journal.write(
             lambda c: db.insert_sample(c, ts, data, SAMPLES_KEEP_S, SAMPLES_MAX_ROWS),

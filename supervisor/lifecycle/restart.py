@@ -7,11 +7,11 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from supervisor.launch.process import HOST_LOST_RC
 from training.protocol import ExitCode
 
 # Not an exit status (those are 0..255): the launcher's word that the worker's host is gone
 # (several hosts: its Ray node died or stayed unreachable), so its exit status is unknowable.
-HOST_LOST_RC = 1000
 
 
 class ExitKind(enum.StrEnum):

@@ -96,6 +96,11 @@ class VitalsSampler:
         with self._lock:
             return self._latest
 
+    def latest_json(self) -> tuple[float, dict[str, Any]] | None:
+        """The latest reading's time and JSON (for the samples history)."""
+        latest = self.latest()
+        return (latest.ts, to_json(latest)) if latest is not None else None
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample_once()

@@ -38,7 +38,7 @@ def test_the_single_host_supervisor_never_imports_ray() -> None:
     code = (
         "import sys, supervisor.cli, supervisor.daemon, supervisor.commands.join\n"
         "from supervisor.config import load_config\n"
-        "from supervisor.launch.launcher import make_launcher\n"
+        "from supervisor.launch.backends import make_launcher\n"
         "cfg = load_config(sys.argv[1])\n"
         "assert make_launcher(cfg).backend == 'local'\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"

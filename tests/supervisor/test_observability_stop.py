@@ -111,7 +111,9 @@ def test_a_reload_naming_a_missing_hook_program_is_refused_and_the_old_hooks_sta
     make: Callable[[], Supervisor], tmp_path: Path
 ) -> None:
     sup = make()
-    assert sup.on.hooks.runner is not None and sup.cfg.hooks[0].program == ""  # run resolves; not here
+    assert (
+        sup.on.hooks.runner is not None and sup.cfg.hooks[0].program == ""
+    )  # run resolves; not here
     before = sup.on.hooks.runner
     config = tmp_path / "rlsup.toml"
     config.write_text(CONFIG.replace('"/bin/sh", "-c"', f'"{tmp_path / "gone"}", "-c"'))

@@ -1,0 +1,115 @@
+"""The house keeps its shape: no import cycle anywhere in the product (imports inside functions
+and under TYPE_CHECKING included), the CLI and the daemon imported only from above, wings that
+say what they own, and a daemon that stays start-up, the tick and shutdown. The finer rules
+(which wing may import which) are import-linter's contracts in pyproject.toml (`make lint`)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("supervisor", "training", "checkpoints")
+WINGS = ("lifecycle", "launch", "ledger", "stability", "gpu", "mirror", "observe")
+
+
+@pytest.fixture(scope="module")
+def graph() -> grimp.ImportGraph:
+    return grimp.build_graph(*PACKAGES, include_external_packages=False)
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append(
+                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
+                    )
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+    return out
+
+
+def test_no_import_cycle_in_the_product(graph: grimp.ImportGraph) -> None:
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    g = grimp.ImportGraph()
+    for m in ("p", "p.a", "p.b", "p.c"):
+        g.add_module(m)
+    g.add_import(importer="p.a", imported="p.b")
+    g.add_import(importer="p.b", imported="p.a")
+    g.add_import(importer="p.c", imported="p.a")
+    assert _cycles(g) == [["p.a", "p.b"]]
+
+
+def test_only_the_cli_imports_the_commands(graph: grimp.ImportGraph) -> None:
+    importers = graph.find_modules_that_directly_import("supervisor.commands")
+    for cmd in graph.find_children("supervisor.commands"):
+        importers |= graph.find_modules_that_directly_import(cmd)
+    below = {m for m in importers if not m.startswith(("supervisor.commands", "supervisor.cli"))}
+    assert below == set()
+
+
+def test_only_rlsup_run_imports_the_daemon(graph: grimp.ImportGraph) -> None:
+    importers = graph.find_modules_that_directly_import("supervisor.daemon")
+    assert importers <= {"supervisor.commands.run", "supervisor.cli"}
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_each_wing_says_what_it_owns(wing: str) -> None:
+    module = importlib.import_module(f"supervisor.{wing}")
+    doc = module.__doc__ or ""
+    assert len(doc.split()) >= 15, f"supervisor/{wing}/__init__.py: a paragraph on what it owns"
+
+
+def test_the_daemon_is_start_up_the_tick_and_shutdown() -> None:
+    source = (ROOT / "supervisor" / "daemon.py").read_text()
+    assert len(source.splitlines()) <= 600
+    tree = ast.parse(source)
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Supervisor"]
+    methods = [n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    assert len(methods) <= 30, [m.name for m in methods]
+    assert "assert " not in source, "what start() makes is one Started object, never asserted"
+    assert ".backend ==" not in source and ".backend !=" not in source
+    assert "isinstance(self.probe" not in source
