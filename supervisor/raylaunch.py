@@ -44,6 +44,7 @@ from supervisor.launcher import (
 )
 from supervisor.mirror_state import GameMirror, MirrorState
 from supervisor.restart import HOST_LOST_RC
+from training import args as worker_args
 from training import protocol
 
 log = structlog.get_logger("rlsup.ray")
@@ -109,7 +110,7 @@ class WorkerHost:
         self._remote: Any = None
 
     def start(self, cfg_json: dict[str, Any]) -> dict[str, Any]:
-        cfg = protocol.WorkerConfig.from_json(
+        cfg = worker_args.WorkerConfig.from_json(
             {**cfg_json, "run_dir": str(self.run_dir), "epoch": self.epoch}
         )
         _private_dir(self.run_dir)
@@ -504,7 +505,7 @@ class RayLauncher(Launcher):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cfg = protocol.WorkerConfig.from_argv(argv)
+        cfg = worker_args.WorkerConfig.from_argv(argv)
         game = cfg.mirror_name or Path(cfg.run_dir).name
         view_dir = Path(cwd or cfg.run_dir)
         c = self.cfg.cluster
