@@ -143,8 +143,8 @@ def breakdown(args: argparse.Namespace, precision: str, seconds: float) -> dict[
     """The learner in this process: agent steps/s and seconds per phase per 1,000 steps."""
     import torch
 
-    from training.learner import make_learner
-    from training.protocol import WorkerConfig
+    from training.args import WorkerConfig
+    from training.registry import make_learner
 
     torch.set_num_threads(args.threads)
     cfg = WorkerConfig(

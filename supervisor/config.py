@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training import args as worker_args
 from training import protocol, torchbuild
 from training.tasks import KNOWN_TASKS, suggest
 
@@ -400,10 +401,10 @@ _GAME: dict[str, Field] = {
         "a name matching [a-z0-9_-]{1,40}",
     ),
     "env_id": ((str,), None, None, "an envpool task id"),
-    "algo": ((str,), "ppo", lambda v: v in protocol.ALGOS, " | ".join(protocol.ALGOS)),
+    "algo": ((str,), "ppo", lambda v: v in worker_args.ALGOS, " | ".join(worker_args.ALGOS)),
     "total_steps": ((int,), None, _positive, "a positive integer"),
     "seed": ((int,), 1, lambda v: 0 <= v < 2**63, "an integer >= 0"),
-    "device": ((str,), "auto", lambda v: v in protocol.DEVICES, " | ".join(protocol.DEVICES)),
+    "device": ((str,), "auto", lambda v: v in worker_args.DEVICES, " | ".join(worker_args.DEVICES)),
     "args": ((dict,), {}, None, "a table of worker hyper-parameters"),
     "gpu": (
         (str, int, list),
@@ -814,7 +815,7 @@ def _parse_modes(ctx: _Ctx, data: Any) -> tuple[ModeSpec, ...]:
     )
 
 
-# Where the supervisor takes each worker flag it owns (protocol.SUPERVISOR_FIELDS): the key an
+# Where the supervisor takes each worker flag it owns (worker_args.SUPERVISOR_FIELDS): the key an
 # operator sets instead of `args`.
 _SET_FROM = {
     "game": "games.env_id",
@@ -854,23 +855,25 @@ def _parse_games(
             )
         args = v["args"]
         for key, value in args.items():
-            if key in protocol.SUPERVISOR_FIELDS:
+            if key in worker_args.SUPERVISOR_FIELDS:
                 raise ctx.fail(
                     ["games", i, "args", key],
                     f"set by the supervisor for every worker (from {_SET_FROM.get(key, 'it')}), "
                     "not a hyper-parameter: remove it from args",
                 )
-            if key not in protocol.HYPERPARAMETER_FIELDS:
-                close = difflib.get_close_matches(key, sorted(protocol.HYPERPARAMETER_FIELDS), n=3)
+            if key not in worker_args.HYPERPARAMETER_FIELDS:
+                close = difflib.get_close_matches(
+                    key, sorted(worker_args.HYPERPARAMETER_FIELDS), n=3
+                )
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ctx.fail(
                     ["games", i, "args", key],
                     f"unknown hyper-parameter{hint} "
-                    f"(allowed: {', '.join(sorted(protocol.HYPERPARAMETER_FIELDS))})",
+                    f"(allowed: {', '.join(sorted(worker_args.HYPERPARAMETER_FIELDS))})",
                 )
             try:
-                protocol.check_value(key, value)
-            except protocol.ConfigError as exc:
+                worker_args.check_value(key, value)
+            except worker_args.ConfigError as exc:
                 raise ctx.fail(["games", i, "args", key], str(exc)) from None
         game = GameSpec(
             name=v["name"],
@@ -887,7 +890,7 @@ def _parse_games(
         for mode in modes:
             try:
                 worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, threads=None)
-            except (protocol.ConfigError, TypeError, ValueError) as exc:
+            except (worker_args.ConfigError, TypeError, ValueError) as exc:
                 raise ctx.fail(
                     ["games", i], f"invalid worker settings in mode {mode.name!r}: {exc}"
                 ) from None
@@ -963,7 +966,7 @@ def worker_config(
     checkpoint_every_s: float,
     threads: int | None,
     mirror: MirrorConfig | None = None,
-) -> protocol.WorkerConfig:
+) -> worker_args.WorkerConfig:
     """The worker's arguments for one game in one mode (validated by the protocol); with a
     mirror, where to restore from when the run dir has no checkpoint."""
     # The mode's rollout length and the file's checkpoint interval are defaults a game's args
@@ -989,4 +992,4 @@ def worker_config(
         device=game.device,
         threads=threads,
     )
-    return protocol.validate(protocol.WorkerConfig(**values))
+    return worker_args.validate(worker_args.WorkerConfig(**values))

@@ -20,7 +20,7 @@ import torch
 from checkpoints import CheckpointStore, CheckpointWriteFailed, LoadedCheckpoint
 from checkpoints.errors import PlacementFenced
 from training import rng
-from training.protocol import WorkerConfig
+from training.args import WorkerConfig
 
 if TYPE_CHECKING:
     from training.learner import Learner

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.metrics import Means
 from training.networks import QNetwork
@@ -34,7 +35,6 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.protocol import WorkerConfig
 
 if TYPE_CHECKING:
     from training.replay import ReplayBuffer

@@ -1,4 +1,5 @@
-"""The interface the worker runtime drives, and what PPO and DQN share.
+"""The interface the worker runtime drives (`Learner`), which PPO and DQN implement. Imports
+neither: training/registry.py makes one by its `--algo`.
 
 Lifecycle (the worker's side):
 
@@ -22,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from training.args import WorkerConfig
 from training.envs import EpisodeTracker
 from training.optim import Precision
-from training.protocol import WorkerConfig
 
 if TYPE_CHECKING:
     from training.replay import ReplayBuffer
@@ -50,15 +51,3 @@ class Learner(Protocol):
     def close(self) -> None: ...
     # The diagnostics averaged since the last call (training/metrics.py), one device sync.
     def take_metrics(self) -> dict[str, float]: ...
-
-
-def make_learner(cfg: WorkerConfig, device: torch.device, env_seed: int) -> Learner:
-    if cfg.algo == "ppo":
-        from training.ppo import PPOLearner
-
-        return PPOLearner(cfg, device, env_seed)
-    if cfg.algo == "dqn":
-        from training.dqn import DQNLearner
-
-        return DQNLearner(cfg, device, env_seed)
-    raise ValueError(f"unknown algo {cfg.algo!r}")

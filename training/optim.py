@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from training import torchbuild
-from training.protocol import WorkerConfig
+from training.args import WorkerConfig
 
 
 def cuda_bf16_native(device: torch.device) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.distributions import Categorical
 
+from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.metrics import Means, explained_variance
 from training.networks import ActorCritic
@@ -32,7 +33,6 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.protocol import WorkerConfig
 
 # ---- the maths -------------------------------------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""One worker session: load the newest valid checkpoint, train, checkpoint, evaluate, stop."""
+"""One worker session: load the newest valid checkpoint, train, checkpoint, evaluate, stop.
+
+It owns the session's course and its files (progress.csv, eval.json, TensorBoard, the
+heartbeat's fields); the mirror (restore, placement fence) is training/mirroring.py, the
+named failures training/errors.py.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,6 @@ import csv
 import errno
 import io
 import os
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,20 +24,27 @@ import torch
 
 from checkpoints import (
     CheckpointCorrupt,
-    CheckpointError,
     CheckpointStore,
     CheckpointUnreadable,
-    CheckpointWriteFailed,
     LoadedCheckpoint,
     NoValidCheckpoint,
     write_json_atomic,
 )
 from training import rng, torchbuild
+from training.args import ConfigError, WorkerConfig
 from training.checkpointing import (
     Checkpointer,
     CheckpointResult,
     checkpoint_meta,
     restore_learner,
+)
+from training.errors import (
+    CheckpointMismatch,
+    CheckpointUnreadableError,
+    EvalWriteFailed,
+    FinalCheckpointFailed,
+    NoValidCheckpointError,
+    PlacementFencedError,
 )
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
 from training.metrics import (
@@ -47,15 +58,14 @@ from training.metrics import (
     csv_value,
     metric_columns,
 )
+from training.mirroring import Mirror
 from training.protocol import (
     CHECKPOINT_DIR,
     EVAL_FILE,
     PROGRESS_COLUMNS,
     PROGRESS_FILE,
-    ConfigError,
     ExitCode,
     Phase,
-    WorkerConfig,
     read_json_file,
 )
 from training.replay import is_chunk_file
@@ -67,33 +77,6 @@ STARTING_DEADLINE_S = 300.0
 STOPPING_DEADLINE_S = 120.0
 MIN_TRAINING_DEADLINE_S = 10.0  # the supervisor's hang_timeout_s is the operator's floor
 PROGRESS_EVERY_S = 2.0
-MIRROR_RESTORE_DEADLINE_S = 3600.0  # a download may take long: the step need not move
-
-
-class NoValidCheckpointError(ConfigError):
-    """Checkpoints exist but none verifies: refusing to start from zero."""
-
-    kind = "no_valid_checkpoint"
-
-
-class CheckpointMismatch(ConfigError):
-    """The run dir's checkpoints were trained for another env id or algorithm."""
-
-    kind = "checkpoint_mismatch"
-
-
-class PlacementFencedError(RuntimeError):
-    """Several hosts: this game was placed on another host since this worker started (the
-    mirror's fence moved past its epoch). It committed nothing after that and exits 77."""
-
-    kind = "fenced"
-
-
-class CheckpointUnreadableError(RuntimeError):
-    """The newest checkpoint could not be read (EIO, EACCES, ...): it is kept, not quarantined,
-    and the supervisor retries after a backoff."""
-
-    kind = "checkpoint_unreadable"
 
 
 _OOM_TEXTS = (
@@ -108,12 +91,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_TEXTS)
-
-
-class FinalCheckpointFailed(RuntimeError):
-    """The last checkpoint before an exit failed: work since the previous one is lost."""
-
-    kind = "checkpoint_failed"
 
 
 class ProgressLog:
@@ -190,13 +167,6 @@ class ProgressLog:
                 names = tuple(parsed)
         self._header = (key, names)
         return names
-
-
-class EvalWriteFailed(RuntimeError):
-    """total_steps reached and the final checkpoint committed, but eval.json could not be
-    written: exit non-zero so that the supervisor retries (a restart only re-evaluates)."""
-
-    kind = "eval_write_failed"
 
 
 def torch_build(driver: str | None) -> dict[str, Any]:
@@ -277,9 +247,8 @@ class TrainingSession:
         self._tb_step = -1  # the last step written to the training tags (strictly increasing)
         self._episodes_seen = 0
         self.checkpoint_failures = 0
-        self.mirror_tried = False
+        self.mirror = Mirror(cfg, run_dir, log, self.hb)  # used only with --mirror-url
         self.fenced: str | None = None  # why a commit was refused by the placement fence
-        self._remote_store: Any = None
 
     @property
     def trained(self) -> Learner:
@@ -309,9 +278,9 @@ class TrainingSession:
             if swept:
                 self.log.info("staging_swept", paths=[str(p) for p in swept])
             if self.cfg.mirror_url and (
-                store.latest() is None or (self.cfg.epoch and self._superseded(store))
+                store.latest() is None or (self.cfg.epoch and self.mirror.superseded(store))
             ):
-                self._restore_from_mirror(store, self.cfg.mirror_url)
+                self.mirror.restore(store, self.cfg.mirror_url)
             loaded = self._load_newest(store)
         except OSError as exc:  # listing or sweeping the store itself failed: not corruption
             raise CheckpointUnreadableError(
@@ -328,7 +297,7 @@ class TrainingSession:
             return ExitCode.DONE
         loaded, counters = self._restore(device, store, loaded)
         self._mark_start("loaded")
-        fence = self._check_fence if self.cfg.epoch and self.cfg.mirror_url else None
+        fence = self.mirror.check_fence if self.cfg.epoch and self.cfg.mirror_url else None
         checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint, fence)
         return self._train(stop, checkpointer, counters, loaded)
 
@@ -358,8 +327,8 @@ class TrainingSession:
             loaded = store.load_latest(salvage=is_chunk_file)
         except NoValidCheckpoint as exc:
             # Every local checkpoint was damaged (now quarantined): the mirror's may be whole.
-            url = None if self.mirror_tried else self.cfg.mirror_url
-            if not (url and self._restore_from_mirror(store, url)):
+            url = None if self.mirror.tried else self.cfg.mirror_url
+            if not (url and self.mirror.restore(store, url)):
                 raise NoValidCheckpointError(
                     f"checkpoints exist in {store.root} but none verifies; refusing to start "
                     f"from zero: {exc}"
@@ -381,102 +350,6 @@ class TrainingSession:
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
         return loaded
-
-    # ---- several hosts: the placement fence ------------------------------------------------
-    def _remote(self) -> Any:
-        from checkpoints.remote import RemoteLocation, RemoteStore, make_client
-
-        if self._remote_store is None:
-            assert self.cfg.mirror_url
-            client = make_client(self.cfg.mirror_endpoint_url, self.cfg.mirror_region)
-            self._remote_store = RemoteStore(client, RemoteLocation.parse(self.cfg.mirror_url))
-        return self._remote_store
-
-    def _mirror_name(self) -> str:
-        return self.cfg.mirror_name or self.run_dir.name
-
-    def _check_fence(self) -> None:
-        """Before each commit: raise PlacementFenced when the game was placed elsewhere since.
-        A mirror that cannot be read cannot say so: the commit goes on (a checkpoint of an
-        older placement is superseded when the game comes back here: `_superseded`)."""
-        from checkpoints.remote import RemoteError
-
-        try:
-            self._remote().check_fence(self._mirror_name(), self.cfg.epoch)
-        except RemoteError as exc:
-            self.log.warning("fence_unreadable", error=str(exc), epoch=self.cfg.epoch)
-
-    def _superseded(self, store: CheckpointStore) -> bool:
-        """A new placement on a host that holds this game's checkpoints of an earlier one:
-        when the mirror's newest is ahead of the local newest by (placement epoch, step), the
-        local ones belong to a superseded placement (the game ran elsewhere since). They are
-        moved aside (`checkpoints.superseded/`, the previous such copy removed) and the
-        mirror's newest is restored instead. A mirror that cannot be read keeps them."""
-        from checkpoints.mirror import newest_meta
-        from checkpoints.remote import RemoteError
-
-        newest = store.newest_meta()
-        if newest is None:
-            return False
-        local = (int(newest[1].get("epoch") or 0), newest[0].step)
-        try:
-            remote = newest_meta(self._remote(), self._mirror_name())
-        except RemoteError as exc:
-            self.log.warning("mirror_unreadable", error=str(exc), kept="local checkpoints")
-            return False
-        if remote is None or (int(remote[1].get("epoch") or 0), remote[0]) <= local:
-            return False
-        aside = self.run_dir / (CHECKPOINT_DIR + ".superseded")
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(store.root, aside)
-        entry = {"local": list(local), "mirror": [int(remote[1].get("epoch") or 0), remote[0]],
-                 "moved_to": str(aside)}  # fmt: skip
-        self.log.warning("local_checkpoints_superseded", **entry)
-        self.hb.update(superseded=entry)
-        return True
-
-    def _restore_from_mirror(self, store: CheckpointStore, url: str) -> bool:
-        """No local checkpoint (a fresh machine, a wiped disk, every one damaged): commit the
-        newest mirrored one whose blobs all verify into the local store (True), to be loaded
-        like any other; False when the mirror has none of this game. A mirror
-        that cannot be read is a read error (retried after a backoff), never a start from
-        zero; one that holds only checkpoints that cannot be used is refused the same way."""
-        from checkpoints.mirror import restore_newest, same_run  # boto3: only with a mirror
-        from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
-
-        self.mirror_tried = True  # once per session: a restored copy that fails is final
-        self.hb.set_phase(Phase.LOADING, MIRROR_RESTORE_DEADLINE_S)
-        name = self.cfg.mirror_name or self.run_dir.name
-        try:
-            client = make_client(self.cfg.mirror_endpoint_url, self.cfg.mirror_region)
-            remote = RemoteStore(client, RemoteLocation.parse(url))
-            restored = restore_newest(
-                remote, name, store, accept=same_run(checkpoint_meta(self.cfg))
-            )
-        except RemoteError as exc:
-            raise CheckpointUnreadableError(
-                f"no local checkpoint in {store.root} and the mirror {url} cannot be read: "
-                f"{exc}; not starting from zero (retried after a backoff)"
-            ) from exc
-        except CheckpointWriteFailed as exc:
-            raise CheckpointUnreadableError(
-                f"no local checkpoint in {store.root} and the one restored from the mirror "
-                f"{url} could not be written there: {exc}; nothing half-written is kept "
-                "(retried after a backoff)"
-            ) from exc
-        except CheckpointError as exc:
-            raise NoValidCheckpointError(
-                f"no local checkpoint in {store.root} and none in the mirror {url} can be "
-                f"used: {exc}; refusing to start from zero (remove [mirror] to start fresh)"
-            ) from exc
-        if restored is None:
-            self.log.info("mirror_empty", url=url, game=name)
-            return False
-        entry = {"step": restored.step, "bytes": restored.bytes_downloaded,
-                 "skipped": restored.skipped, "url": url}  # fmt: skip
-        self.log.warning("mirror_restored", **entry)
-        self.hb.update(mirror_restore=entry)
-        return True
 
     def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:
         want = checkpoint_meta(self.cfg)
@@ -542,7 +415,7 @@ class TrainingSession:
     def _build_learner(
         self, device: torch.device, loaded: LoadedCheckpoint | None
     ) -> dict[str, Any]:
-        from training.learner import make_learner
+        from training.registry import make_learner
 
         prior: dict[str, Any] = loaded.read_json("state.json") if loaded is not None else {}
         resume_count = int(prior.get("resume_count", -1)) + 1 if loaded is not None else 0

@@ -5,7 +5,7 @@ envpool and the learners imported, the allocator and an Adam step warmed, the CU
 where the device is cuda), then waits on its channel (training/protocol.py) for the argv of the
 worker it is to become. On an assignment it becomes exactly what `python -m training.worker
 ARGV` started in that run dir would have been: its log, working directory, priority, thread
-count and process title are the cold worker's, and from `worker.main(ARGV)` on the code is the
+count and process title are the cold worker's, and from `entry.main(ARGV)` on the code is the
 same (locking, heartbeat, checkpoint load, exit codes, config.json).
 
 It warms at low priority with one thread, so that it does not slow the games that train; an
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training import entry
 from training.protocol import (
     SPARE_ALIVE_EVERY_S,
     SPARE_MAX_MESSAGE,
@@ -195,6 +196,4 @@ def become(msg: dict[str, Any], restorable: bool, assigned: float) -> int:
     else:
         setproctitle(" ".join([sys.executable, "-P", "-m", "training.worker", *argv]))
     sys.argv = [sys.argv[0], *argv]
-    from training import worker
-
-    return worker.main(argv, start={"served": "spare", "assigned": assigned})
+    return entry.main(argv, start={"served": "spare", "assigned": assigned})

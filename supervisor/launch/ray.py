@@ -39,6 +39,7 @@ from supervisor.launch.launcher import Launcher
 from supervisor.launch.process import HOST_LOST_RC
 from supervisor.launch.spawn import WORKER_MODULE, NoRoom, WorkerProcess, start_worker_process
 from supervisor.mirror.state import GameMirror, MirrorState
+from training import args as worker_args
 from training import protocol
 
 log = structlog.get_logger("rlsup.ray")
@@ -104,7 +105,7 @@ class WorkerHost:
         self._remote: Any = None
 
     def start(self, cfg_json: dict[str, Any]) -> dict[str, Any]:
-        cfg = protocol.WorkerConfig.from_json(
+        cfg = worker_args.WorkerConfig.from_json(
             {**cfg_json, "run_dir": str(self.run_dir), "epoch": self.epoch}
         )
         _private_dir(self.run_dir)
@@ -500,7 +501,7 @@ class RayLauncher(Launcher):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cfg = protocol.WorkerConfig.from_argv(argv)
+        cfg = worker_args.WorkerConfig.from_argv(argv)
         game = cfg.mirror_name or Path(cfg.run_dir).name
         view_dir = Path(cwd or cfg.run_dir)
         c = self.cfg.cluster

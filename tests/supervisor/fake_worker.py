@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from training.protocol import ERROR_FILE, HEARTBEAT_FILE, WorkerConfig
+from training.args import WorkerConfig
+from training.protocol import ERROR_FILE, HEARTBEAT_FILE
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_algos_support import assert_same, config, learner, params_of, round_trip
 
-from training.learner import make_learner
+from training.registry import make_learner
 from training.replay import ReplayBuffer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
-from training.learner import Learner, make_learner
-from training.protocol import WorkerConfig, validate
+from training.args import WorkerConfig, validate
+from training.learner import Learner
+from training.registry import make_learner
 
 CPU = torch.device("cpu")
 

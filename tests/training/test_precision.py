@@ -17,10 +17,10 @@ from test_algos_support import assert_same, config, learner, round_trip
 from workerutil import heartbeat, run
 
 from training import torchbuild
+from training.args import ConfigError, WorkerConfig, validate
 from training.evaluate import ATARI_MAX_EPISODE_STEPS, EVAL_EPSILON, evaluate
 from training.networks import ActorCritic, scale_frames
 from training.optim import Precision
-from training.protocol import ConfigError, WorkerConfig, validate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -140,11 +140,11 @@ def test_out_of_memory_while_restoring_exits_76(
     """In-process, with torch.load raising what an allocator raises: exit 76 (the policy steps
     down), not 78 (a configuration error that would make the game FATAL)."""
     from training import checkpointing
-    from training.worker import StopRequested, Worker
+    from training.entry import StopRequested, Worker
 
     run_dir = tmp_path / "run"
     assert run(run_dir, *PPO, "--total-steps", "1024").returncode == 0
-    from training.protocol import WorkerConfig
+    from training.args import WorkerConfig
 
     cfg = WorkerConfig.from_argv(["--run-dir", str(run_dir), *PPO, "--total-steps", "2048"])
 
