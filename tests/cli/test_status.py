@@ -87,7 +87,7 @@ def test_the_document_is_exactly_its_typed_records_and_the_readme_lists_them(
     cli: Cli, state: StateFixture
 ) -> None:
     """Every record of status_schema.py is the document's shape, field for field, and the
-    README's field lists name only fields that exist."""
+    field lists of docs/observability.md name only fields that exist."""
     from typing import get_type_hints
 
     from supervisor.observe import schema
@@ -104,7 +104,7 @@ def test_the_document_is_exactly_its_typed_records_and_the_readme_lists_them(
     assert all(set(s) == keys(schema.ScopeDoc) for s in doc["mode"]["scopes"])
     assert all(set(g) == keys(schema.GameDoc) for g in doc["games"])
     assert set(doc["cost"]) == keys(schema.CostDoc)
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "observability.md").read_text()
     listed = readme[readme.index("`rlsup status --json` prints") :].split("; the full schema")[0]
     top, _, game = listed.partition("each game has")
     named = set(re.findall(r"`([a-z_]+)`", top)) - {"rlsup"}
