@@ -35,7 +35,7 @@ CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # module's "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build …"
 _DRIVER_RE = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 
-# What the README's install section says; the hints name it.
+# What docs/gpus.md's install section says; the hints name it.
 CUDA_INDEX_EXAMPLE = "https://download.pytorch.org/whl/cu128"
 
 

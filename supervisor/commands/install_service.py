@@ -42,7 +42,7 @@ UNIT_DIRS = (
 
 # What a GPU box can afford: CUDA needs /dev/nvidia* (no PrivateDevices) and W+X memory for
 # its JIT (no MemoryDenyWriteExecute); no system-call filter (torch, envpool and the CUDA driver
-# were never audited against one). Measured with `systemd-analyze security` (README).
+# were never audited against one). Measured with `systemd-analyze security` (docs/operations.md).
 SANDBOXING = """\
 StateDirectory=rlsup
 StateDirectoryMode=0750

@@ -43,7 +43,7 @@ RESPAWN_BASE_S = 2.0
 RESPAWN_MAX_S = 300.0
 STOP_GRACE_S = 5.0
 # Before the first RSS reading: what an idle CPU spare holds on this machine kind (measured:
-# README), so that the memory rule counts a spare that does not exist yet.
+# docs/figures.md), so that the memory rule counts a spare that does not exist yet.
 EXPECTED_RSS_MB = 350.0
 
 

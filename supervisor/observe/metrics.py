@@ -41,7 +41,7 @@ TEXTFILE_MODE = 0o644  # node_exporter runs as its own user; the file says nothi
 
 
 def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
-    """The metric families of one status document (see the README's table)."""
+    """The metric families of one status document (see docs/observability.md's table)."""
     out: list[Metric] = []
 
     def gauge(name: str, doc_: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:

@@ -3,7 +3,7 @@
 Fields may be added; none is ever renamed or removed (operators' scripts read them). Times are
 Unix seconds (float), durations seconds (`*_s`); unknown values are null. mypy checks that
 `status.py` fills every field of every record, and tests/cli checks that the document and the
-README's field lists match these records.
+docs/observability.md's field tables match these records.
 """
 
 from __future__ import annotations
