@@ -40,6 +40,23 @@ SAMPLES_KEEP_S = 7 * 24 * 3600.0
 SAMPLES_MAX_ROWS = 10_080  # a week at one row a minute
 
 
+LOG_VALUE_MAX = 1000  # characters of one value on the journal (the event keeps it whole)
+# Keys the log line itself uses: a detail's own are renamed (a hook's "event", a node's "game").
+_LINE_KEYS = frozenset({"event", "game", "level", "timestamp", "logger"})
+
+
+def log_fields(detail: dict[str, Any]) -> dict[str, Any]:
+    """An event's detail as fields of its log line: keys that the line itself uses get a
+    `detail_` prefix, and long strings (a hook's output, a traceback) are cut to
+    LOG_VALUE_MAX characters with their length: the event in the database keeps them whole."""
+    out: dict[str, Any] = {}
+    for key, value in detail.items():
+        if isinstance(value, str) and len(value) > LOG_VALUE_MAX:
+            value = f"{value[:LOG_VALUE_MAX]}... ({len(value)} characters)"
+        out[f"detail_{key}" if key in _LINE_KEYS else key] = value
+    return out
+
+
 class Recorder:
     def __init__(
         self,
@@ -70,7 +87,7 @@ class Recorder:
         self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
         if log_as is not False:
             fields = detail if log_as is None or log_as is True else log_as
-            getattr(log, LOG_LEVEL.get(kind, "info"))(kind, game=game, **fields)
+            getattr(log, LOG_LEVEL.get(kind, "info"))(kind, game=game, **log_fields(fields))
         if self.on_event is not None:
             self.on_event(kind, game, detail, ts)
 
