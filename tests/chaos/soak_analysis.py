@@ -176,9 +176,21 @@ class Analyst:
                 and life.pid != f.reporter  # stopped as a leftover once it reported
                 and life.pid != f.spare_pid  # the spare killed as it took over: the fault
                 and life.first_step is not None
+                and not self._cut_short(life, f)
             ):
                 return life
         return None
+
+    def _cut_short(self, life: WorkerLife, f: Fault) -> bool:
+        """A replacement that never moved a step because a later fault ended it first (a
+        supervisor kill stops it as a leftover while it still loads): it trained nothing, so
+        nothing it could lose; the game's next worker is the one judged."""
+        if life.moving_at is not None:
+            return False
+        return any(
+            g is not f and not g.skipped and life.first_seen <= g.t <= life.last_seen + 1.0
+            for g in self.faults
+        )
 
     def _interval_steps(self, game: str, victim: WorkerLife | None, t_fault: float = 0.0) -> int:
         """One checkpoint interval in steps, as the victim trained: the largest gap between its
