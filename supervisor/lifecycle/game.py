@@ -11,13 +11,13 @@ hands it to a step, and applies the outbox (torchelastic's `RunResult`, supervis
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from supervisor.config import Config, GameSpec, ModeSpec, WatchdogConfig
+from supervisor.config import Config, ModeSpec, WatchdogConfig
 from supervisor.launch.spawn import WorkerProcess
 from supervisor.lifecycle.exits import StopReason, WorkerExit, route_exit
 from supervisor.lifecycle.liveness import Liveness, hang_reason, new_reports
@@ -73,7 +73,9 @@ Effect = Record | WriteRow | Release | Signal
 
 
 class Lifecycle:
-    def __init__(self, cfg: Config, *, wall: Any, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, cfg: Config, *, wall: Callable[[], float], rng: random.Random | None = None
+    ) -> None:
         self.cfg = cfg
         self.wall = wall
         self.rng = rng or random.Random()
@@ -346,6 +348,3 @@ class Lifecycle:
 
     def all_settled(self) -> bool:
         return all(rt.state in TERMINAL for rt in self.games.values())
-
-    def specs(self) -> Iterable[GameSpec]:
-        return (rt.spec for rt in self.games.values())
