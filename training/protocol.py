@@ -211,3 +211,23 @@ def read_json_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+# ---- a command game (`[[games]] command = [...]`): its environment -------------------------
+# rlsup runs a user's own training script with these set (docs/own-trainer.md); the SDK
+# (`import rlsup`, `rlsup.attach()`) reads them. Outside rlsup none is set and the SDK works
+# standalone in a directory of the caller's choosing.
+RUN_DIR_ENV = "RLSUP_RUN_DIR"  # the game's run directory (also the default cwd)
+GAME_ENV = "RLSUP_GAME"  # the game's name in the config
+SEED_ENV = "RLSUP_SEED"  # `games.seed`
+RESUME_COUNT_ENV = "RLSUP_RESUME_COUNT"  # earlier starts of this game (0 on the first)
+MODE_ENV = "RLSUP_MODE"  # the mode in force for the game (light / medium / heavy / ...)
+NUM_ENVS_ENV = "RLSUP_NUM_ENVS"  # the mode's knobs
+BATCH_SIZE_ENV = "RLSUP_BATCH_SIZE"
+TOTAL_STEPS_ENV = "RLSUP_TOTAL_STEPS"  # `games.total_steps` (0 when the config gives none)
+CHECKPOINT_EVERY_S_ENV = "RLSUP_CHECKPOINT_EVERY_S"  # the file's `checkpoint_every_s`
+KEEP_CHECKPOINTS_ENV = "RLSUP_KEEP_CHECKPOINTS"  # how many committed checkpoints to keep
+THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are set to it too)
+# A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's
+# request, a preemption notice): `run.should_checkpoint()` is True until a newer one commits.
+CHECKPOINT_REQUEST_FILE = "checkpoint.request"
