@@ -148,6 +148,7 @@ class CheckpointWriter:
         data: bytes | bytearray | memoryview,
         *,
         unchanged_since_step: int | None,
+        expect_same: bool = True,
     ) -> FileEntry:
         """Hard-link `name` from checkpoint `unchanged_since_step` when its file there still
         holds exactly `data`; else write `data`.
@@ -156,15 +157,20 @@ class CheckpointWriter:
         write, no hashing): a hard link shares the inode, so linking a file whose bytes rotted
         since it was written would put the damage into every checkpoint from now on. A base
         that no longer matches is reported in `stats.bad_bases` and rewritten from memory.
+
+        expect_same=False: the caller does not know whether `data` changed (the SDK's arrays),
+        so a base that differs is simply a changed file, written without a warning.
         """
         view = as_byte_view(data)
         if unchanged_since_step is not None:
-            entry = self._try_link(name, view, unchanged_since_step)
+            entry = self._try_link(name, view, unchanged_since_step, expect_same)
             if entry is not None:
                 return entry
         return self.write_bytes(name, view)
 
-    def _try_link(self, name: str, view: memoryview, base_step: int) -> FileEntry | None:
+    def _try_link(
+        self, name: str, view: memoryview, base_step: int, expect_same: bool = True
+    ) -> FileEntry | None:
         path = self._prepare(name)
         base_entry = self._base_entries(base_step).get(name)
         if base_entry is None or base_entry.size != len(view):
@@ -177,6 +183,8 @@ class CheckpointWriter:
         except OSError as exc:
             # e.g. EXDEV/EPERM/EMLINK/EIO: linking is an optimisation, writing is always correct.
             self._log.debug("checkpoint_link_fallback", name=name, reason=str(exc))
+            return None
+        if not same and not expect_same:
             return None
         if not same:
             self.stats.bad_bases.append(f"{self._store.path_for(base_step).name}/{name}")
@@ -222,6 +230,47 @@ class CheckpointWriter:
                     make_dir(self.staging / subdir)
                 self._subdirs.add(subdir)
         return self.staging / name
+
+    def adopt_staged(self) -> list[str]:
+        """Take into the manifest the files that someone wrote straight into `staging` (a
+        user's `model.save(d / "model.zip")` through the SDK): each is fsynced and hashed as it
+        lies. Only regular files at most one directory deep, with names `validate_name`
+        accepts: a link, a FIFO or a deeper tree is a CheckpointError naming it (the
+        checkpoint is then not committed). Returns the names adopted."""
+        self._ensure_open()
+        adopted: list[str] = []
+        with self._failure_guard("adopting the staged files"):
+            for rel in _staged_files(self.staging):
+                if rel in self._files:
+                    continue
+                try:
+                    validate_name(rel)
+                except ValueError as exc:
+                    raise CheckpointError(f"checkpoint step {self.step}: {exc}") from None
+                self._files[rel] = self._adopt(rel)
+                if "/" in rel:
+                    self._subdirs.add(rel.split("/", 1)[0])
+                adopted.append(rel)
+        return adopted
+
+    def _adopt(self, rel: str) -> FileEntry:
+        path = self.staging / rel
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CheckpointError(f"checkpoint step {self.step}: {rel} is not a regular file")
+            digest = hashlib.sha256()
+            size = 0
+            with io.FileIO(fd, "rb", closefd=False) as f:
+                while block := f.read(_COMPARE_BLOCK):
+                    digest.update(block)
+                    size += len(block)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.stats.bytes_written += size
+        self.stats.files_written += 1
+        return FileEntry(size=size, sha256=digest.hexdigest())
 
     # ---- commit / abort ---------------------------------------------------------------
 
@@ -339,6 +388,21 @@ class CheckpointWriter:
 
 
 _COMPARE_BLOCK = 1 << 20
+
+
+def _staged_files(staging: Path) -> list[str]:
+    """Every entry under `staging` as a relative name, directories left out, except the
+    manifest. A link or special file is listed too (and refused by the caller)."""
+    out: list[str] = []
+    for entry in sorted(os.scandir(staging), key=lambda e: e.name):
+        if entry.name == MANIFEST_NAME:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            for sub in sorted(os.scandir(entry.path), key=lambda e: e.name):
+                out.append(f"{entry.name}/{sub.name}")
+        else:
+            out.append(entry.name)
+    return out
 
 
 def _same_bytes(path: Path, view: memoryview) -> bool:

@@ -160,6 +160,10 @@ class Heartbeat:
     torch_build: dict[str, Any] | None = None
     # The networks' arithmetic as it runs (`--precision` resolved): "fp32", "bf16", "fp16".
     precision: str | None = None
+    # A script's own numbers (the SDK's `run.heartbeat(step, loss=..., ...)`): name -> value.
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    # Who wrote it: "worker" (rlsup's own learners) or "sdk" (a user's script through `rlsup`).
+    writer: str = "worker"
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -227,6 +231,7 @@ BATCH_SIZE_ENV = "RLSUP_BATCH_SIZE"
 TOTAL_STEPS_ENV = "RLSUP_TOTAL_STEPS"  # `games.total_steps` (0 when the config gives none)
 CHECKPOINT_EVERY_S_ENV = "RLSUP_CHECKPOINT_EVERY_S"  # the file's `checkpoint_every_s`
 KEEP_CHECKPOINTS_ENV = "RLSUP_KEEP_CHECKPOINTS"  # how many committed checkpoints to keep
+HEARTBEAT_ENV = "RLSUP_HEARTBEAT"  # "1": the config promises heartbeats (`games.heartbeat`)
 THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are set to it too)
 # A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's
 # request, a preemption notice): `run.should_checkpoint()` is True until a newer one commits.

@@ -17,7 +17,7 @@ import pytest
 
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
 from training.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_heartbeat
-from training.session import ProgressLog
+from training.progress import ProgressLog
 from training.streams import TolerantStream
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
