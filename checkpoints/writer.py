@@ -43,6 +43,7 @@ from checkpoints.names import (
     CheckpointRef,
     validate_name,
 )
+from checkpoints.perms import FILE_MODE
 
 
 class StoreSide(Protocol):
@@ -255,10 +256,12 @@ class CheckpointWriter:
 
     def _adopt(self, rel: str) -> FileEntry:
         path = self.staging / rel
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted in the staging dir must not block the commit.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise CheckpointError(f"checkpoint step {self.step}: {rel} is not a regular file")
+            os.fchmod(fd, FILE_MODE)  # private like the files the writer makes itself
             digest = hashlib.sha256()
             size = 0
             with io.FileIO(fd, "rb", closefd=False) as f:

@@ -395,7 +395,7 @@ class Run:
         `chunk_bytes`: a chunk equal to the same chunk of the previous checkpoint is hard-linked
         from it (compared byte for byte first), so only changed chunks are written, and nothing
         is copied in memory (a non-contiguous array is copied once). Returns bytes written and
-        linked."""
+        linked (the chunks; the small header aside)."""
         import numpy as np  # only the array functions need numpy
 
         writer = self._writer
@@ -423,6 +423,10 @@ class Run:
                 unchanged_since_step=self._base_step,
                 expect_same=False,
             )
+        stats = {
+            "bytes_written": writer.stats.bytes_written - before_w,
+            "bytes_linked": writer.stats.bytes_linked - before_l,
+        }
         writer.write_json(
             f"{ARRAYS_DIR}/{name}.json",
             {
@@ -433,10 +437,7 @@ class Run:
                 "chunks": chunks,
             },
         )
-        return {
-            "bytes_written": writer.stats.bytes_written - before_w,
-            "bytes_linked": writer.stats.bytes_linked - before_l,
-        }
+        return stats
 
     def load_arrays(self, name: str) -> np.ndarray:
         """The array `name` of the checkpoint `latest()` returned, read chunk by chunk into one

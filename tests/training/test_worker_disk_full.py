@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
-from training.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_heartbeat
 from training.progress import ProgressLog
+from training.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_heartbeat
 from training.streams import TolerantStream
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
