@@ -102,13 +102,22 @@ class RlsupCallback(BaseCallback):
     a pass over the buffer per checkpoint: for tests and audits, not large buffers.
     """
 
-    def __init__(self, run: Run, *, record_digest: bool = False, verbose: int = 0) -> None:
+    def __init__(
+        self,
+        run: Run,
+        *,
+        final_checkpoint: bool = True,
+        record_digest: bool = False,
+        verbose: int = 0,
+    ) -> None:
         super().__init__(verbose)
         self.run = run
+        self.final_checkpoint = final_checkpoint
         self.record_digest = record_digest
         self.checkpoints = 0  # committed by this callback
         self.failures = 0
         self._rollout_start: int | None = None
+        self._in_rollout = False
         self._stopping = False
 
     def _init_callback(self) -> None:
@@ -119,12 +128,37 @@ class RlsupCallback(BaseCallback):
     def _on_rollout_start(self) -> None:
         model = self.model
         self._rollout_start = int(model.num_timesteps)
+        self._in_rollout = True
         step = int(model.num_timesteps)
         if self._stopping or step == self.run.last_checkpoint_step:
             return
         if (step > 0 or self.run.should_stop()) and self.run.should_checkpoint(step):
             # Between rollouts: the previous rollout stored and trained on, nothing half done.
             self._save(step, rewind=0)
+
+    def _on_rollout_end(self) -> None:
+        self._in_rollout = False
+
+    def _on_training_end(self) -> None:
+        """`learn()` is done (or another callback stopped it): save where it ended, so that the
+        run's last checkpoint is its final model."""
+        if self._stopping or not self.final_checkpoint:
+            return
+        step, rewind = int(self.model.num_timesteps), 0
+        if self._in_rollout:  # stopped mid-rollout by another callback: the last whole state
+            step, rewind = self._consistent_before(step)
+        if step > 0 and step != self.run.last_checkpoint_step:
+            self._save(step, rewind=rewind)
+
+    def _consistent_before(self, step: int) -> tuple[int, int]:
+        """(step, rewind) of the last consistent state when a rollout is cut at `step`, inside
+        `_on_step`: off-policy, the state before this step (SB3 has not yet stored it);
+        on-policy, the state at the rollout's start (its partial rollout is not saved)."""
+        if isinstance(self.model, OffPolicyAlgorithm):
+            at = step - int(self.model.n_envs)
+        else:
+            at = self._rollout_start if self._rollout_start is not None else step
+        return at, step - at
 
     def _on_step(self) -> bool:
         model = self.model
@@ -140,11 +174,7 @@ class RlsupCallback(BaseCallback):
         if not self.run.should_stop():
             return True
         # A stop: save the last consistent state before this step, then stop training.
-        if isinstance(model, OffPolicyAlgorithm):
-            at, rewind = step - model.n_envs, model.n_envs
-        else:
-            at = self._rollout_start if self._rollout_start is not None else step
-            rewind = step - at
+        at, rewind = self._consistent_before(step)
         if not self._stopping and at != self.run.last_checkpoint_step:
             self._save(at, rewind=rewind)
         self._stopping = True
