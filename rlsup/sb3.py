@@ -34,11 +34,15 @@ state): periodic ones at the start of a rollout, after the previous rollout's gr
 A stop (SIGTERM) is seen at the next environment step: off-policy, the state saved is the one
 before that step (the step's transition is not yet in the buffer, so `num_timesteps` is saved
 one vector step back); on-policy, the state at the start of the rollout in progress (its
-partial rollout is collected again after the resume). Then, with `attach(exit_on_stop=True)`
+partial rollout is collected again after the resume; VecNormalize's running statistics are
+the only thing saved as of the stop's step). When `learn()` ends (all its timesteps, or another
+callback stopped it), a final checkpoint (`final_checkpoint=True`, the default) makes the
+run's last checkpoint its final model. Then, on a stop, with `attach(exit_on_stop=True)`
 (the default) the SDK exits 75 right after the commit, from inside `model.learn()`; with
 `exit_on_stop=False` the callback returns False, `learn()` returns, and the script calls
-`run.exit_stopped()`. A checkpoint that fails (`CheckpointFailed`: a full disk) is logged and
-training goes on (the SDK retries within 60 s); a failed stop checkpoint still stops.
+`run.exit_stopped()`. A checkpoint that fails (`CheckpointFailed`, or an OSError while the
+files are written: a full disk) is logged, counted in the heartbeat's `checkpoint_failures`,
+and training goes on (retried within 60 s); a failed stop checkpoint still stops.
 
 Not saved: the environments' own state (a resumed run starts new episodes), action-noise
 processes' internal state, and replay buffers other than `ReplayBuffer` / `DictReplayBuffer`
@@ -63,6 +67,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import recursive_getattr
 from stable_baselines3.common.vec_env import VecNormalize
 
+from checkpoints import CheckpointError
 from rlsup._run import CheckpointFailed, Run, SdkError, attach
 
 __all__ = ["FORMAT", "RlsupCallback", "replay_digest", "restore", "resume", "save"]
@@ -186,7 +191,10 @@ class RlsupCallback(BaseCallback):
         try:
             with self.run.checkpoint(step, sb3=type(self.model).__name__) as d:
                 save(self.model, self.run, d, rewind=rewind, record_digest=self.record_digest)
-        except CheckpointFailed as exc:
+        except (CheckpointFailed, CheckpointError, OSError) as exc:
+            # A full disk, an I/O error: nothing was committed, the previous checkpoint stands.
+            if not isinstance(exc, CheckpointFailed):  # raised inside the block: counted here
+                self.run._failed(step, exc)
             self.failures += 1
             log.warning("rlsup.sb3: checkpoint at step %d failed, training goes on: %s", step, exc)
         else:
@@ -202,10 +210,10 @@ def save(
     """Write `model`'s state into the open checkpoint directory `d` of `run` (inside
     `with run.checkpoint(step) as d`). rewind: how many timesteps `num_timesteps` is ahead of
     the state saved (a stop seen in `_on_step`, before SB3 stored that step)."""
-    torch.save(model.get_parameters(), d / PARAMS_FILE)
+    _torch_save(model.get_parameters(), d / PARAMS_FILE)
     _, variable_names = model._get_torch_save_params()
     variables = {name: recursive_getattr(model, name).detach().cpu() for name in variable_names}
-    torch.save({"variables": variables, "torch_rng": torch.get_rng_state()}, d / STATE_FILE)
+    _torch_save({"variables": variables, "torch_rng": torch.get_rng_state()}, d / STATE_FILE)
     counters: dict[str, Any] = {}
     for name in COUNTERS:
         if hasattr(model, name):
@@ -231,6 +239,15 @@ def save(
     if vecnorm is not None:
         state["vec_normalize"] = _save_vecnorm(vecnorm, run)
     _write_json(d / STATE_JSON, state)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """torch.save, its write failures (a full disk: torch's zip writer raises RuntimeError)
+    as OSError."""
+    try:
+        torch.save(obj, path)
+    except RuntimeError as exc:
+        raise OSError(f"{path.name}: {exc}") from exc
 
 
 def _write_json(path: Path, value: Any) -> None:

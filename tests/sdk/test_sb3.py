@@ -17,6 +17,7 @@ import pytest
 import torch
 from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
@@ -233,4 +234,79 @@ def test_a_checkpoint_of_another_algorithm_is_refused(tmp_path: Path) -> None:
         pytest.raises(rlsup.SdkError, match="algo='DQN'"),
     ):
         resume(PPO, env, run2, policy="MlpPolicy", device="cpu", n_steps=64)
+    env.close()
+
+
+class _StopAt(BaseCallback):
+    """Asks the run to stop (as SIGTERM would) once training reaches `at` timesteps."""
+
+    def __init__(self, run: rlsup.Run, at: int) -> None:
+        super().__init__()
+        self.run, self.at = run, at
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self.at:
+            self.run.request_stop("test")
+        return True
+
+
+@pytest.mark.parametrize(("algo", "saved_at"), [("dqn", 300 - 2), ("ppo", 256)])
+def test_a_stop_saves_the_last_whole_state_and_stops_learn(
+    tmp_path: Path, algo: str, saved_at: int
+) -> None:
+    """exit_on_stop=False: the callback saves and returns False, learn() returns early. The
+    state saved is the last consistent one: off-policy the one before the step the stop was
+    seen at (2 envs: 2 timesteps back), on-policy the start of the rollout in progress (PPO,
+    2 envs x 64 steps: rollouts start at 0, 128, 256)."""
+    cls, env, kw = _build(algo)
+    with rlsup.attach(tmp_path / "run", handle_signals=False, exit_on_stop=False) as run:
+        model = cls(env=env, policy="MlpPolicy", device="cpu", **kw)
+        callback = RlsupCallback(run, record_digest=True)
+        model.learn(10_000, callback=CallbackList([_StopAt(run, 300), callback]))
+        assert model.num_timesteps == 300 and run.should_stop()
+    [(step, ckpt)] = committed(tmp_path / "run")
+    assert step == saved_at and callback.checkpoints == 1
+    saved = read_json(ckpt / STATE_JSON)
+    assert saved["counters"]["num_timesteps"] == saved_at
+    if algo == "dqn":  # nothing of the step after it: not in the buffer, not counted
+        assert saved["replay"]["size"] * 2 == saved_at == saved["counters"]["_n_calls"] * 2
+    env.close()
+
+
+def test_a_stop_with_exit_on_stop_exits_75_right_after_the_checkpoint(tmp_path: Path) -> None:
+    cls, env, kw = _build("dqn")
+    with rlsup.attach(tmp_path / "run", handle_signals=False) as run:
+        model = cls(env=env, policy="MlpPolicy", device="cpu", **kw)
+        with pytest.raises(SystemExit) as exited:
+            model.learn(10_000, callback=CallbackList([_StopAt(run, 200), RlsupCallback(run)]))
+    assert exited.value.code == P.ExitCode.STOPPED
+    assert [s for s, _ in committed(tmp_path / "run")] == [198]
+    env.close()
+
+
+def test_a_failed_checkpoint_is_logged_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_save, calls = torch.save, []
+
+    def disk_full_once(obj: Any, f: Any, *a: Any, **kw: Any) -> None:
+        calls.append(f)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", disk_full_once)
+    cls, env, kw = _build("dqn")
+    run_dir = tmp_path / "run"
+    with rlsup.attach(run_dir, handle_signals=False, checkpoint_every_steps=100) as run:
+        model = cls(env=env, policy="MlpPolicy", device="cpu", **kw)
+        callback = RlsupCallback(run)
+        model.learn(400, callback=callback)
+        assert model.num_timesteps == 400
+        assert callback.failures == 1 and callback.checkpoints >= 2
+        hb = P.read_heartbeat(run_dir)
+    assert hb is not None and hb.checkpoint_failures == 1
+    assert "No space left" in (hb.last_checkpoint_error or "")
+    assert committed(run_dir)[-1][0] == 400
+    assert not list((run_dir / P.CHECKPOINT_DIR).glob(".staging-*"))
     env.close()
