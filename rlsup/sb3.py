@@ -54,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,6 +103,9 @@ class RlsupCallback(BaseCallback):
     and the episode count), checkpoints through `run` when `run.should_checkpoint()` says so,
     and on a stop request saves and stops training (see the module's docstring).
 
+    heartbeat_every_s: heartbeat at most this often (the SDK's heartbeat costs tens of
+    microseconds, a few percent of a fast environment's step).
+    final_checkpoint: checkpoint where `learn()` ends.
     record_digest: also store `replay_digest()` of the replay buffer in each checkpoint (a
     sha256 over its filled part; `restore()` then checks the loaded buffer against it). Costs
     a pass over the buffer per checkpoint: for tests and audits, not large buffers.
@@ -113,10 +117,13 @@ class RlsupCallback(BaseCallback):
         *,
         final_checkpoint: bool = True,
         record_digest: bool = False,
+        heartbeat_every_s: float = 0.05,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
         self.run = run
+        self.heartbeat_every_s = heartbeat_every_s
+        self._heartbeat_at = -math.inf
         self.final_checkpoint = final_checkpoint
         self.record_digest = record_digest
         self.checkpoints = 0  # committed by this callback
@@ -173,9 +180,12 @@ class RlsupCallback(BaseCallback):
         if dones is not None:
             episodes += int(np.count_nonzero(dones))
             setattr(model, _EPISODES_ATTR, episodes)
-        buf = model.ep_info_buffer
-        mean_return = float(np.mean([e["r"] for e in buf])) if buf else None
-        self.run.heartbeat(step, mean_return=mean_return, episodes=episodes)
+        now = time.monotonic()
+        if now - self._heartbeat_at >= self.heartbeat_every_s:
+            self._heartbeat_at = now
+            buf = model.ep_info_buffer
+            mean_return = float(np.mean([e["r"] for e in buf])) if buf else None
+            self.run.heartbeat(step, mean_return=mean_return, episodes=episodes)
         if not self.run.should_stop():
             return True
         # A stop: save the last consistent state before this step, then stop training.
