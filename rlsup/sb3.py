@@ -1,0 +1,525 @@
+"""Stable-Baselines3 under rlsup: checkpoints that resume an SB3 model where it stopped, without
+pickle, and heartbeats from its training loop.
+
+    import rlsup
+    from rlsup.sb3 import RlsupCallback, resume
+    from stable_baselines3 import DQN
+
+    run = rlsup.attach("runs/cartpole")          # RLSUP_RUN_DIR wins under `rlsup run`
+    model, run = resume(DQN, env, run, policy="MlpPolicy", buffer_size=50_000)
+    model.learn(total - model.num_timesteps, reset_num_timesteps=False,
+                callback=RlsupCallback(run))
+    if run.should_stop():                        # only reached with attach(exit_on_stop=False)
+        run.exit_stopped()
+
+What a checkpoint holds (`with run.checkpoint(step)`; nothing in it executes code on load):
+
+- `params.pt`: `model.get_parameters()` (the networks' and optimizers' state dicts), written
+  with `torch.save` and read with `torch.load(..., weights_only=True)`; never SB3's own
+  `model.save()` zip, whose `data` entry is cloudpickled;
+- `state.pt`: the torch variables SB3 keeps outside modules (SAC's `log_ent_coef`) and
+  torch's CPU RNG state (weights_only as well);
+- `sb3.json`: the counters (`num_timesteps`, `_n_updates`, `_episode_num`, `_total_timesteps`,
+  `_current_progress_remaining`, DQN's `_n_calls` and `exploration_rate`), the episode-info
+  window (mean return), numpy's global RNG state, the replay buffer's and VecNormalize's
+  scalars;
+- arrays (`run.save_arrays`): the replay buffer's filled part (`replay-observations`,
+  `replay-next_observations` unless optimize_memory_usage, `replay-actions`, `replay-rewards`,
+  `replay-dones`, `replay-timeouts`; a Dict observation space adds `-<index>` per key) and the
+  VecNormalize running statistics (`vecnorm-obs-mean`, `-var`, `vecnorm-ret-mean`, `-var`).
+
+When checkpoints are taken (all at SB3's callback points, so a checkpoint is one consistent
+state): periodic ones at the start of a rollout, after the previous rollout's gradient steps
+(off-policy: every `train_freq`; on-policy: every `n_steps`), when `run.should_checkpoint()`.
+A stop (SIGTERM) is seen at the next environment step: off-policy, the state saved is the one
+before that step (the step's transition is not yet in the buffer, so `num_timesteps` is saved
+one vector step back); on-policy, the state at the start of the rollout in progress (its
+partial rollout is collected again after the resume; VecNormalize's running statistics are
+the only thing saved as of the stop's step). When `learn()` ends (all its timesteps, or another
+callback stopped it), a final checkpoint (`final_checkpoint=True`, the default) makes the
+run's last checkpoint its final model. Then, on a stop, with `attach(exit_on_stop=True)`
+(the default) the SDK exits 75 right after the commit, from inside `model.learn()`; with
+`exit_on_stop=False` the callback returns False, `learn()` returns, and the script calls
+`run.exit_stopped()`. A checkpoint that fails (`CheckpointFailed`, or an OSError while the
+files are written: a full disk) is logged, counted in the heartbeat's `checkpoint_failures`,
+and training goes on (retried within 60 s); a failed stop checkpoint still stops.
+
+Not saved: the environments' own state (a resumed run starts new episodes), action-noise
+processes' internal state, and replay buffers other than `ReplayBuffer` / `DictReplayBuffer`
+(HER and custom buffers are refused at `learn()` start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.save_util import recursive_getattr
+from stable_baselines3.common.vec_env import VecNormalize
+
+from checkpoints import CheckpointError
+from rlsup._run import CheckpointFailed, Run, SdkError, attach
+
+__all__ = ["FORMAT", "RlsupCallback", "replay_digest", "restore", "resume", "save"]
+
+FORMAT = 1
+STATE_JSON = "sb3.json"
+PARAMS_FILE = "params.pt"
+STATE_FILE = "state.pt"
+# The counters an SB3 algorithm keeps outside its networks, saved when the model has them.
+COUNTERS = (
+    "num_timesteps",
+    "_n_updates",
+    "_episode_num",
+    "_total_timesteps",
+    "_current_progress_remaining",
+    "_n_calls",  # DQN: target-network updates every target_update_interval calls
+    "exploration_rate",  # DQN: epsilon in force (used before the next step recomputes it)
+)
+_REPLAY_FIELDS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+_EPISODES_ATTR = "_rlsup_episodes"
+
+log = logging.getLogger("rlsup.sb3")
+
+M = TypeVar("M", bound=BaseAlgorithm)
+
+
+# ---- the callback --------------------------------------------------------------------------
+
+
+class RlsupCallback(BaseCallback):
+    """Heartbeats on `num_timesteps` (with the mean episode return of SB3's episode-info window
+    and the episode count), checkpoints through `run` when `run.should_checkpoint()` says so,
+    and on a stop request saves and stops training (see the module's docstring).
+
+    heartbeat_every_s: heartbeat at most this often (the SDK's heartbeat costs tens of
+    microseconds, a few percent of a fast environment's step).
+    final_checkpoint: checkpoint where `learn()` ends.
+    record_digest: also store `replay_digest()` of the replay buffer in each checkpoint (a
+    sha256 over its filled part; `restore()` then checks the loaded buffer against it). Costs
+    a pass over the buffer per checkpoint: for tests and audits, not large buffers.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        *,
+        final_checkpoint: bool = True,
+        record_digest: bool = False,
+        heartbeat_every_s: float = 0.05,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(verbose)
+        self.run = run
+        self.heartbeat_every_s = heartbeat_every_s
+        self._heartbeat_at = -math.inf
+        self.final_checkpoint = final_checkpoint
+        self.record_digest = record_digest
+        self.checkpoints = 0  # committed by this callback
+        self.failures = 0
+        self._rollout_start: int | None = None
+        self._in_rollout = False
+        self._stopping = False
+
+    def _init_callback(self) -> None:
+        buffer = getattr(self.model, "replay_buffer", None)
+        if buffer is not None:
+            _check_buffer(buffer)
+
+    def _on_rollout_start(self) -> None:
+        model = self.model
+        self._rollout_start = int(model.num_timesteps)
+        self._in_rollout = True
+        step = int(model.num_timesteps)
+        if self._stopping or step == self.run.last_checkpoint_step:
+            return
+        if (step > 0 or self.run.should_stop()) and self.run.should_checkpoint(step):
+            # Between rollouts: the previous rollout stored and trained on, nothing half done.
+            self._save(step, rewind=0)
+
+    def _on_rollout_end(self) -> None:
+        self._in_rollout = False
+
+    def _on_training_end(self) -> None:
+        """`learn()` is done (or another callback stopped it): save where it ended, so that the
+        run's last checkpoint is its final model."""
+        if self._stopping or not self.final_checkpoint:
+            return
+        step, rewind = int(self.model.num_timesteps), 0
+        if self._in_rollout:  # stopped mid-rollout by another callback: the last whole state
+            step, rewind = self._consistent_before(step)
+        if step > 0 and step != self.run.last_checkpoint_step:
+            self._save(step, rewind=rewind)
+
+    def _consistent_before(self, step: int) -> tuple[int, int]:
+        """(step, rewind) of the last consistent state when a rollout is cut at `step`, inside
+        `_on_step`: off-policy, the state before this step (SB3 has not yet stored it);
+        on-policy, the state at the rollout's start (its partial rollout is not saved)."""
+        if isinstance(self.model, OffPolicyAlgorithm):
+            at = step - int(self.model.n_envs)
+        else:
+            at = self._rollout_start if self._rollout_start is not None else step
+        return at, step - at
+
+    def _on_step(self) -> bool:
+        model = self.model
+        step = int(model.num_timesteps)
+        dones = self.locals.get("dones")
+        episodes = getattr(model, _EPISODES_ATTR, 0)
+        if dones is not None:
+            episodes += int(np.count_nonzero(dones))
+            setattr(model, _EPISODES_ATTR, episodes)
+        now = time.monotonic()
+        if now - self._heartbeat_at >= self.heartbeat_every_s:
+            self._heartbeat_at = now
+            buf = model.ep_info_buffer
+            mean_return = float(np.mean([e["r"] for e in buf])) if buf else None
+            self.run.heartbeat(step, mean_return=mean_return, episodes=episodes)
+        if not self.run.should_stop():
+            return True
+        # A stop: save the last consistent state before this step, then stop training.
+        at, rewind = self._consistent_before(step)
+        if not self._stopping and at != self.run.last_checkpoint_step:
+            self._save(at, rewind=rewind)
+        self._stopping = True
+        if self.run.exit_on_stop and self.run.last_checkpoint_step == at:
+            self.run.exit_stopped()
+        return False
+
+    def _save(self, step: int, *, rewind: int) -> None:
+        try:
+            with self.run.checkpoint(step, sb3=type(self.model).__name__) as d:
+                save(self.model, self.run, d, rewind=rewind, record_digest=self.record_digest)
+        except (CheckpointFailed, CheckpointError, OSError) as exc:
+            # A full disk, an I/O error: nothing was committed, the previous checkpoint stands.
+            if not isinstance(exc, CheckpointFailed):  # raised inside the block: counted here
+                self.run._failed(step, exc)
+            self.failures += 1
+            log.warning("rlsup.sb3: checkpoint at step %d failed, training goes on: %s", step, exc)
+        else:
+            self.checkpoints += 1
+
+
+# ---- saving ---------------------------------------------------------------------------------
+
+
+def save(
+    model: BaseAlgorithm, run: Run, d: Path, *, rewind: int = 0, record_digest: bool = False
+) -> None:
+    """Write `model`'s state into the open checkpoint directory `d` of `run` (inside
+    `with run.checkpoint(step) as d`). rewind: how many timesteps `num_timesteps` is ahead of
+    the state saved (a stop seen in `_on_step`, before SB3 stored that step)."""
+    _torch_save(model.get_parameters(), d / PARAMS_FILE)
+    _, variable_names = model._get_torch_save_params()
+    variables = {name: recursive_getattr(model, name).detach().cpu() for name in variable_names}
+    _torch_save({"variables": variables, "torch_rng": torch.get_rng_state()}, d / STATE_FILE)
+    counters: dict[str, Any] = {}
+    for name in COUNTERS:
+        if hasattr(model, name):
+            value = getattr(model, name)
+            counters[name] = float(value) if isinstance(value, float) else int(value)
+    counters["num_timesteps"] -= rewind
+    state: dict[str, Any] = {
+        "format": FORMAT,
+        "algo": type(model).__name__,
+        "policy": type(model.policy).__name__,
+        "n_envs": int(model.n_envs),
+        "counters": counters,
+        "episodes": int(getattr(model, _EPISODES_ATTR, 0)),
+        "ep_info": _ep_info(model.ep_info_buffer),
+        "numpy_rng": _numpy_rng_state(),
+        "replay": None,
+        "vec_normalize": None,
+    }
+    buffer = getattr(model, "replay_buffer", None)
+    if buffer is not None:
+        state["replay"] = _save_replay(buffer, run, record_digest)
+    vecnorm = model.get_vec_normalize_env()
+    if vecnorm is not None:
+        state["vec_normalize"] = _save_vecnorm(vecnorm, run)
+    _write_json(d / STATE_JSON, state)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """torch.save, its write failures (a full disk: torch's zip writer raises RuntimeError)
+    as OSError."""
+    try:
+        torch.save(obj, path)
+    except RuntimeError as exc:
+        raise OSError(f"{path.name}: {exc}") from exc
+
+
+def _write_json(path: Path, value: Any) -> None:
+    import json
+
+    path.write_text(json.dumps(value, allow_nan=True), encoding="utf-8")
+
+
+def _ep_info(buffer: deque[dict[str, Any]] | None) -> list[dict[str, float]]:
+    if not buffer:
+        return []
+    return [{k: float(v) for k, v in e.items() if k in ("r", "l", "t")} for e in buffer]
+
+
+def _numpy_rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    return {
+        "kind": str(kind),
+        "keys": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+
+
+def _check_buffer(buffer: Any) -> None:
+    if type(buffer) not in (ReplayBuffer, DictReplayBuffer):
+        raise SdkError(
+            f"rlsup.sb3: replay buffer {type(buffer).__name__} is not supported (only "
+            "ReplayBuffer and DictReplayBuffer are saved field by field; anything else would "
+            "be saved incompletely)"
+        )
+
+
+def _buffer_fields(buffer: Any) -> list[tuple[str, str, np.ndarray]]:
+    """(array name, field, array) for every array the buffer holds, in a fixed order."""
+    out: list[tuple[str, str, np.ndarray]] = []
+    for field in _REPLAY_FIELDS:
+        if field == "next_observations" and buffer.optimize_memory_usage:
+            continue
+        value = getattr(buffer, field)
+        if isinstance(value, dict):
+            for i, key in enumerate(sorted(value)):
+                out.append((f"replay-{field}-{i}", f"{field}[{key}]", value[key]))
+        else:
+            out.append((f"replay-{field}", field, value))
+    return out
+
+
+def _filled(buffer: Any, field: str) -> int:
+    """How many leading rows of `field` hold data (optimize_memory_usage keeps the last
+    transition's next observation in observations[pos])."""
+    size = int(buffer.buffer_size)
+    if buffer.full:
+        return size
+    n = int(buffer.pos)
+    if buffer.optimize_memory_usage and field.startswith("observations") and n > 0:
+        n = min(n + 1, size)
+    return n
+
+
+def replay_digest(buffer: Any) -> str:
+    """sha256 over a replay buffer's pos, full and the filled part of every array, in a fixed
+    order: equal before a checkpoint and after `restore()` when the buffer came back intact."""
+    h = hashlib.sha256(f"pos={int(buffer.pos)} full={bool(buffer.full)}\n".encode())
+    for name, field, array in _buffer_fields(buffer):
+        part = np.ascontiguousarray(array[: _filled(buffer, field)])
+        h.update(f"{name} {part.dtype.str} {part.shape}\n".encode())
+        h.update(part.data)
+    return h.hexdigest()
+
+
+def _save_replay(buffer: Any, run: Run, record_digest: bool) -> dict[str, Any]:
+    _check_buffer(buffer)
+    arrays: dict[str, dict[str, Any]] = {}
+    for name, field, array in _buffer_fields(buffer):
+        n = _filled(buffer, field)
+        run.save_arrays(name, array[:n])
+        arrays[name] = {"field": field, "rows": n, "shape": list(array.shape)}
+    obs = buffer.observations
+    return {
+        "type": type(buffer).__name__,
+        "pos": int(buffer.pos),
+        "full": bool(buffer.full),
+        "buffer_size": int(buffer.buffer_size),
+        "n_envs": int(buffer.n_envs),
+        "optimize_memory_usage": bool(buffer.optimize_memory_usage),
+        "obs_keys": sorted(obs) if isinstance(obs, dict) else None,
+        "size": int(buffer.size()),
+        "arrays": arrays,
+        "sha256": replay_digest(buffer) if record_digest else None,
+    }
+
+
+def _rms_list(vecnorm: VecNormalize) -> list[tuple[str, Any]]:
+    """(array-name stem, RunningMeanStd) for VecNormalize's statistics, in a fixed order."""
+    out: list[tuple[str, Any]] = []
+    obs_rms = getattr(vecnorm, "obs_rms", None)
+    if isinstance(obs_rms, dict):
+        out += [(f"vecnorm-obs-{i}", obs_rms[k]) for i, k in enumerate(sorted(obs_rms))]
+    elif obs_rms is not None:
+        out.append(("vecnorm-obs", obs_rms))
+    out.append(("vecnorm-ret", vecnorm.ret_rms))
+    return out
+
+
+def _save_vecnorm(vecnorm: VecNormalize, run: Run) -> dict[str, Any]:
+    stats: dict[str, Any] = {}
+    for stem, rms in _rms_list(vecnorm):
+        run.save_arrays(f"{stem}-mean", np.asarray(rms.mean, dtype=np.float64))
+        run.save_arrays(f"{stem}-var", np.asarray(rms.var, dtype=np.float64))
+        stats[stem] = {"count": float(rms.count)}
+    obs_rms = getattr(vecnorm, "obs_rms", None)
+    return {
+        "stats": stats,
+        "obs_keys": sorted(obs_rms) if isinstance(obs_rms, dict) else None,
+    }
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+
+def resume(model_class: type[M], env: Any, run: Run | None = None, **kwargs: Any) -> tuple[M, Run]:
+    """`model_class(env=env, **kwargs)` (the policy and hyperparameters in kwargs), restored
+    from the run's newest verified checkpoint when it has one (see `restore`). `run`: an
+    attached run, else `rlsup.attach()` (under `rlsup run`). Returns (model, run); then
+    `model.learn(total - model.num_timesteps, reset_num_timesteps=False,
+    callback=RlsupCallback(run))` continues where the checkpoint stopped (with that call,
+    SB3's `_total_timesteps` is `total` again, so schedules continue rather than restart)."""
+    if run is None:
+        run = attach()
+    model = model_class(env=env, **kwargs)
+    restore(model, run)
+    return model, run
+
+
+def restore(model: BaseAlgorithm, run: Run) -> bool:
+    """Load the run's newest verified checkpoint (`run.latest()`) into `model`, built the same
+    way as the one saved: parameters and optimizers, torch variables, counters, the episode-info
+    window, the RNG states, the replay buffer and VecNormalize statistics. False when the run
+    has no checkpoint (the model is left as built). SdkError when the checkpoint does not fit
+    the model (another algorithm, policy, number of envs or buffer layout)."""
+    path = run.latest()
+    if path is None:
+        return False
+    state = _read_json(path / STATE_JSON)
+    if state.get("format") != FORMAT:
+        raise SdkError(f"{path}/{STATE_JSON}: format {state.get('format')!r}, expected {FORMAT}")
+    for what, have in (
+        ("algo", type(model).__name__),
+        ("policy", type(model.policy).__name__),
+        ("n_envs", int(model.n_envs)),
+    ):
+        if state[what] != have:
+            raise SdkError(
+                f"{path}: saved by {what}={state[what]!r}, this model has {have!r} (build the "
+                "model as the checkpointed run did)"
+            )
+    device = model.device
+    params = torch.load(path / PARAMS_FILE, map_location=device, weights_only=True)
+    model.set_parameters(params, exact_match=True, device=device)
+    extra = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    with torch.no_grad():
+        for name, value in extra["variables"].items():
+            recursive_getattr(model, name).copy_(value.to(device))
+    torch.set_rng_state(extra["torch_rng"])
+    for name, value in state["counters"].items():
+        setattr(model, name, value)
+    model._num_timesteps_at_start = int(state["counters"]["num_timesteps"])
+    setattr(model, _EPISODES_ATTR, int(state.get("episodes", 0)))
+    window = model._stats_window_size
+    model.ep_info_buffer = deque(state["ep_info"], maxlen=window)
+    model.ep_success_buffer = deque(maxlen=window)
+    rng = state["numpy_rng"]
+    np.random.set_state(
+        (
+            rng["kind"],
+            np.asarray(rng["keys"], dtype=np.uint32),
+            rng["pos"],
+            rng["has_gauss"],
+            rng["cached_gaussian"],
+        )
+    )
+    buffer = getattr(model, "replay_buffer", None)
+    if (buffer is None) != (state["replay"] is None):
+        raise SdkError(f"{path}: the checkpoint's replay buffer and the model's disagree")
+    if buffer is not None:
+        _load_replay(buffer, run, state["replay"], path)
+    vecnorm = model.get_vec_normalize_env()
+    if (vecnorm is None) != (state["vec_normalize"] is None):
+        raise SdkError(
+            f"{path}: VecNormalize statistics saved: {state['vec_normalize'] is not None}, "
+            f"the env is wrapped in VecNormalize: {vecnorm is not None} (wrap it as before)"
+        )
+    if vecnorm is not None:
+        _load_vecnorm(vecnorm, run, state["vec_normalize"], path)
+    return True
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SdkError(f"{path}: cannot read it: {exc}") from exc
+    if not isinstance(value, dict):
+        raise SdkError(f"{path}: not a JSON object")
+    return value
+
+
+def _load_replay(buffer: Any, run: Run, saved: dict[str, Any], path: Path) -> None:
+    _check_buffer(buffer)
+    obs = buffer.observations
+    layout = {
+        "type": type(buffer).__name__,
+        "buffer_size": int(buffer.buffer_size),
+        "n_envs": int(buffer.n_envs),
+        "optimize_memory_usage": bool(buffer.optimize_memory_usage),
+        "obs_keys": sorted(obs) if isinstance(obs, dict) else None,
+    }
+    for key, have in layout.items():
+        if saved[key] != have:
+            raise SdkError(
+                f"{path}: replay buffer saved with {key}={saved[key]!r}, the model's has "
+                f"{have!r} (build the model with the same buffer settings)"
+            )
+    buffer.pos, buffer.full = int(saved["pos"]), bool(saved["full"])
+    for name, field, array in _buffer_fields(buffer):
+        rows = _filled(buffer, field)
+        loaded = run.load_arrays(name)
+        if loaded.shape != (rows, *array.shape[1:]) or loaded.dtype != array.dtype:
+            raise SdkError(
+                f"{path}: array {name} is {loaded.dtype}{list(loaded.shape)}, the buffer's "
+                f"{field} needs {array.dtype}{[rows, *array.shape[1:]]}"
+            )
+        array[:rows] = loaded
+        array[rows:] = 0
+    digest = saved.get("sha256")
+    if digest is not None and replay_digest(buffer) != digest:
+        raise SdkError(f"{path}: the replay buffer read back differs from the one saved")
+    if buffer.optimize_memory_usage and (buffer.full or buffer.pos > 0):
+        # The last transition's next observation (observations[pos]) is overwritten by the
+        # first observation after the resume: end that episode there, as SB3 does when it
+        # truncates the last trajectory (stable-baselines3 issue 46).
+        buffer.dones[(buffer.pos - 1) % buffer.buffer_size] = True
+
+
+def _load_vecnorm(vecnorm: VecNormalize, run: Run, saved: dict[str, Any], path: Path) -> None:
+    obs_rms = getattr(vecnorm, "obs_rms", None)
+    keys = sorted(obs_rms) if isinstance(obs_rms, dict) else None
+    if keys != saved["obs_keys"]:
+        raise SdkError(f"{path}: VecNormalize observation keys {saved['obs_keys']} != {keys}")
+    stems = _rms_list(vecnorm)
+    if sorted(s for s, _ in stems) != sorted(saved["stats"]):
+        raise SdkError(f"{path}: VecNormalize statistics {sorted(saved['stats'])} do not fit")
+    for stem, rms in stems:
+        mean, var = run.load_arrays(f"{stem}-mean"), run.load_arrays(f"{stem}-var")
+        if mean.shape != np.shape(rms.mean) or var.shape != np.shape(rms.var):
+            raise SdkError(f"{path}: VecNormalize {stem} has shape {mean.shape}")
+        rms.mean, rms.var = mean, var
+        count = float(saved["stats"][stem]["count"])
+        if not math.isfinite(count):
+            raise SdkError(f"{path}: VecNormalize {stem} count {count}")
+        rms.count = count
