@@ -45,6 +45,9 @@ class ModeSpec:
         return (self.num_envs, self.batch_size, self.n_steps)
 
 
+KNOBS = ("num_envs", "batch_size")
+
+
 @dataclass(frozen=True)
 class GameSpec:
     name: str
@@ -56,10 +59,28 @@ class GameSpec:
     args: tuple[tuple[str, Any], ...] = ()
     gpu: tuple[int, ...] | None = None
     """`games.gpu`: positions in the supervisor's visible GPUs it may use; None = "auto"."""
+    # A command game (docs/own-trainer.md): the user's own program instead of rlsup's worker.
+    command: tuple[str, ...] | None = None
+    cwd: str | None = None  # absolute; None: the game's run dir
+    env: tuple[tuple[str, str], ...] = ()
+    heartbeat: bool = True  # False: a command game that promises none (no hang detection)
+    knobs: tuple[str, ...] = KNOBS  # the mode's knobs it honours (a change restarts it)
 
     @property
     def args_dict(self) -> dict[str, Any]:
         return dict(self.args)
+
+    @property
+    def kind(self) -> str:
+        """ "builtin" (rlsup's worker) or "command" (the user's own program)."""
+        return "builtin" if self.command is None else "command"
+
+    def knob_values(self, mode: ModeSpec) -> tuple[Any, ...]:
+        """The mode's sizes this game uses: a change of these restarts its worker."""
+        if self.command is None:
+            return mode.sizes()
+        sizes = {"num_envs": mode.num_envs, "batch_size": mode.batch_size}
+        return tuple(sizes[k] for k in self.knobs)
 
 
 @dataclass(frozen=True)
@@ -414,6 +435,79 @@ _GAME: dict[str, Field] = {
     ),
 }
 
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Variables a command game's `env` may not set: the supervisor sets them for every game.
+_OWNED_ENV = ("CUDA_VISIBLE_DEVICES", "NOTIFY_SOCKET", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+_COMMAND_GAME: dict[str, Field] = {
+    "name": _GAME["name"],
+    "command": (
+        (list,),
+        None,
+        lambda v: bool(v) and all(isinstance(a, str) and a and "\0" not in a for a in v),
+        "a non-empty list of strings: the program and its arguments",
+    ),
+    "cwd": ((str,), "", lambda v: "\0" not in v, "a directory (relative to this file)"),
+    "env": ((dict,), {}, None, "a table of environment variables"),
+    "heartbeat": ((bool,), False, None, "true (it heartbeats through the SDK) or false"),
+    "knobs": (
+        (list,),
+        [],
+        lambda v: all(k in KNOBS for k in v) and len(set(v)) == len(v),
+        f"a list of distinct knobs it honours among {', '.join(KNOBS)}",
+    ),
+    "total_steps": ((int,), 0, _non_negative, "an integer >= 0 (0: not known)"),
+    "seed": _GAME["seed"],
+    "device": _GAME["device"],
+    "gpu": _GAME["gpu"],
+}
+
+
+def _command_game(ctx: _Ctx, i: int, table: Any, path: Path) -> GameSpec:
+    """A `[[games]]` table with `command`: the user's own program (docs/own-trainer.md)."""
+    for key in ("env_id", "algo", "args"):
+        if isinstance(table, dict) and key in table:
+            raise ctx.fail(
+                ["games", i, key],
+                "a game with `command` runs your own program: it has no env_id, algo or args "
+                "(those are rlsup's own worker's); remove it, or the command",
+            )
+    v = _values(ctx, ["games", i], table, _COMMAND_GAME)
+    env: dict[str, str] = {}
+    for key, value in v["env"].items():
+        if _ENV_NAME_RE.fullmatch(key) is None or not isinstance(value, str) or "\0" in value:
+            raise ctx.fail(
+                ["games", i, "env", key],
+                f"got {key} = {value!r}; expected a variable name [A-Za-z_][A-Za-z0-9_]* "
+                "set to a string",
+            )
+        if key.startswith("RLSUP_") or key in _OWNED_ENV:
+            raise ctx.fail(
+                ["games", i, "env", key],
+                "set by the supervisor for every command game (docs/own-trainer.md): remove it",
+            )
+        env[key] = value
+    cwd = None
+    if v["cwd"]:
+        cwd = str((path.parent / os.path.expanduser(v["cwd"])).resolve())
+    game = GameSpec(
+        name=v["name"],
+        env_id="",
+        algo="command",
+        total_steps=v["total_steps"],
+        seed=v["seed"],
+        device=v["device"],
+        gpu=_gpu_choice(v["gpu"]) or None,
+        command=tuple(v["command"]),
+        cwd=cwd,
+        env=tuple(sorted(env.items())),
+        heartbeat=v["heartbeat"],
+        knobs=tuple(v["knobs"]),
+    )
+    if game.gpu is not None and game.device == "cpu":
+        raise ctx.fail(["games", i, "gpu"], 'set on a game with device = "cpu"')
+    return game
+
 
 def _gpu_choice(value: Any) -> tuple[int, ...] | None:
     """`games.gpu` as GameSpec holds it: () for "auto" (None there), the indices otherwise;
@@ -607,6 +701,15 @@ def parse_config(
             ["cluster", "backend"],
             'got "ray" without a [mirror] table: on several hosts a game that moves resumes '
             'from the mirror (add [mirror] url = "s3://bucket/prefix")',
+        )
+    if (
+        cluster.backend == "ray"
+        and (i := next((i for i, g in enumerate(games) if g.command), -1)) >= 0
+    ):
+        raise ctx.fail(
+            ["games", i, "command"],
+            f"game {games[i].name!r} is a command game: command games run on the local "
+            'backend only ([cluster] backend = "local"), not on several hosts',
         )
     if check_devices and cluster.backend != "ray":  # on several hosts each has its own torch
         _check_cuda_usable(ctx, games)
@@ -842,6 +945,12 @@ def _parse_games(
         raise ctx.fail(["games"], "missing; expected at least one [[games]] table")
     games: list[GameSpec] = []
     for i, table in enumerate(data):
+        if isinstance(table, dict) and "command" in table:
+            game = _command_game(ctx, i, table, ctx.path)
+            if any(g.name == game.name for g in games):
+                raise ctx.fail(["games", i, "name"], f"duplicate game name {game.name!r}")
+            games.append(game)
+            continue
         v = _values(ctx, ["games", i], table, _GAME)
         if any(g.name == v["name"] for g in games):
             raise ctx.fail(["games", i, "name"], f"duplicate game name {v['name']!r}")
@@ -904,7 +1013,7 @@ def _check_cuda_usable(ctx: _Ctx, games: tuple[GameSpec, ...]) -> None:
     asks for cuda (then a read of /proc and of torch's metadata; torch is never imported).
     Without a driver the supervisor ends the game FATAL at once, naming the fix (the other
     games run: a file shared by several hosts stays loadable)."""
-    wanted = [i for i, game in enumerate(games) if game.device == "cuda"]
+    wanted = [i for i, game in enumerate(games) if game.device == "cuda" and not game.command]
     if not wanted:
         return
     driver = torchbuild.driver_version()
@@ -932,6 +1041,8 @@ def check_runs_match(cfg: Config) -> None:
 
     ctx = _Ctx(cfg.path, _read_or_empty(cfg.path))
     for i, game in enumerate(cfg.games):
+        if game.command is not None:
+            continue  # its checkpoints are the script's own: nothing of ours to compare
         root = cfg.run_dir(game.name) / protocol.CHECKPOINT_DIR
         newest = CheckpointStore(root).newest_meta()
         if newest is None:

@@ -38,11 +38,12 @@ from supervisor.config import (
 from supervisor.gpu.gate import NvmlLike, worker_env
 from supervisor.gpu.moves import GpuMove, PlacedGame
 from supervisor.gpu.placer import GameAsk, GpuPlacer, PlacedAsk
+from supervisor.launch import spawn as sp
 from supervisor.launch.backends import make_launcher
 from supervisor.launch.launcher import LauncherSeam
 from supervisor.launch.oomwatch import KernelOomWatch
 from supervisor.launch.spare import SpareWant
-from supervisor.launch.spawn import NoRoom, WorkerProcess, prepare_worker
+from supervisor.launch.spawn import NoRoom, WorkerProcess
 from supervisor.ledger import db
 from supervisor.ledger.journal import Journal
 from supervisor.ledger.recorder import Recorder
@@ -390,10 +391,7 @@ class Supervisor:
             if info.returncode == -signal.SIGKILL and not life.killed:
                 # Not ours. An OOM kill only on the kernel's word (its log, or a cgroup counter).
                 oom = self.oom_watch.verdict(life.proc.pid, life.proc.start_ticks)
-            # The exited worker's error.json: the one it wrote itself (by pid, not by file
-            # time, which a wall-clock step makes meaningless); another run's is ignored.
-            error = protocol.read_json_file(self.cfg.run_dir(rt.spec.name) / protocol.ERROR_FILE)
-            error = error if error is not None and error.get("pid") == life.proc.pid else None
+            error = sp.worker_error(self.cfg, rt.spec, life.proc.pid, rc)
             ex = WorkerExit(info, now - life.proc.started_mono, error, life.live.heartbeat,
                             life.killed, oom)  # fmt: skip
             on_gpu = self.gpus.on_gpu(rt.spec.name)
@@ -410,7 +408,7 @@ class Supervisor:
     def _heartbeat(self, rt: GameRuntime, now: float) -> None:
         life = rt.life
         hb = protocol.read_heartbeat(self.cfg.run_dir(rt.spec.name))
-        if life is None or hb is None or hb.pid != life.proc.pid:
+        if life is None or hb is None or not sp.heartbeat_of(hb.pid, life.proc.pid, rt.spec):
             return
         if self.life.heartbeat(rt, life, hb, now):
             self.gpus.seen_memory(rt.spec.name)  # its memory is now visible to NVML
@@ -519,9 +517,10 @@ class Supervisor:
             return
         except OSError as exc:
             # A full disk, a full process table, a failed pidfd: no child is left running
-            # (the launcher kills what it cannot track); retried after a backoff.
+            # (the launcher kills what it cannot track); retried after a backoff. A command
+            # game's program that is not there ends FATAL at once.
             self.gpus.unassign(name)
-            self.life.failure(rt, f"cannot spawn the worker: {exc}", 0.0, now)
+            self.life.spawn_failed(rt, exc, now)
             self._apply()
             return
         self._no_room.discard(name)
@@ -531,10 +530,11 @@ class Supervisor:
 
     def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float,
                 env: dict[str, str] | None) -> WorkerProcess:  # fmt: skip
-        argv, log_path, run_dir = prepare_worker(self.cfg, rt.spec, mode, threads)
-        proc = self.launcher.spawn(argv, log_path, now, cwd=run_dir, env=env)
+        name = rt.spec.name
+        w = sp.prepare_worker(self.cfg, rt.spec, mode, threads, env, db.starts(self.on.conn, name))
+        proc = self.launcher.spawn(w.argv, w.log, now, cwd=w.cwd, env=w.env, command=w.command)
         try:
-            self.waker.watch(proc.pidfd, rt.spec.name)
+            self.waker.watch(proc.pidfd, name)
         except (OSError, ValueError) as exc:
             self.launcher.kill(proc)
             proc.wait()

@@ -177,9 +177,10 @@ class SpareTending:
         pressure, not where the policy stepped the host down to its lowest mode, not when no
         game is left to start), for which device, with its log."""
         cfg = self.cfg
-        device = spare_device([g.device for g in cfg.games])
+        device = spare_device([g.device for g in cfg.games if g.command is None])
         log_path, cwd = cfg.logs_dir / "spare.log", cfg.state_dir
-        if all(rt.state in TERMINAL for rt in self.games()):
+        # A spare is rlsup's own worker, pre-warmed: it never serves a command game.
+        if all(rt.state in TERMINAL or rt.spec.command is not None for rt in self.games()):
             return SpareWant(False, "no game left to start", device, log_path, cwd)
         row = self.launcher.spare_row() or {}
         latest = self.latest()

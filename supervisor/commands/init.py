@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from supervisor.commands._common import EXIT_FAIL, EXIT_OK
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "example.toml"
+HERE = Path(__file__).resolve().parent.parent
+EXAMPLE = HERE / "example.toml"
+# `--example byo`: a command game (your own training script) and a script to start from.
+EXAMPLES = {"builtin": EXAMPLE, "byo": HERE / "example-byo.toml"}
+BYO_SCRIPT = HERE / "templates" / "byo-train.py.txt"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,6 +30,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="where to write it (default: $RLSUP_CONFIG, else ./rlsup.toml)",
     )
+    p.add_argument(
+        "--example",
+        choices=sorted(EXAMPLES),
+        default="builtin",
+        help="builtin: rlsup's own learners (default); byo: your own training script as a "
+        "command game, with a train.py to start from written beside the file",
+    )
     p.set_defaults(func=run)
 
 
@@ -32,16 +44,34 @@ def run(args: argparse.Namespace) -> int:
     from supervisor.config import resolve_config_path
 
     path = resolve_config_path(args.path)
-    text = EXAMPLE.read_text(encoding="utf-8")
+    example = getattr(args, "example", "builtin")
+    text = EXAMPLES[example].read_text(encoding="utf-8")
+    # The interpreter rlsup runs on has the SDK: the example's command uses it out of the box.
+    text = text.replace('command = ["python",', f"command = [{json.dumps(sys.executable)},", 1)
+    if not _write_new(path, text):
+        return EXIT_FAIL
+    print(f"wrote {path}")
+    if example == "byo":
+        script = path.parent / "train.py"
+        if _write_new(script, BYO_SCRIPT.read_text(encoding="utf-8"), quiet_if_exists=True):
+            print(f"wrote {script}: replace its toy loop with yours (docs/own-trainer.md)")
+        else:
+            print(f"kept {script}: the game runs it as it is")
+    print(f"start it with: rlsup run --config {path}")
+    return EXIT_OK
+
+
+def _write_new(path: Path, text: str, quiet_if_exists: bool = False) -> bool:
+    """Write `text` to a file that must not exist yet (never overwrites)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        print(f"rlsup init: {path} already exists; not overwriting it", file=sys.stderr)
-        return EXIT_FAIL
+        if not quiet_if_exists:
+            print(f"rlsup init: {path} already exists; not overwriting it", file=sys.stderr)
+        return False
     except OSError as exc:
         print(f"rlsup init: cannot create {path}: {exc.strerror}", file=sys.stderr)
-        return EXIT_FAIL
+        return False
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"wrote {path}; start it with: rlsup run --config {path}")
-    return EXIT_OK
+    return True

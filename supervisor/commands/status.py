@@ -347,4 +347,8 @@ def _notes(games: list[GameDoc], now: float) -> list[str]:
             notes.append(f"  {g['name']}: last error {e.get('kind')}: {e.get('message')}")
         if not g["in_config"]:
             notes.append(f"? {g['name']}: in the database but not in the configuration")
+        if g.get("kind") == "command":
+            hang = "" if g["hang_detection"] else "; no hang detection (no heartbeat)"
+            command = " ".join(g["command"] or [])
+            notes.append(f"  {g['name']}: command game, {g['contract_level']}: {command}{hang}")
     return notes

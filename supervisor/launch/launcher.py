@@ -40,6 +40,7 @@ class LauncherSeam(Protocol):
         now_mono: float,
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
+        command: bool = False,
     ) -> WorkerProcess: ...
     def terminate(self, proc: WorkerProcess) -> None: ...
     def kill(self, proc: WorkerProcess) -> None: ...
@@ -104,8 +105,10 @@ class Launcher:
         now_mono: float,
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
+        command: bool = False,
     ) -> WorkerProcess:
-        """`python -P -m training.worker ARGV` in `cwd` (its run dir): -P keeps the working
+        """`python -P -m training.worker ARGV` in `cwd` (its run dir), or with `command` (a
+        command game) ARGV itself, always cold: -P keeps the working
         directory off sys.path, so an operator's own `training/` or `checkpoints/` package
         there can never shadow rlsup's. The ready spare of its device becomes it when there
         is one (`served` "spare"); else a fresh process (`served` "cold"). `env`: variables
@@ -114,10 +117,11 @@ class Launcher:
         if (
             self.spare is not None
             and not env
+            and not command
             and (taken := self.spare.take(argv, log_path, cwd, now_mono)) is not None
         ):
             return taken
-        cmd = [self.python, "-P", "-m", self.module, *argv]
+        cmd = list(argv) if command else [self.python, "-P", "-m", self.module, *argv]
         popen = start_worker_process(cmd, log_path, cwd, extra_env=env)
         try:
             return self._track(popen, now_mono)

@@ -497,6 +497,7 @@ class RayLauncher(Launcher):
         now_mono: float,
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,  # unused: Ray's num_gpus places GPU games
+        command: bool = False,  # never: the config refuses command games on Ray
     ) -> WorkerProcess:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

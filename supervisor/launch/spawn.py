@@ -19,10 +19,12 @@ import psutil  # type: ignore[import-untyped]
 from supervisor.config import Config, GameSpec, ModeSpec, worker_config
 from supervisor.launch.process import same_process
 from supervisor.ledger.db import make_private_dir
+from training import protocol as P
 from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_MODULE = "training.worker"
+KEEP_CHECKPOINTS = 3  # what the built-in worker keeps (`--keep-checkpoints` default)
 
 
 def process_argv(cmdline: list[str]) -> list[str]:
@@ -137,11 +139,20 @@ def find_leftover(
         return None
     try:
         proc = psutil.Process(pid)
-        if WORKER_MODULE not in process_argv(proc.cmdline()):
+        if WORKER_MODULE not in process_argv(proc.cmdline()) and not _command_game(proc):
             return None
         return proc
     except psutil.Error:
         return None
+
+
+def _command_game(proc: psutil.Process) -> bool:
+    """Was it started as a command game (its environment names its game and run dir)?"""
+    try:
+        env = proc.environ()
+    except psutil.Error:
+        return False
+    return bool(env.get(P.GAME_ENV)) and bool(env.get(P.RUN_DIR_ENV))
 
 
 def stop_leftovers(procs: list[psutil.Process], grace_s: float) -> list[int]:
@@ -164,15 +175,104 @@ def stop_leftovers(procs: list[psutil.Process], grace_s: float) -> list[int]:
     return [p.pid for p in procs]
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What starts one worker: its argv (rlsup's worker's flags, or a command game's whole
+    command), its log, working directory and the variables set for it alone."""
+
+    argv: list[str]
+    log: Path
+    cwd: Path
+    env: dict[str, str]
+    command: bool  # a command game: argv is the program itself (never the spare)
+
+
 def prepare_worker(
-    cfg: Config, spec: GameSpec, mode: ModeSpec, threads: int
-) -> tuple[list[str], Path, Path]:
-    """A new worker's argv, log (the previous one rotated) and run directory (made private,
-    its last heartbeat removed: the supervisor must never read a predecessor's)."""
+    cfg: Config,
+    spec: GameSpec,
+    mode: ModeSpec,
+    threads: int,
+    env: Mapping[str, str] | None = None,
+    starts: int = 0,
+) -> Prepared:
+    """A new worker's argv, log (the previous one rotated), run directory (made private, its
+    last heartbeat removed: the supervisor must never read a predecessor's) and environment
+    (`env`: its GPU; a command game also gets the RLSUP_* contract, `starts`: its earlier
+    starts)."""
     run_dir = make_private_dir(cfg.run_dir(spec.name))
     logs_dir = make_private_dir(cfg.logs_dir)
-    rotate_log(logs_dir / f"{spec.name}.log")
-    wcfg = worker_config(spec, mode, run_dir, cfg.checkpoint_every_s, threads, cfg.mirror)
+    log = logs_dir / f"{spec.name}.log"
+    rotate_log(log)
     with contextlib.suppress(FileNotFoundError):
         (run_dir / HEARTBEAT_FILE).unlink()
-    return wcfg.to_argv(), logs_dir / f"{spec.name}.log", run_dir
+    if spec.command is not None:
+        extra = {**dict(spec.env), **command_env(cfg, spec, mode, run_dir, threads, starts)}
+        cwd = Path(spec.cwd) if spec.cwd else run_dir
+        return Prepared(list(spec.command), log, cwd, {**extra, **(env or {})}, True)
+    wcfg = worker_config(spec, mode, run_dir, cfg.checkpoint_every_s, threads, cfg.mirror)
+    return Prepared(wcfg.to_argv(), log, run_dir, dict(env or {}), False)
+
+
+def command_env(
+    cfg: Config, spec: GameSpec, mode: ModeSpec, run_dir: Path, threads: int, starts: int
+) -> dict[str, str]:
+    """The RLSUP_* variables of a command game (training/protocol.py, docs/own-trainer.md)."""
+    return {
+        P.RUN_DIR_ENV: str(run_dir),
+        P.GAME_ENV: spec.name,
+        P.SEED_ENV: str(spec.seed),
+        P.RESUME_COUNT_ENV: str(starts),
+        P.MODE_ENV: mode.name,
+        P.NUM_ENVS_ENV: str(mode.num_envs),
+        P.BATCH_SIZE_ENV: str(mode.batch_size),
+        P.TOTAL_STEPS_ENV: str(spec.total_steps),
+        P.CHECKPOINT_EVERY_S_ENV: f"{cfg.checkpoint_every_s:g}",
+        P.KEEP_CHECKPOINTS_ENV: str(KEEP_CHECKPOINTS),
+        P.HEARTBEAT_ENV: "1" if spec.heartbeat else "0",
+        P.THREADS_ENV: str(threads),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    }
+
+
+def log_tail(path: Path, max_lines: int = 20, max_bytes: int = 4096) -> str:
+    """The last lines of a worker's log (at most `max_bytes` read), for the message of a
+    command game that died without an error.json; "" when there is none."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first may be cut
+    return "\n".join(lines[-max_lines:])
+
+
+def worker_error(cfg: Config, spec: GameSpec, pid: int, returncode: int) -> dict[str, Any] | None:
+    """Why the worker `pid` of `spec` ended, in its own words: the error.json it wrote itself
+    (by pid, not by file time, which a wall-clock step makes meaningless; another run's is
+    ignored). A command game that failed without one (they rarely write it) gets the tail of
+    its log as the message, so that FATAL and the crash events say why."""
+    error = P.read_json_file(cfg.run_dir(spec.name) / P.ERROR_FILE)
+    if error is not None and error.get("pid") == pid:
+        return error
+    if spec.command is None or returncode in (0, P.ExitCode.STOPPED):
+        return None
+    tail = log_tail(cfg.logs_dir / f"{spec.name}.log")
+    return {"pid": pid, "kind": "command_exit", "message": tail or f"exit status {returncode}"}
+
+
+def heartbeat_of(hb_pid: int, pid: int, spec: GameSpec) -> bool:
+    """Is a heartbeat signed `hb_pid` the worker `pid`'s? Its own; for a command game also a
+    process of its session (`bash -c "python train.py"`: the SDK runs in a child)."""
+    if hb_pid == pid:
+        return True
+    if spec.command is None or hb_pid <= 0:
+        return False
+    try:
+        return os.getsid(hb_pid) == pid
+    except OSError:
+        return False

@@ -219,6 +219,20 @@ def rollback(conn: sqlite3.Connection) -> None:
 # ---- events -------------------------------------------------------------------------------
 
 
+def starts(conn: sqlite3.Connection, game: str) -> int:
+    """How many workers of `game` the ledger has seen start (`worker_start` and `restart`
+    events): a command game's RLSUP_RESUME_COUNT. Events still in the journal's queue are not
+    counted; a read error counts none."""
+    try:
+        row = conn.execute(
+            "SELECT COUNT(*) FROM events WHERE game = ? AND kind IN ('worker_start', 'restart')",
+            (game,),
+        ).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row else 0
+
+
 def add_event(
     conn: sqlite3.Connection,
     kind: str,

@@ -179,6 +179,12 @@ class Lifecycle:
         stepped, and True when it hangs (its `worker_hang` recorded; the caller stops it)."""
         if rt.state is S.STARTING and (hb := life.live.heartbeat) is not None:
             self.set(rt, S.RUNNING, "first heartbeat", resumed_from_step=hb.resumed_from_step)
+        if not rt.spec.heartbeat and life.live.heartbeat is None:
+            # A command game that promised no heartbeat and sent none: running once started,
+            # never judged hung (status says it has no hang detection).
+            if rt.state is S.STARTING:
+                self.set(rt, S.RUNNING, "started (no heartbeat: no hang detection)")
+            return False
         if not life.start_reported and (hb := life.live.heartbeat) is not None:
             self._report_start(rt, life, hb.start)
         hang = hang_reason(life.live, watchdog, now)
@@ -258,7 +264,11 @@ class Lifecycle:
         grace = self.cfg.stop_grace_s
         for rt in self.games.values():
             life, new = rt.life, want(rt.spec.name)
-            if rt.state in (S.STARTING, S.RUNNING) and life and new.sizes() != life.mode.sizes():
+            if (
+                rt.state in (S.STARTING, S.RUNNING)
+                and life
+                and rt.spec.knob_values(new) != rt.spec.knob_values(life.mode)
+            ):
                 log.info("mode_change", game=rt.spec.name, old=life.mode.name, new=new.name)
                 self.stop(rt, StopReason.MODE_CHANGE, now + grace)
         leaving = (StopReason.MODE_CHANGE, StopReason.SLOTS)
@@ -308,6 +318,18 @@ class Lifecycle:
         # resumes from the same newest one, and the budget ends a real crash loop.
         self.failure(rt, why, ex.uptime_s, now)
         return True
+
+    def spawn_failed(self, rt: GameRuntime, exc: OSError, now: float) -> None:
+        """The worker could not be started. A command game's program (or its cwd) missing
+        or not executable cannot start next time either: FATAL at once, naming it. Anything
+        else (a full disk, a full process table) is a failure against the budget."""
+        missing = (FileNotFoundError, PermissionError, NotADirectoryError)
+        if rt.spec.command is not None and isinstance(exc, missing):
+            command = " ".join(rt.spec.command)
+            where = rt.spec.cwd or "the game's run dir"
+            self.set(rt, S.FATAL, f"cannot start the command `{command}` (in {where}): {exc}")
+            return
+        self.failure(rt, f"cannot spawn the worker: {exc}", 0.0, now)
 
     def failure(self, rt: GameRuntime, why: str, uptime: float, now: float) -> None:
         """A failure against the restart budget: backoff, or FATAL once it is spent."""

@@ -116,6 +116,15 @@ class GameDoc(TypedDict):
     precision: str | None
     eval_return: float | None
     eval_step: int | None
+    # "builtin" (rlsup's worker) or "command" (your own program: docs/own-trainer.md); null for
+    # a game no longer in the configuration. A command game's program and arguments, the
+    # contract level it reached ("L0" no heartbeat seen, "L1" heartbeats, "L2" a committed
+    # checkpoint), and whether it has hang detection (false: it promised no heartbeat and
+    # sent none).
+    kind: str | None
+    command: list[str] | None
+    contract_level: str | None
+    hang_detection: bool
 
 
 class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from checkpoints.names import ckpt_name
-from supervisor.config import Config
+from checkpoints.names import ckpt_name, newest_step
+from supervisor.config import Config, GameSpec
 from supervisor.ledger import db
 from supervisor.lifecycle.states import ALIVE
 from supervisor.mirror.state import MirrorState
@@ -370,6 +370,8 @@ def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[Gam
         _game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
         for g in cfg.games
     ]
+    for doc, spec in zip(out, cfg.games, strict=True):
+        _kind(cfg, spec, doc)
     configured = {g.name for g in cfg.games}
     for name in sorted(set(workers) - configured):
         out.append(_game(cfg, name, None, None, 0, workers[name], modes, now, in_config=False))
@@ -464,7 +466,30 @@ def _game(
         "precision": hb.get("precision") if isinstance(hb.get("precision"), str) else None,
         "eval_return": eval_return,
         "eval_step": eval_step,
+        "kind": None,  # set from the configuration by `_kind`
+        "command": None,
+        "contract_level": None,
+        "hang_detection": True,
     }
+
+
+def _kind(cfg: Config, spec: GameSpec, doc: GameDoc) -> None:
+    """What kind of game (rlsup's worker or the user's command), and for a command game the
+    contract level it reached (docs/own-trainer.md): L0 no heartbeat seen, L1 heartbeats, L2 a
+    committed checkpoint. A command game that promised no heartbeat and sent none has no hang
+    detection: its missing heartbeat is no stale one."""
+    doc["kind"] = spec.kind
+    if spec.command is None:
+        return
+    beats = doc["heartbeat_age_s"] is not None
+    level = "L1" if beats else "L0"
+    if newest_step(cfg.run_dir(spec.name) / CHECKPOINT_DIR) is not None:
+        level = "L2"
+    doc["command"] = list(spec.command)
+    doc["contract_level"] = level
+    doc["hang_detection"] = spec.heartbeat or beats
+    if not doc["hang_detection"]:
+        doc["heartbeat_stale"] = False
 
 
 def _device_note(cfg: Config, name: str, hb: dict[str, Any]) -> str | None:
