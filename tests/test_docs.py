@@ -277,6 +277,11 @@ def accepted_keys(tmp: Path) -> set[str]:
             out.add(key)
             continue
         out |= {f"{key}.{k}" for k in _known(data, tmp)}
+    # A command game (`command` instead of `env_id`/`algo`) is a [[games]] table with keys of
+    # its own: probed the same way.
+    data = copy.deepcopy(FULL_CONFIG)
+    data["games"] = [{"name": "mine", "command": ["/bin/true"], PROBE: 1}]
+    out |= {f"games.{k}" for k in _known(data, tmp)}
     return out
 
 

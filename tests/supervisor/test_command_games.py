@@ -1,0 +1,282 @@
+"""Command games under a real `rlsup run`: the user's own program as a game (docs/own-trainer.md).
+Real processes, the real ledger; the programs are small Python scripts written by the tests,
+and one uses the SDK (`import rlsup`) to heartbeat and checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.supervisor.helpers import (
+    committed_step,
+    env_for,
+    events,
+    kill_quietly,
+    rlsup,
+    start_supervisor,
+    stop_supervisor,
+    wait_for,
+)
+from training import protocol as P
+
+pytestmark = pytest.mark.timeout(240)
+
+HEAD = """\
+state_dir = "state"
+checkpoint_every_s = 1
+stop_grace_s = 10
+tick_s = 0.1
+[modes.light]
+num_envs = 3
+batch_size = 16
+n_steps = 8
+max_concurrent = 8
+[restart]
+backoff_base_s = 0.2
+backoff_max_s = 0.5
+budget = 3
+budget_window_s = 600
+[watchdog]
+startup_grace_s = 3
+hang_timeout_s = 3
+kill_grace_s = 2
+"""
+
+
+def command_game(name: str, script: str, **keys: Any) -> str:
+    lines = [f'[[games]]\nname = "{name}"\ncommand = {json.dumps([sys.executable, script])}']
+    lines += [f"{k} = {toml_value(v)}" for k, v in keys.items()]
+    return "\n".join(lines) + '\ndevice = "cpu"\n'
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {json.dumps(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)
+
+
+def write(tmp: Path, name: str, body: str) -> str:
+    path = tmp / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def status(tmp: Path, config: Path) -> dict[str, Any]:
+    out = rlsup("status", "--json", "--config", str(config), env=env_for(tmp))
+    assert out.returncode in (0, 1, 3, 4), out.stderr
+    doc = json.loads(out.stdout)
+    return {g["name"]: g for g in doc["games"]}
+
+
+def game_processes(name: str) -> list[psutil.Process]:
+    """Live processes started as the command game `name` (by their environment)."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get(P.GAME_ENV) == name:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+RECORD_ENV = """
+    import json, os, sys
+    keep = {k: v for k, v in os.environ.items() if k.startswith(("RLSUP_", "OMP_", "MINE"))}
+    keep["cwd"] = os.getcwd()
+    with open(os.path.join(os.environ["RLSUP_RUN_DIR"], "env.json"), "w") as f:
+        json.dump(keep, f)
+"""
+CRASH = """
+    import sys
+    print("step 10: loss is nan, giving up", file=sys.stderr)
+    sys.exit(3)
+"""
+CONFIG_ERROR = """
+    import sys
+    print("train.py: --lr must be positive, got -1", file=sys.stderr)
+    sys.exit(78)
+"""
+SLEEP = """
+    import time
+    time.sleep(600)
+"""
+
+
+def test_command_games_get_the_contract_and_every_failure_ends_defined(tmp_path: Path) -> None:
+    games = [
+        command_game(
+            "envs",
+            write(tmp_path, "envs.py", RECORD_ENV),
+            env={"MINE": "yes"},
+            total_steps=5000,
+            seed=7,
+        ),
+        command_game("crashy", write(tmp_path, "crash.py", CRASH)),
+        command_game("badconf", write(tmp_path, "conf.py", CONFIG_ERROR)),
+        '[[games]]\nname = "missing"\ncommand = ["/nonexistent/train"]\n',
+        command_game("quiet", write(tmp_path, "quiet.py", SLEEP)),
+        command_game("silent", write(tmp_path, "silent.py", SLEEP), heartbeat=True),
+    ]
+    config = tmp_path / "rlsup.toml"
+    config.write_text(HEAD + "".join(games))
+    state = tmp_path / "state"
+    sup = start_supervisor(config, env_for(tmp_path))
+    try:
+        wait_for(lambda: events(state, "worker_hang", "silent"), 30, "silent hung")
+        wait_for(
+            lambda: all(
+                status(tmp_path, config)[g]["state"] in want
+                for g, want in {
+                    "envs": ("done",),
+                    "crashy": ("fatal",),
+                    "badconf": ("fatal",),
+                    "missing": ("fatal",),
+                }.items()
+            ),
+            60,
+            "the short games settled",
+        )
+        games_doc = status(tmp_path, config)
+        quiet = games_doc["quiet"]
+        assert quiet["state"] == "running" and not events(state, "worker_hang", "quiet")
+        assert (quiet["kind"], quiet["contract_level"], quiet["hang_detection"]) == (
+            "command", "L0", False,
+        )  # fmt: skip
+        assert not quiet["heartbeat_stale"]
+        text = rlsup("status", "--config", str(config), env=env_for(tmp_path)).stdout
+        assert "quiet: command game, L0" in text and "no hang detection" in text
+    finally:
+        stop_supervisor(sup)
+    assert not game_processes("quiet") and not game_processes("silent")
+
+    recorded = json.loads((state / "runs" / "envs" / "env.json").read_text())
+    assert recorded["cwd"] == str(state / "runs" / "envs")
+    assert recorded[P.RUN_DIR_ENV] == str(state / "runs" / "envs")
+    assert (recorded[P.GAME_ENV], recorded[P.SEED_ENV], recorded[P.MODE_ENV]) == (
+        "envs",
+        "7",
+        "light",
+    )
+    assert (recorded[P.NUM_ENVS_ENV], recorded[P.BATCH_SIZE_ENV]) == ("3", "16")
+    assert recorded[P.TOTAL_STEPS_ENV] == "5000" and recorded[P.RESUME_COUNT_ENV] == "0"
+    assert recorded[P.CHECKPOINT_EVERY_S_ENV] == "1" and recorded[P.HEARTBEAT_ENV] == "0"
+    assert recorded["OMP_NUM_THREADS"] == recorded[P.THREADS_ENV] and recorded["MINE"] == "yes"
+
+    crashes = events(state, "worker_crash", "crashy")
+    assert len(crashes) == 4  # the first and its three restarts (budget 3)
+    assert "loss is nan" in crashes[-1]["detail"]["message"]
+    (fatal,) = events(state, "fatal", "crashy")
+    assert "restart budget spent" in fatal["detail"]["reason"]
+    (fatal,) = events(state, "fatal", "badconf")
+    assert "--lr must be positive" in fatal["detail"]["reason"]
+    assert len(events(state, "worker_start", "badconf")) == 1  # no restart loop
+    (fatal,) = events(state, "fatal", "missing")
+    assert "/nonexistent/train" in fatal["detail"]["reason"]
+    assert not events(state, "worker_start", "missing") and not events(state, "restart", "missing")
+
+
+SDK_LOOP = """
+    import sys, time, rlsup
+    run = rlsup.attach()
+    step = 0
+    if (d := run.latest()) is not None:
+        step = int((d / "step").read_text())
+    print("resumed", step, run.resume_count, flush=True)
+    while step < 10**9:
+        step += 10
+        time.sleep(0.01)
+        run.heartbeat(step, mean_return=step / 1000)
+        if run.should_checkpoint(step):
+            with run.checkpoint(step) as d:
+                (d / "step").write_text(str(step))
+        if run.should_stop():
+            run.exit_stopped()
+"""
+
+
+def test_an_sdk_game_is_killed_resumes_from_its_checkpoint_and_is_never_duplicated(
+    tmp_path: Path,
+) -> None:
+    script = write(tmp_path, "train.py", SDK_LOOP)
+    config = tmp_path / "rlsup.toml"
+    config.write_text(HEAD + command_game("mine", script, heartbeat=True, knobs=["num_envs"]))
+    state, env = tmp_path / "state", env_for(tmp_path)
+    sup = start_supervisor(config, env)
+    try:
+        wait_for(lambda: committed_step(state, "mine") > 0, 30, "a first checkpoint")
+        doc = status(tmp_path, config)["mine"]
+        assert (doc["kind"], doc["contract_level"], doc["hang_detection"]) == (
+            "command",
+            "L2",
+            True,
+        )
+        (first,) = game_processes("mine")
+        ckpt = committed_step(state, "mine")
+        first.kill()
+        wait_for(lambda: events(state, "worker_crash", "mine"), 30, "the crash recorded")
+        wait_for(lambda: [p for p in game_processes("mine") if p.pid != first.pid], 30, "a restart")
+        hb = wait_for(
+            lambda: (h := P.read_heartbeat(state / "runs" / "mine")) and h.resumed_from_step and h,
+            30,
+            "the resumed heartbeat",
+        )
+        assert hb.resumed_from_step >= ckpt and hb.writer == "sdk" and hb.resume_count == 1
+        # The supervisor dies: the SDK sees its parent gone, checkpoints and exits 75; the
+        # successor starts one new process (a script without the SDK: the next test).
+        second = game_processes("mine")[0]
+        kill_quietly(sup.pid, signal.SIGKILL)
+        sup.wait()
+        sup = start_supervisor(config, env)
+        wait_for(
+            lambda: [p for p in game_processes("mine") if p.pid != second.pid],
+            60,
+            "the game started again by the new supervisor",
+        )
+        assert not second.is_running() or second.status() == psutil.STATUS_ZOMBIE
+        (third,) = game_processes("mine")
+        wait_for(
+            lambda: (h := P.read_heartbeat(state / "runs" / "mine")) and h.pid == third.pid,
+            30,
+            "the new process heartbeating",
+        )
+    finally:
+        stop_supervisor(sup)
+    stopped = events(state, "worker_exit", "mine")[-1]["detail"]
+    assert stopped["returncode"] == P.ExitCode.STOPPED  # its final checkpoint, then 75
+    assert not game_processes("mine")
+    assert os.path.exists(state / "runs" / "mine" / P.LOCK_FILE)
+
+
+def test_a_supervisor_restart_stops_a_command_games_leftover_before_starting_it(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "rlsup.toml"
+    config.write_text(HEAD + command_game("plain", write(tmp_path, "plain.py", SLEEP)))
+    env = env_for(tmp_path)
+    sup = start_supervisor(config, env)
+    try:
+        (first,) = wait_for(lambda: game_processes("plain"), 30, "the game started")
+        kill_quietly(sup.pid, signal.SIGKILL)
+        sup.wait()
+        assert first.is_running()  # a script without the SDK outlives its supervisor
+        sup = start_supervisor(config, env)
+        wait_for(
+            lambda: [p for p in game_processes("plain") if p.pid != first.pid],
+            60,
+            "the game started again",
+        )
+        assert len(game_processes("plain")) == 1
+        started = events(tmp_path / "state", "supervisor_start")[-1]["detail"]
+        assert first.pid in started["leftover_workers_stopped"]
+    finally:
+        stop_supervisor(sup)
+    assert not game_processes("plain")
