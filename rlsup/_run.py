@@ -44,6 +44,7 @@ LOADING_DEADLINE_S = 3600.0  # verifying and reading a large checkpoint: the ste
 CHECKPOINT_DEADLINE_S = 3600.0
 RETRY_FAILED_CHECKPOINT_S = 60.0
 PROGRESS_EVERY_S = 10.0
+APPLY_EVERY_S = 0.05  # heartbeat() fields (metrics, returns) taken at most this often
 DEFAULT_CHECKPOINT_EVERY_S = 600.0
 
 
@@ -222,6 +223,8 @@ class Run:
         self._parent = _env_int(P.PARENT_PID_ENV, None) if supervised else None
         self._hb: HeartbeatWriter | None = None
         self._training = False
+        self._step = 0
+        self._applied_at = -math.inf
         self._progress: ProgressLog | None = None
         self._progress_at = -math.inf
         self._started_wall = time.time()
@@ -292,11 +295,19 @@ class Run:
         **metrics: float,
     ) -> None:
         """Say that training reached `step` (agent steps, or whatever the script counts; it
-        must move for the supervisor to see progress). Cheap: call it every iteration.
+        must move for the supervisor to see progress). Cheap (a few hundred nanoseconds but
+        every 50 ms): call it every step. The step is always current; the other fields are
+        taken at most every 50 ms.
         `mean_return`, `episodes` and any other numbers show in status, plot and metrics."""
+        self._step = int(step)  # read by the heartbeat thread (`live_step`): always current
+        now = time.monotonic()
+        if self._training and now - self._applied_at < APPLY_EVERY_S:
+            return  # called every environment step: the rest waits for the next 50 ms
+        self._applied_at = now
         hb = self._start_heartbeat()
         if not self._training:
             self._training = True
+            hb.live_step = lambda: self._step
             hb.set_phase(Phase.TRAINING, self.step_deadline_s)
         fields: dict[str, Any] = {"metrics": {k: _finite(v) for k, v in metrics.items()}}
         if episodes is not None:
@@ -304,7 +315,6 @@ class Run:
         if mean_return is not None:
             fields["mean_return"] = _finite(mean_return)
         hb.progress(int(step), **fields)
-        now = time.monotonic()
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
             self._progress_row(hb.current)

@@ -217,6 +217,9 @@ def test_heartbeats_use_the_workers_schema_and_feed_progress(tmp_path: Path) -> 
         run.heartbeat(10, mean_return=1.5, episodes=2, loss=0.25, nan=float("nan"))
         with run.checkpoint(10):
             pass
+        run.heartbeat(15, mean_return=9.0)  # within 50 ms: only the step is taken
+        assert run._step == 15
+        time.sleep(0.06)
         run.heartbeat(20, mean_return=2.0, loss=0.5)
         hb = P.read_heartbeat(tmp_path)
         assert hb is not None
