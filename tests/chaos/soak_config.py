@@ -1,4 +1,5 @@
-"""What a soak runs: its three games, their sizes, and the settings of one run."""
+"""What a soak runs: its four games (three of rlsup's learners and a command game of a user's
+own, tests/chaos/soak_trainer.py), their sizes, and the settings of one run."""
 
 from __future__ import annotations
 
@@ -19,8 +20,17 @@ class GameDef:
     total_steps: int
     args: str
 
+    @property
+    def command(self) -> bool:
+        """A command game (the user's own script on the SDK), not rlsup's worker."""
+        return self.algo == "command"
+
     def iteration_steps(self, num_envs: int) -> int:
         """Agent steps of one training-loop iteration (the slack of the redone-work bound)."""
+        if self.command:
+            from tests.chaos.soak_trainer import STEPS_PER_ENV
+
+            return STEPS_PER_ENV * num_envs
         if self.algo == "ppo":
             return num_envs * N_STEPS
         from training.dqn import AGENT_STEPS_PER_ITERATE
@@ -30,11 +40,11 @@ class GameDef:
 
 # Agent steps per second of fault phase each game gets: about half of what it trains at here
 # (2 cores, three workers) so that it is still training when the schedule ends.
-STEPS_PER_FAULT_S = {"cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170}
+STEPS_PER_FAULT_S = {"cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170, "byo": 1300}
 
 
 def default_games(fault_phase_s: float) -> list[GameDef]:
-    """Three games whose total_steps last about the fault phase."""
+    """Four games whose total_steps last about the fault phase."""
     scale = fault_phase_s / 1.0
     return [
         GameDef(
@@ -59,6 +69,8 @@ def default_games(fault_phase_s: float) -> list[GameDef]:
             int(STEPS_PER_FAULT_S["pong"] * scale),
             "{ eval_episodes = 0, epochs = 1 }",
         ),
+        # The user's own script (soak_trainer.py, 16 steps per env per ~25 ms iteration).
+        GameDef("byo", "", "command", int(STEPS_PER_FAULT_S["byo"] * scale), ""),
     ]
 
 

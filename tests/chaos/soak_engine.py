@@ -123,10 +123,20 @@ class Soak(Injector, Analyst):
             f'[[games]]\nname = "{g.name}"\nenv_id = "{g.env_id}"\nalgo = "{g.algo}"\n'
             f'total_steps = {g.total_steps}\nseed = 1\ndevice = "cpu"\nargs = {g.args}\n'
             for g in s.games
+            if not g.command
+        )
+        trainer = str(REPO / "tests" / "chaos" / "soak_trainer.py")
+        games += "".join(
+            f'[[games]]\nname = "{g.name}"\n'
+            f"command = {json.dumps([PY, trainer, '--name', g.name])}\n"
+            f'heartbeat = true\nknobs = ["num_envs"]\ntotal_steps = {g.total_steps}\n'
+            'seed = 1\ndevice = "cpu"\n'
+            for g in s.games
+            if g.command
         )
         modes = "".join(
             f"[modes.{name}]\nnum_envs = {n}\nbatch_size = 64\nn_steps = {N_STEPS}\n"
-            "max_concurrent = 3\n"
+            f"max_concurrent = {len(s.games)}\n"
             for name, n in (("light", LIGHT_ENVS), ("medium", MEDIUM_ENVS))
         )
         self.config.write_text(
@@ -389,14 +399,19 @@ class Soak(Injector, Analyst):
             time.sleep(0.3)
         return False
 
-    def pick_game(self, need_ckpts: int = 0, avoid_tmpfs: bool = False) -> str | None:
-        """A random game whose worker trains (waiting up to 60 s for one)."""
+    def pick_game(
+        self, need_ckpts: int = 0, avoid_tmpfs: bool = False, builtin: bool = False
+    ) -> str | None:
+        """A random game whose worker trains (waiting up to 60 s for one); `builtin`: one of
+        rlsup's own workers (a fault about env_id or the worker's argv has no command game)."""
+        commands = {g.name for g in self.s.games if g.command}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             ok = [
                 g
                 for g in self.game_names
-                if not self._done(g)
+                if not (builtin and g in commands)
+                and not self._done(g)
                 and self.monitor.healthy(g) is not None
                 and len(self.monitor.committed_steps(g)) >= need_ckpts
                 and not (self.disk_full_until and g == self.tmpfs_game)  # its checkpoints fail now

@@ -161,7 +161,9 @@ class Injector:
         def start_supervisor(self) -> None: ...
         def _mark_killed(self, proc: subprocess.Popen[bytes]) -> None: ...
         def rlsup(self, *args: str) -> subprocess.CompletedProcess[str]: ...
-        def pick_game(self, need_ckpts: int = 0, avoid_tmpfs: bool = False) -> str | None: ...
+        def pick_game(
+            self, need_ckpts: int = 0, avoid_tmpfs: bool = False, builtin: bool = False
+        ) -> str | None: ...
         def wait_disk(self) -> None: ...
         def wait_all_healthy(self, timeout: float, games: list[str] | None = None) -> bool: ...
         def _done(self, game: str) -> bool: ...
@@ -515,7 +517,7 @@ class Injector:
     def _f_env_id_change(self) -> Fault | None:
         """The operator changes a running game's env_id and reloads: the reload must be refused
         naming both values, the worker left alone; reverting and reloading is accepted."""
-        game = self.pick_game(need_ckpts=1)
+        game = self.pick_game(need_ckpts=1, builtin=True)
         if game is None or self.sup is None:
             return None
         gdef = next(g for g in self.s.games if g.name == game)
@@ -1192,7 +1194,7 @@ class Injector:
         if self.mirror.weed is None:
             why = self.skipped.get("mirror_move", "no mirror")
             return Fault("mirror_move", [], time.monotonic(), skipped=why)
-        game = self.pick_game(need_ckpts=1)
+        game = self.pick_game(need_ckpts=1, builtin=True)  # judged by its worker's argv
         if game is None or self.sup is None:
             return None
         original = self.config.read_text()

@@ -93,7 +93,15 @@ class Monitor(threading.Thread):
         pids: dict[str, list[int]] = {}
         for p in psutil.process_iter(["cmdline", "status"]):
             cmd = process_argv(p.info["cmdline"] or [])
-            if "training.worker" not in cmd or p.info["status"] == psutil.STATUS_ZOMBIE:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(part.endswith("soak_trainer.py") for part in cmd):  # the command game
+                names = [cmd[i + 1] for i, part in enumerate(cmd[:-1]) if part == "--name"]
+                if names and names[0] in self.games:
+                    counts[names[0]] = counts.get(names[0], 0) + 1
+                    pids.setdefault(names[0], []).append(p.pid)
+                continue
+            if "training.worker" not in cmd:
                 continue
             for i, part in enumerate(cmd[:-1]):
                 if part == "--run-dir" and cmd[i + 1] in run_dirs:
