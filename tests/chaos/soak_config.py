@@ -40,7 +40,7 @@ class GameDef:
 
 # Agent steps per second of fault phase each game gets: about half of what it trains at here
 # (2 cores, three workers) so that it is still training when the schedule ends.
-STEPS_PER_FAULT_S = {"cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170, "byo": 1300}
+STEPS_PER_FAULT_S = {"cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170, "byo": 600}
 
 
 def default_games(fault_phase_s: float) -> list[GameDef]:
@@ -69,7 +69,7 @@ def default_games(fault_phase_s: float) -> list[GameDef]:
             int(STEPS_PER_FAULT_S["pong"] * scale),
             "{ eval_episodes = 0, epochs = 1 }",
         ),
-        # The user's own script (soak_trainer.py, 16 steps per env per ~25 ms iteration).
+        # The user's own script (soak_trainer.py, 16 steps per env per ~0.1 s iteration).
         GameDef("byo", "", "command", int(STEPS_PER_FAULT_S["byo"] * scale), ""),
     ]
 

@@ -55,7 +55,7 @@ def main() -> int:
             return 1
         replay[:iterations] = saved
     while step < run.total_steps:
-        time.sleep(0.02)  # an iteration's work
+        time.sleep(0.1)  # an iteration's work
         replay[iterations] = rows(iterations, iterations + 1)[0]
         iterations += 1
         step += STEPS_PER_ENV * envs
