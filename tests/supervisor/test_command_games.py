@@ -280,3 +280,44 @@ def test_a_supervisor_restart_stops_a_command_games_leftover_before_starting_it(
     finally:
         stop_supervisor(sup)
     assert not game_processes("plain")
+
+
+RECORD_AND_SLEEP = """
+    import os, time
+    with open(os.path.join(os.environ["RLSUP_RUN_DIR"], f"envs-{os.getpid()}"), "w") as f:
+        f.write(os.environ["RLSUP_NUM_ENVS"])
+    time.sleep(600)
+"""
+
+
+def test_a_mode_change_restarts_only_the_command_games_that_honour_its_knobs(
+    tmp_path: Path,
+) -> None:
+    script = write(tmp_path, "knobs.py", RECORD_AND_SLEEP)
+    medium = "[modes.medium]\nnum_envs = 6\nbatch_size = 16\nn_steps = 8\nmax_concurrent = 8\n"
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        HEAD.replace("[restart]", medium + "[restart]")
+        + command_game("scaled", script, knobs=["num_envs"])
+        + command_game("fixed", script)
+    )
+    state, env = tmp_path / "state", env_for(tmp_path)
+    sup = start_supervisor(config, env)
+    try:
+        (scaled,) = wait_for(lambda: game_processes("scaled"), 30, "scaled started")
+        (fixed,) = wait_for(lambda: game_processes("fixed"), 30, "fixed started")
+        wait_for(lambda: (state / "runs" / "scaled" / f"envs-{scaled.pid}").exists(), 30, "env")
+        assert (state / "runs" / "scaled" / f"envs-{scaled.pid}").read_text() == "3"
+        out = rlsup("scale", "--mode", "medium", "--config", str(config), env=env)
+        assert out.returncode == 0, out.stderr
+        again = wait_for(
+            lambda: [p for p in game_processes("scaled") if p.pid != scaled.pid],
+            60,
+            "scaled restarted in the new mode",
+        )
+        marker = state / "runs" / "scaled" / f"envs-{again[0].pid}"
+        wait_for(marker.exists, 30, "its environment recorded")
+        assert marker.read_text() == "6"
+        assert [p.pid for p in game_processes("fixed")] == [fixed.pid]  # left running
+    finally:
+        stop_supervisor(sup)
