@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gymnasium.wrappers import TimeLimit
 from torch import nn
 
 import rlsup
@@ -76,6 +77,13 @@ def tensor_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def time_limit(env: gym.Env[Any, Any]) -> TimeLimit[Any, Any]:
+    """The TimeLimit wrapper of `gym.make`'s stack (its step count truncates at 500)."""
+    while not isinstance(env, TimeLimit):
+        env = env.env  # type: ignore[attr-defined]
+    return env
+
+
 def env_state(env: gym.Env[Any, Any]) -> dict[str, Any]:
     """CartPole mid-episode: its physics, its RNG and the time limit's count (JSON)."""
     inner = env.unwrapped
@@ -83,7 +91,7 @@ def env_state(env: gym.Env[Any, Any]) -> dict[str, Any]:
         "state": np.asarray(inner.state, dtype=np.float64).tolist(),  # type: ignore[attr-defined]
         "steps_beyond_terminated": inner.steps_beyond_terminated,  # type: ignore[attr-defined]
         "np_random": inner.np_random.bit_generator.state,
-        "elapsed": env._elapsed_steps,  # type: ignore[attr-defined]  # TimeLimit's count
+        "elapsed": time_limit(env)._elapsed_steps,
     }
 
 
@@ -92,7 +100,7 @@ def set_env_state(env: gym.Env[Any, Any], saved: dict[str, Any]) -> None:
     inner.state = np.array(saved["state"], dtype=np.float64)  # type: ignore[attr-defined]
     inner.steps_beyond_terminated = saved["steps_beyond_terminated"]  # type: ignore[attr-defined]
     inner.np_random.bit_generator.state = saved["np_random"]
-    env._elapsed_steps = saved["elapsed"]  # type: ignore[attr-defined]
+    time_limit(env)._elapsed_steps = saved["elapsed"]
 
 
 def main() -> None:
@@ -118,9 +126,8 @@ def main() -> None:
     )
     seed = run.seed if run.seed is not None else args.seed
     random.seed(seed)
-    np.random.seed(seed)
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # all of the loop's numpy randomness (no np.random.*)
     env = gym.make("CartPole-v1")
     obs_dim = int(env.observation_space.shape[0])  # type: ignore[index]
     n_actions = int(env.action_space.n)  # type: ignore[attr-defined]
@@ -162,7 +169,7 @@ def main() -> None:
         if terminated or truncated:
             returns = [*returns, episode_return][-100:]
             episode_return = 0.0
-            obs, _ = env.reset(seed=int(rng.integers(2**31)))
+            obs, _ = env.reset()  # CartPole's own RNG draws the start: in the checkpoint
         step += 1
         if step > args.learning_starts and step % args.train_frequency == 0:
             b = replay.sample(rng, 64)

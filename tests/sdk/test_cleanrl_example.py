@@ -4,9 +4,12 @@ that was never interrupted), and SIGTERM ends in a final checkpoint and exit 75.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from checkpoints.names import MANIFEST_NAME
 from tests.sdk.sb3_helpers import EXAMPLES, Script, committed, heartbeat_step, wait_for
@@ -54,3 +57,39 @@ def test_sigterm_checkpoints_and_exits_75(tmp_path: Path) -> None:
     ((step, _),) = committed(run_dir)
     hb = P.read_heartbeat(run_dir)
     assert hb is not None and hb.last_checkpoint_step == step and step > 300
+
+
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cleanrl_dqn", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_env_state_round_trips_through_json_mid_episode() -> None:
+    """What the kill test cannot reach in 3000 steps: a resumed episode is truncated at the same
+    step (TimeLimit's count), and the episodes after it start where they would have (CartPole's
+    own RNG), with the physics mid-episode exact through JSON."""
+    import gymnasium as gym
+
+    ex = example()
+    a = gym.make("CartPole-v1")
+    a.reset(seed=11)
+    for action in (0, 1, 0, 1, 0):
+        a.step(action)
+    ex.time_limit(a)._elapsed_steps = 497  # truncated 3 steps from now
+    saved = json.loads(json.dumps(ex.env_state(a)))
+    b = gym.make("CartPole-v1")
+    b.reset(seed=99)  # another episode entirely, as a fresh process's first reset
+    ex.set_env_state(b, saved)
+    ends: list[tuple[bool, bool]] = []
+    for i in range(200):
+        action = i % 2
+        got: list[Any] = [a.step(action), b.step(action)]
+        (oa, ra, ta, ua, _), (ob, rb, tb, ub, _) = got
+        assert oa.tobytes() == ob.tobytes() and (ra, ta, ua) == (rb, tb, ub), f"step {i}"
+        if ta or ua:
+            ends.append((ta, ua))
+            assert a.reset()[0].tobytes() == b.reset()[0].tobytes()
+    assert ends[0] == (False, True) and len(ends) > 3  # truncated, then more episodes
