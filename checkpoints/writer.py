@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from checkpoints import _retry
+from checkpoints import _parallel, _retry
 from checkpoints._crashpoints import crash_point
 from checkpoints.atomic import as_byte_view, create_file, fsync_dir, make_dir, write_all
 from checkpoints.errors import CheckpointError, CheckpointWriteFailed
@@ -85,6 +85,7 @@ class CheckpointWriter:
         self._started = time.monotonic()
         self._files: dict[str, FileEntry] = {}
         self._subdirs: set[str] = set()
+        self._unsynced: list[str] = []  # written with sync_at_commit: fsynced by commit()
         self._base_entries_cache: dict[int, dict[str, FileEntry]] = {}
         self._state = "open"
         self.staging = store.root / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
@@ -108,8 +109,10 @@ class CheckpointWriter:
 
     # ---- writing files ----------------------------------------------------------------
 
-    def write_bytes(self, name: str, data: bytes | bytearray | memoryview) -> FileEntry:
-        return self.write_stream(name, (data,))
+    def write_bytes(
+        self, name: str, data: bytes | bytearray | memoryview, *, sync_at_commit: bool = False
+    ) -> FileEntry:
+        return self.write_stream(name, (data,), sync_at_commit=sync_at_commit)
 
     def write_json(self, name: str, obj: Any) -> FileEntry:
         # Strict JSON (no NaN): checkpoint contents must be readable by any tool.
@@ -117,9 +120,18 @@ class CheckpointWriter:
         return self.write_bytes(name, raw)
 
     def write_stream(
-        self, name: str, chunks: Iterable[bytes | bytearray | memoryview]
+        self,
+        name: str,
+        chunks: Iterable[bytes | bytearray | memoryview],
+        *,
+        sync_at_commit: bool = False,
     ) -> FileEntry:
-        """Write chunks as they come, hashing as it goes: memory used is one chunk."""
+        """Write chunks as they come, hashing as it goes: memory used is one chunk.
+
+        sync_at_commit: fsync the file at commit instead of now. For many large files (the
+        SDK's array chunks) the kernel then writes them back while the next ones are written,
+        instead of one synchronous flush per file; commit fsyncs them all (naming a file that
+        fails) before the manifest, so the protocol's guarantee is the same."""
         path = self._prepare(name)
         digest = hashlib.sha256()
         size = 0
@@ -128,15 +140,26 @@ class CheckpointWriter:
             try:
                 for chunk in chunks:
                     view = as_byte_view(chunk)
-                    digest.update(view)
-                    size += write_all(fd, view)
+                    if len(view) >= _parallel.WORTH_IT_BYTES:
+                        # Hash on another core while this one writes the same bytes.
+                        hashed = _parallel.pool().submit(digest.update, view)
+                        try:
+                            size += write_all(fd, view)
+                        finally:
+                            hashed.result()
+                    else:
+                        digest.update(view)
+                        size += write_all(fd, view)
                     crash_point(f"after_chunk:{name}")
                 # fsync now rather than at commit: the data is still hot, and a failure
                 # is attributed to the file that caused it.
-                os.fsync(fd)
+                if not sync_at_commit:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         entry = FileEntry(size=size, sha256=digest.hexdigest())
+        if sync_at_commit:
+            self._unsynced.append(name)
         self._files[name] = entry
         self.stats.bytes_written += size
         self.stats.files_written += 1
@@ -150,6 +173,7 @@ class CheckpointWriter:
         *,
         unchanged_since_step: int | None,
         expect_same: bool = True,
+        sync_at_commit: bool = False,
     ) -> FileEntry:
         """Hard-link `name` from checkpoint `unchanged_since_step` when its file there still
         holds exactly `data`; else write `data`.
@@ -161,13 +185,14 @@ class CheckpointWriter:
 
         expect_same=False: the caller does not know whether `data` changed (the SDK's arrays),
         so a base that differs is simply a changed file, written without a warning.
+        sync_at_commit: as `write_stream`'s, for a file that is written.
         """
         view = as_byte_view(data)
         if unchanged_since_step is not None:
             entry = self._try_link(name, view, unchanged_since_step, expect_same)
             if entry is not None:
                 return entry
-        return self.write_bytes(name, view)
+        return self.write_bytes(name, view, sync_at_commit=sync_at_commit)
 
     def _try_link(
         self, name: str, view: memoryview, base_step: int, expect_same: bool = True
@@ -280,6 +305,13 @@ class CheckpointWriter:
     def commit(self) -> CheckpointRef:
         self._ensure_open()
         final = self._store.path_for(self.step)
+        for name in self._unsynced:
+            with self._failure_guard(f"syncing {name}"):
+                fd = os.open(self.staging / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         with self._failure_guard("committing"):
             for subdir in sorted(self._subdirs):
                 fsync_dir(self.staging / subdir)

@@ -432,6 +432,7 @@ class Run:
                 view,
                 unchanged_since_step=self._base_step,
                 expect_same=False,
+                sync_at_commit=True,  # the kernel writes chunk i back while i+1 is written
             )
         stats = {
             "bytes_written": writer.stats.bytes_written - before_w,
