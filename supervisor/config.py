@@ -421,7 +421,12 @@ _GAME: dict[str, Field] = {
         lambda v: GAME_NAME_RE.fullmatch(v) is not None,
         "a name matching [a-z0-9_-]{1,40}",
     ),
-    "env_id": ((str,), None, None, "an envpool task id"),
+    "env_id": (
+        (str,),
+        None,
+        None,
+        "an envpool task id, or `command` (your own program) instead of env_id/algo",
+    ),
     "algo": ((str,), "ppo", lambda v: v in worker_args.ALGOS, " | ".join(worker_args.ALGOS)),
     "total_steps": ((int,), None, _positive, "a positive integer"),
     "seed": ((int,), 1, lambda v: 0 <= v < 2**63, "an integer >= 0"),
