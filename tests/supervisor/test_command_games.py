@@ -280,3 +280,52 @@ def test_a_supervisor_restart_stops_a_command_games_leftover_before_starting_it(
     finally:
         stop_supervisor(sup)
     assert not game_processes("plain")
+
+
+RECORD_THEN_SLEEP = RECORD_ENV + """
+    import time
+    time.sleep(600)
+"""
+HEAVY = """\
+[modes.heavy]
+num_envs = 6
+batch_size = 16
+n_steps = 8
+max_concurrent = 8
+"""
+
+
+def test_a_mode_change_restarts_only_a_command_game_that_honours_a_knob(tmp_path: Path) -> None:
+    """`rlsup scale`: the game with `knobs = ["num_envs"]` restarts with the heavy mode's
+    RLSUP_NUM_ENVS; the one without knobs keeps its process (no restart, no failure)."""
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        HEAD.replace("[restart]", HEAVY + "[restart]")
+        + command_game("fixed", write(tmp_path, "fixed.py", SLEEP))
+        + command_game("scaled", write(tmp_path, "scaled.py", RECORD_THEN_SLEEP), knobs=["num_envs"])
+    )
+    state, env = tmp_path / "state", env_for(tmp_path)
+    recorded = state / "runs" / "scaled" / "env.json"
+    sup = start_supervisor(config, env)
+    try:
+        (fixed,) = wait_for(lambda: game_processes("fixed"), 30, "fixed started")
+        (scaled,) = wait_for(lambda: game_processes("scaled"), 30, "scaled started")
+        wait_for(recorded.exists, 30, "scaled recorded its environment")
+        assert json.loads(recorded.read_text())[P.NUM_ENVS_ENV] == "3"
+        recorded.unlink()
+        out = rlsup("scale", "--mode", "heavy", "--config", str(config), env=env)
+        assert out.returncode == 0, out.stderr
+        wait_for(recorded.exists, 30, "scaled restarted in the heavy mode")
+        again = json.loads(recorded.read_text())
+        assert (again[P.MODE_ENV], again[P.NUM_ENVS_ENV], again[P.RESUME_COUNT_ENV]) == (
+            "heavy",
+            "6",
+            "1",
+        )
+        assert [p.pid for p in game_processes("scaled")] != [scaled.pid]
+        assert [p.pid for p in game_processes("fixed")] == [fixed.pid]
+        assert status(tmp_path, config)["fixed"]["state"] == "running"
+    finally:
+        stop_supervisor(sup)
+    assert not events(state, "worker_exit", "fixed")[:-1]  # only the final stop
+    assert not events(state, "worker_crash", "scaled") and not events(state, "backoff", "scaled")
