@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
                 return EXIT_OK
             # A command game's checkpoints are its own (the SDK's meta holds what the script
             # put there, no env id of ours): nothing of ours to compare them with.
-            want = {} if game.command is not None else {"game": game.env_id, "algo": game.algo}
+            want: dict[str, object] = {"game": game.env_id, "algo": game.algo}
+            if game.command is not None:
+                want = {}
             accept = same_run(want)
             restored = restore_newest(remote, args.game, store, accept=accept)
     except BlockingIOError:

@@ -65,13 +65,22 @@ BAD = [
     ("args", COMMAND + "args = { learning_starts = 1 }\n", ["games[2].args", "command"]),
     ("neither", '[[games]]\nname = "x"\ntotal_steps = 10\n', ["games[2].env_id", "command"]),
     ("empty command", '[[games]]\nname = "x"\ncommand = []\n', ["games[2].command", "[]"]),
-    ("command string", '[[games]]\nname = "x"\ncommand = "python t.py"\n',
-     ["games[2].command", "'python t.py'", "list of strings"]),  # fmt: skip
-    ("command not strings", '[[games]]\nname = "x"\ncommand = ["python", 3]\n',
-     ["games[2].command", "['python', 3]"]),  # fmt: skip
+    (
+        "command string",
+        '[[games]]\nname = "x"\ncommand = "python t.py"\n',
+        ["games[2].command", "'python t.py'", "list of strings"],
+    ),
+    (
+        "command not strings",
+        '[[games]]\nname = "x"\ncommand = ["python", 3]\n',
+        ["games[2].command", "['python', 3]"],
+    ),
     ("RLSUP_ env", COMMAND + 'env = { RLSUP_SEED = "3" }\n', ["games[2].env.RLSUP_SEED", "remove"]),
-    ("CUDA env", COMMAND + 'env = { CUDA_VISIBLE_DEVICES = "0" }\n',
-     ["games[2].env.CUDA_VISIBLE_DEVICES", "supervisor"]),  # fmt: skip
+    (
+        "CUDA env",
+        COMMAND + 'env = { CUDA_VISIBLE_DEVICES = "0" }\n',
+        ["games[2].env.CUDA_VISIBLE_DEVICES", "supervisor"],
+    ),
     ("env not a string", COMMAND + "env = { N = 3 }\n", ["games[2].env.N", "N = 3", "string"]),
     ("env not a table", COMMAND + 'env = ["A=1"]\n', ["games[2].env", "['A=1']"]),
     ("heartbeat not bool", COMMAND + 'heartbeat = "yes"\n', ["games[2].heartbeat", "'yes'"]),

@@ -282,10 +282,13 @@ def test_a_supervisor_restart_stops_a_command_games_leftover_before_starting_it(
     assert not game_processes("plain")
 
 
-RECORD_THEN_SLEEP = RECORD_ENV + """
+RECORD_THEN_SLEEP = (
+    RECORD_ENV
+    + """
     import time
     time.sleep(600)
 """
+)
 HEAVY = """\
 [modes.heavy]
 num_envs = 6
@@ -302,7 +305,9 @@ def test_a_mode_change_restarts_only_a_command_game_that_honours_a_knob(tmp_path
     config.write_text(
         HEAD.replace("[restart]", HEAVY + "[restart]")
         + command_game("fixed", write(tmp_path, "fixed.py", SLEEP))
-        + command_game("scaled", write(tmp_path, "scaled.py", RECORD_THEN_SLEEP), knobs=["num_envs"])
+        + command_game(
+            "scaled", write(tmp_path, "scaled.py", RECORD_THEN_SLEEP), knobs=["num_envs"]
+        )
     )
     state, env = tmp_path / "state", env_for(tmp_path)
     recorded = state / "runs" / "scaled" / "env.json"
