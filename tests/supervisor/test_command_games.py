@@ -102,6 +102,7 @@ CRASH = """
 """
 CONFIG_ERROR = """
     import sys
+    print("usage: train.py [--lr LR]", file=sys.stderr)
     print("train.py: --lr must be positive, got -1", file=sys.stderr)
     sys.exit(78)
 """
@@ -154,6 +155,11 @@ def test_command_games_get_the_contract_and_every_failure_ends_defined(tmp_path:
         assert not quiet["heartbeat_stale"]
         text = rlsup("status", "--config", str(config), env=env_for(tmp_path)).stdout
         assert "quiet: command game, L0" in text and "no hang detection" in text
+        # The log's tail says why, each of its lines kept under the note.
+        assert (
+            "! badconf: fatal: configuration error: usage: train.py [--lr LR]\n"
+            "      train.py: --lr must be positive, got -1\n"
+        ) in text, text
     finally:
         stop_supervisor(sup)
     assert not game_processes("quiet") and not game_processes("silent")
