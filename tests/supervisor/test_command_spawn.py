@@ -125,3 +125,39 @@ def test_a_command_games_leftover_is_recognised_by_its_environment(tmp_path: Pat
         for p in (game, plain):
             p.kill()
             p.wait()
+
+
+class NoSpare:
+    """A spare keeper that must never be asked: a command game is always a cold start."""
+
+    def take(self, *args: object) -> None:
+        raise AssertionError("a command game was offered the spare")
+
+
+def test_a_command_game_is_never_served_by_the_spare_and_runs_its_argv(tmp_path: Path) -> None:
+    import pytest
+
+    from supervisor.launch.launcher import Launcher
+
+    launcher = Launcher(spare=NoSpare())  # type: ignore[arg-type]
+    out = tmp_path / "argv.txt"
+    code = "import sys, os; open(sys.argv[1], 'w').write(os.getcwd() + ' ' + sys.argv[2])"
+    proc = launcher.spawn(
+        [sys.executable, "-c", code, str(out), "hello"],
+        tmp_path / "mine.log",
+        0.0,
+        cwd=tmp_path,
+        command=True,
+    )
+    try:
+        assert proc.wait(30) == 0
+    finally:
+        proc.close()
+    assert out.read_text() == f"{tmp_path} hello"
+    # A program that is not there: the OSError the supervisor ends the game FATAL on.
+    with pytest.raises(FileNotFoundError):
+        launcher.spawn(["/nonexistent/train"], tmp_path / "x.log", 0.0, cwd=tmp_path, command=True)
+    not_executable = tmp_path / "train.sh"
+    not_executable.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        launcher.spawn([str(not_executable)], tmp_path / "x.log", 0.0, cwd=tmp_path, command=True)
