@@ -340,3 +340,37 @@ def test_a_mode_change_restarts_only_a_command_game_that_honours_a_knob(tmp_path
         stop_supervisor(sup)
     assert not events(state, "worker_exit", "fixed")[:-1]  # only the final stop
     assert not events(state, "worker_crash", "scaled") and not events(state, "backoff", "scaled")
+
+
+BEATS_THEN_STALLS = """
+    import time, rlsup
+    run = rlsup.attach(step_deadline_s=1)
+    for step in range(1, 30):
+        run.heartbeat(step * 10)
+        time.sleep(0.05)
+    time.sleep(600)  # alive, its heartbeat thread fresh, its step stuck
+"""
+
+
+def test_a_game_that_promised_no_heartbeat_but_sends_them_is_judged_by_them(
+    tmp_path: Path,
+) -> None:
+    """`heartbeat = false` is no exemption once heartbeats come: a stuck step is a hang."""
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        HEAD + command_game("stalls", write(tmp_path, "stalls.py", BEATS_THEN_STALLS))
+    )
+    state = tmp_path / "state"
+    sup = start_supervisor(config, env_for(tmp_path))
+    try:
+        doc = wait_for(
+            lambda: (d := status(tmp_path, config)["stalls"])["contract_level"] == "L1" and d,
+            30,
+            "its heartbeats seen",
+        )
+        assert (doc["kind"], doc["hang_detection"]) == ("command", True)
+        (hang, *_) = wait_for(lambda: events(state, "worker_hang", "stalls"), 40, "judged hung")
+        assert "global_step stuck at 290" in hang["detail"]["reason"]
+    finally:
+        stop_supervisor(sup)
+    assert not game_processes("stalls")
