@@ -1084,7 +1084,10 @@ def worker_config(
     mirror: MirrorConfig | None = None,
 ) -> worker_args.WorkerConfig:
     """The worker's arguments for one game in one mode (validated by the protocol); with a
-    mirror, where to restore from when the run dir has no checkpoint."""
+    mirror, where to restore from when the run dir has no checkpoint. Built-in games only: a
+    command game runs its own program (launch/spawn.py `command_env`)."""
+    if game.command is not None:
+        raise ValueError(f"game {game.name!r} is a command game: it has no worker arguments")
     # The mode's rollout length and the file's checkpoint interval are defaults a game's args
     # may override; what the supervisor sets below is its own (args cannot name it: refused
     # at load) and is applied last all the same.

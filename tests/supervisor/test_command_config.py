@@ -164,3 +164,11 @@ def test_init_byo_writes_a_config_that_loads_and_a_script(
     assert json.loads(json.dumps(dict(game.env)))  # a plain table of strings
     # A second init keeps what is there.
     assert main(["init", "--example", "byo", str(path)]) == 1
+
+
+def test_worker_config_is_for_builtin_games_only(tmp_path: Path) -> None:
+    from supervisor.config import worker_config
+
+    cfg = load_config(write(tmp_path, COMMAND))
+    with pytest.raises(ValueError, match="'mine' is a command game"):
+        worker_config(cfg.game("mine"), cfg.mode("light"), tmp_path, 60.0, threads=1)
