@@ -421,7 +421,12 @@ _GAME: dict[str, Field] = {
         lambda v: GAME_NAME_RE.fullmatch(v) is not None,
         "a name matching [a-z0-9_-]{1,40}",
     ),
-    "env_id": ((str,), None, None, "an envpool task id"),
+    "env_id": (
+        (str,),
+        None,
+        None,
+        "an envpool task id, or `command` (your own program) instead of env_id/algo",
+    ),
     "algo": ((str,), "ppo", lambda v: v in worker_args.ALGOS, " | ".join(worker_args.ALGOS)),
     "total_steps": ((int,), None, _positive, "a positive integer"),
     "seed": ((int,), 1, lambda v: 0 <= v < 2**63, "an integer >= 0"),
@@ -1079,7 +1084,10 @@ def worker_config(
     mirror: MirrorConfig | None = None,
 ) -> worker_args.WorkerConfig:
     """The worker's arguments for one game in one mode (validated by the protocol); with a
-    mirror, where to restore from when the run dir has no checkpoint."""
+    mirror, where to restore from when the run dir has no checkpoint. Built-in games only: a
+    command game runs its own program (launch/spawn.py `command_env`)."""
+    if game.command is not None:
+        raise ValueError(f"game {game.name!r} is a command game: it has no worker arguments")
     # The mode's rollout length and the file's checkpoint interval are defaults a game's args
     # may override; what the supervisor sets below is its own (args cannot name it: refused
     # at load) and is applied last all the same.

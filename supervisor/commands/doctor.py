@@ -179,6 +179,12 @@ def diagnose(
         )  # fmt: skip
     games: list[dict[str, Any]] = []
     for spec in config.games if config is not None else ():
+        if spec.command is not None:
+            # A command game runs its own program with its own torch (or none): this torch
+            # says nothing about it. It is placed on a GPU like any other game.
+            games.append({"name": spec.name, "device": spec.device, "ok": True, "note": None,
+                          "uses": None, "kind": "command", "precision": None})  # fmt: skip
+            continue
         verdict = _game_verdict(spec.name, spec.device, cuda_usable, fallback, installed)
         precision = _game_precision(spec, verdict["uses"], gpus, runtime)
         games.append({**verdict, "precision": precision})
@@ -359,6 +365,8 @@ def render_human(doc: dict[str, Any]) -> str:
         lines += ["", f"games ({doc['config']}):"]
         for g in doc["games"]:
             uses = g["uses"] or "nothing usable"
+            if g.get("kind") == "command":
+                uses = "its own program's choice (a command game)"
             if g.get("fallback"):
                 uses += f" ({g['fallback']})"
             if g.get("precision"):

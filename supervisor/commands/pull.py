@@ -82,7 +82,12 @@ def run(args: argparse.Namespace) -> int:
                     f"(the mirror's newest is step {steps[-1]}): nothing to pull"
                 )
                 return EXIT_OK
-            accept = same_run({"game": game.env_id, "algo": game.algo})
+            # A command game's checkpoints are its own (the SDK's meta holds what the script
+            # put there, no env id of ours): nothing of ours to compare them with.
+            want: dict[str, object] = {"game": game.env_id, "algo": game.algo}
+            if game.command is not None:
+                want = {}
+            accept = same_run(want)
             restored = restore_newest(remote, args.game, store, accept=accept)
     except BlockingIOError:
         print(

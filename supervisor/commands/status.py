@@ -341,10 +341,11 @@ def _notes(games: list[GameDoc], now: float) -> list[str]:
         if g["pid_alive"] is False:
             notes.append(f"! {g['name']}: recorded pid {g['pid']} is not alive")
         if g["state"] in ("fatal", "backoff") and g["reason"]:
-            notes.append(f"! {g['name']}: {g['state']}: {g['reason']}")
+            notes.append(_indented(f"! {g['name']}: {g['state']}: {g['reason']}"))
         if g["last_error"] and g["last_error"].get("message"):
             e = g["last_error"]
-            notes.append(f"  {g['name']}: last error {e.get('kind')}: {e.get('message')}")
+            line = f"  {g['name']}: last error {e.get('kind')}: {e.get('message')}"
+            notes.append(_indented(line))
         if not g["in_config"]:
             notes.append(f"? {g['name']}: in the database but not in the configuration")
         if g.get("kind") == "command":
@@ -352,3 +353,8 @@ def _notes(games: list[GameDoc], now: float) -> list[str]:
             command = " ".join(g["command"] or [])
             notes.append(f"  {g['name']}: command game, {g['contract_level']}: {command}{hang}")
     return notes
+
+
+def _indented(note: str) -> str:
+    """A note whose text has several lines (a command game's log tail) keeps them under it."""
+    return note.rstrip("\n").replace("\n", "\n      ")

@@ -18,8 +18,11 @@ def cpu_fallback_warnings(games: Iterable[GameSpec]) -> list[tuple[str, dict[str
     """Each `device = "auto"` game that will train on the CPU although this host has an NVIDIA
     driver (a CPU-only torch is installed), with the detail of its `device_fallback` event:
     reason, torch, driver, fix. Empty without a driver, with a CUDA torch, or with no auto game
-    (`device = "cuda"` there is refused by the configuration check instead)."""
-    auto = [game.name for game in games if game.device == "auto"]
+    (`device = "cuda"` there is refused by the configuration check instead). Command games
+    never: rlsup's torch is not theirs."""
+    # A command game runs its own program, maybe with another torch (or none): what rlsup's
+    # torch can do says nothing about it, and it is placed on a GPU as any other.
+    auto = [game.name for game in games if game.device == "auto" and game.command is None]
     if not auto:
         return []
     driver = torchbuild.driver_version()

@@ -347,3 +347,20 @@ def test_each_game_says_the_arithmetic_its_worker_will_pick(
         "gpu: device = cuda -> nothing usable",
     ):
         assert line in text, text
+
+
+@pytest.mark.skipif(not installed_is_cpu(), reason="plays a CPU-only torch on a driver host")
+def test_doctor_does_not_judge_a_command_game_by_rlsups_torch(tmp_path: Path) -> None:
+    """A command game brings its own torch (or none): `device = "cuda"` is no problem on a
+    driver host where rlsup's own torch is CPU-only."""
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        CONFIG.format(second="cpu")
+        + '[[games]]\nname = "mine"\ncommand = ["python", "train.py"]\ndevice = "cuda"\n'
+    )
+    r = doctor_cli(tmp_path, "--json", "--config", str(config), driver=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    mine = {g["name"]: g for g in json.loads(r.stdout)["games"]}["mine"]
+    assert (mine["ok"], mine["kind"], mine["uses"], mine["note"]) == (True, "command", None, None)
+    human = doctor_cli(tmp_path, "--config", str(config), driver=True)
+    assert "mine: device = cuda -> its own program's choice (a command game)" in human.stdout

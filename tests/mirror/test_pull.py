@@ -53,3 +53,30 @@ def test_pull_restores_once_and_respects_a_running_worker(
 
     bad = rlsup("pull", "--game", "nope", "--config", str(config), env=env)
     assert bad.returncode == 2 and "no game 'nope'" in bad.stderr
+
+
+def test_pull_restores_a_command_games_own_checkpoint(
+    weed: Weed, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A command game's checkpoint holds the script's own meta (the SDK's, and an `algo` of
+    the script's choosing): nothing of rlsup's worker to compare it with, so it is restored."""
+    url, remote = remote_for(weed, request)
+    other = CheckpointStore(tmp_path / "elsewhere")
+    w = other.begin(300, {"sdk": 1, "name": "mine", "algo": "PPO"})
+    w.write_bytes("state.json", b"{}")
+    w.commit()
+    upload_checkpoint(remote, "mine", other.committed()[-1])
+
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        'state_dir = "state"\n[modes.light]\nnum_envs = 1\nbatch_size = 8\nn_steps = 8\n'
+        'max_concurrent = 1\n[[games]]\nname = "mine"\ncommand = ["python", "train.py"]\n'
+        f'[mirror]\nurl = "{url}"\nendpoint_url = "{weed.endpoint}"\n'
+    )
+    out = rlsup(
+        "pull", "--game", "mine", "--config", str(config), env=env_for(tmp_path, **TEST_AWS_ENV)
+    )
+    assert out.returncode == 0, out.stderr
+    assert "restored ckpt step 300" in out.stdout
+    local = CheckpointStore(tmp_path / "state" / "runs" / "mine" / "checkpoints")
+    assert [r.step for r in local.committed()] == [300]

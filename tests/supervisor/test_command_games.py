@@ -102,6 +102,7 @@ CRASH = """
 """
 CONFIG_ERROR = """
     import sys
+    print("usage: train.py [--lr LR]", file=sys.stderr)
     print("train.py: --lr must be positive, got -1", file=sys.stderr)
     sys.exit(78)
 """
@@ -154,6 +155,11 @@ def test_command_games_get_the_contract_and_every_failure_ends_defined(tmp_path:
         assert not quiet["heartbeat_stale"]
         text = rlsup("status", "--config", str(config), env=env_for(tmp_path)).stdout
         assert "quiet: command game, L0" in text and "no hang detection" in text
+        # The log's tail says why, each of its lines kept under the note.
+        assert (
+            "! badconf: fatal: configuration error: usage: train.py [--lr LR]\n"
+            "      train.py: --lr must be positive, got -1\n"
+        ) in text, text
     finally:
         stop_supervisor(sup)
     assert not game_processes("quiet") and not game_processes("silent")
@@ -282,42 +288,89 @@ def test_a_supervisor_restart_stops_a_command_games_leftover_before_starting_it(
     assert not game_processes("plain")
 
 
-RECORD_AND_SLEEP = """
-    import os, time
-    with open(os.path.join(os.environ["RLSUP_RUN_DIR"], f"envs-{os.getpid()}"), "w") as f:
-        f.write(os.environ["RLSUP_NUM_ENVS"])
+RECORD_THEN_SLEEP = (
+    RECORD_ENV
+    + """
+    import time
     time.sleep(600)
+"""
+)
+HEAVY = """\
+[modes.heavy]
+num_envs = 6
+batch_size = 16
+n_steps = 8
+max_concurrent = 8
 """
 
 
-def test_a_mode_change_restarts_only_the_command_games_that_honour_its_knobs(
-    tmp_path: Path,
-) -> None:
-    script = write(tmp_path, "knobs.py", RECORD_AND_SLEEP)
-    medium = "[modes.medium]\nnum_envs = 6\nbatch_size = 16\nn_steps = 8\nmax_concurrent = 8\n"
+def test_a_mode_change_restarts_only_a_command_game_that_honours_a_knob(tmp_path: Path) -> None:
+    """`rlsup scale`: the game with `knobs = ["num_envs"]` restarts with the heavy mode's
+    RLSUP_NUM_ENVS; the one without knobs keeps its process (no restart, no failure)."""
     config = tmp_path / "rlsup.toml"
     config.write_text(
-        HEAD.replace("[restart]", medium + "[restart]")
-        + command_game("scaled", script, knobs=["num_envs"])
-        + command_game("fixed", script)
+        HEAD.replace("[restart]", HEAVY + "[restart]")
+        + command_game("fixed", write(tmp_path, "fixed.py", SLEEP))
+        + command_game(
+            "scaled", write(tmp_path, "scaled.py", RECORD_THEN_SLEEP), knobs=["num_envs"]
+        )
     )
     state, env = tmp_path / "state", env_for(tmp_path)
+    recorded = state / "runs" / "scaled" / "env.json"
     sup = start_supervisor(config, env)
     try:
-        (scaled,) = wait_for(lambda: game_processes("scaled"), 30, "scaled started")
         (fixed,) = wait_for(lambda: game_processes("fixed"), 30, "fixed started")
-        wait_for(lambda: (state / "runs" / "scaled" / f"envs-{scaled.pid}").exists(), 30, "env")
-        assert (state / "runs" / "scaled" / f"envs-{scaled.pid}").read_text() == "3"
-        out = rlsup("scale", "--mode", "medium", "--config", str(config), env=env)
+        (scaled,) = wait_for(lambda: game_processes("scaled"), 30, "scaled started")
+        wait_for(recorded.exists, 30, "scaled recorded its environment")
+        assert json.loads(recorded.read_text())[P.NUM_ENVS_ENV] == "3"
+        recorded.unlink()
+        out = rlsup("scale", "--mode", "heavy", "--config", str(config), env=env)
         assert out.returncode == 0, out.stderr
-        again = wait_for(
-            lambda: [p for p in game_processes("scaled") if p.pid != scaled.pid],
-            60,
-            "scaled restarted in the new mode",
+        wait_for(recorded.exists, 30, "scaled restarted in the heavy mode")
+        again = json.loads(recorded.read_text())
+        assert (again[P.MODE_ENV], again[P.NUM_ENVS_ENV], again[P.RESUME_COUNT_ENV]) == (
+            "heavy",
+            "6",
+            "1",
         )
-        marker = state / "runs" / "scaled" / f"envs-{again[0].pid}"
-        wait_for(marker.exists, 30, "its environment recorded")
-        assert marker.read_text() == "6"
-        assert [p.pid for p in game_processes("fixed")] == [fixed.pid]  # left running
+        assert [p.pid for p in game_processes("scaled")] != [scaled.pid]
+        assert [p.pid for p in game_processes("fixed")] == [fixed.pid]
+        assert status(tmp_path, config)["fixed"]["state"] == "running"
     finally:
         stop_supervisor(sup)
+    assert not events(state, "worker_exit", "fixed")[:-1]  # only the final stop
+    assert not events(state, "worker_crash", "scaled") and not events(state, "backoff", "scaled")
+
+
+BEATS_THEN_STALLS = """
+    import time, rlsup
+    run = rlsup.attach(step_deadline_s=1)
+    for step in range(1, 30):
+        run.heartbeat(step * 10)
+        time.sleep(0.05)
+    time.sleep(600)  # alive, its heartbeat thread fresh, its step stuck
+"""
+
+
+def test_a_game_that_promised_no_heartbeat_but_sends_them_is_judged_by_them(
+    tmp_path: Path,
+) -> None:
+    """`heartbeat = false` is no exemption once heartbeats come: a stuck step is a hang."""
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        HEAD + command_game("stalls", write(tmp_path, "stalls.py", BEATS_THEN_STALLS))
+    )
+    state = tmp_path / "state"
+    sup = start_supervisor(config, env_for(tmp_path))
+    try:
+        doc = wait_for(
+            lambda: (d := status(tmp_path, config)["stalls"])["contract_level"] == "L1" and d,
+            30,
+            "its heartbeats seen",
+        )
+        assert (doc["kind"], doc["hang_detection"]) == ("command", True)
+        (hang, *_) = wait_for(lambda: events(state, "worker_hang", "stalls"), 40, "judged hung")
+        assert "global_step stuck at 290" in hang["detail"]["reason"]
+    finally:
+        stop_supervisor(sup)
+    assert not game_processes("stalls")

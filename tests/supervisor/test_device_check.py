@@ -143,3 +143,18 @@ def test_the_supervisor_records_one_device_fallback_per_auto_game_at_start(
             signal.signal(s, h)
     assert [(e.game, e.detail["reason"]) for e in fallbacks] == [("cart", "no CUDA torch")]
     assert fallbacks[0].detail["torch"] == "2.13.0+cpu"
+
+
+def test_a_command_game_does_not_depend_on_rlsups_own_torch(tmp_path, host):
+    """Its program brings its own torch (or none): on a driver host with rlsup's CPU-only
+    torch, `device = "cuda"` loads and `device = "auto"` is no CPU fallback."""
+    host(driver=True, torch=CPU_TORCH)
+    path = tmp_path / "rlsup.toml"
+    path.write_text(
+        CONFIG.split("[[games]]")[0]
+        + '[[games]]\nname = "mine"\ncommand = ["python", "train.py"]\ndevice = "cuda"\n'
+        + '[[games]]\nname = "yours"\ncommand = ["python", "train.py"]\ndevice = "auto"\n'
+    )
+    cfg = load_config(path)
+    assert [g.device for g in cfg.games] == ["cuda", "auto"]
+    assert devices.cpu_fallback_warnings(cfg.games) == []
