@@ -300,7 +300,8 @@ def main() -> None:
     )
     print(
         f"sdk: the sha256 of every byte (its manifest; the load verifies them) takes "
-        f"{sha256_s:.2f} s alone on this CPU; its 16 MiB chunks are hashed on a second core as written and fsynced together at commit"
+        f"{sha256_s:.2f} s alone on this CPU; its 16 MiB chunks are hashed on a second core "
+        "as they are written and fsynced together at commit"
     )
     facts = {"host": host_facts(), "gib": args.gib, "sdk_sha256_s": sha256_s}
     print(json.dumps({**facts, "sdk": sdk, "sb3": sb3}))
