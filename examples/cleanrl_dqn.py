@@ -186,7 +186,8 @@ def main() -> None:
 
         mean = float(np.mean(returns)) if returns else None  # --- the SDK: ~10 lines ---
         run.heartbeat(step, episodes=len(returns), mean_return=mean)
-        if run.should_checkpoint(step) or step >= run.total_steps:
+        stop = run.should_stop()  # read once: a SIGTERM may land between two questions
+        if stop or run.should_checkpoint(step) or step >= run.total_steps:
             with run.checkpoint(step) as d:
                 (d / "nets.pt").write_bytes(tensor_bytes({
                     "q": q.state_dict(), "target": target.state_dict(),
@@ -200,7 +201,7 @@ def main() -> None:
                 }))  # fmt: skip
                 for name, array in replay.arrays.items():
                     run.save_arrays(name, array)
-        if run.should_stop():
+        if stop:
             run.exit_stopped()
     print(f"finished step={step} mean_return={np.mean(returns) if returns else 0:.1f}", flush=True)
 

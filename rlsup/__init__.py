@@ -11,11 +11,12 @@
     for step in range(start, total):
         ...                                    # your loop
         run.heartbeat(step, mean_return=r)     # hang detection, status, plot, metrics
-        if run.should_checkpoint(step):        # the interval, a request, or a stop
+        stop = run.should_stop()               # read once: SIGTERM may land any time
+        if stop or run.should_checkpoint(step):  # a stop, the interval, a request
             with run.checkpoint(step) as d:    # committed atomically when the block exits
                 save_my_state(d / "state.pt")
                 run.save_arrays("replay", buffer)   # only changed chunks are written
-        if run.should_stop():                  # SIGTERM: a stop, a reboot, a preemption
+        if stop:                               # SIGTERM: a stop, a reboot, a preemption
             run.exit_stopped()                 # exit 75 (after the final checkpoint above)
 
 Importable without torch (numpy is needed only by the array functions). The contract, level by

@@ -542,7 +542,17 @@ class Run:
         return self.last_checkpoint_time is None or asked > self.last_checkpoint_time
 
     def exit_stopped(self) -> NoReturn:
-        """Exit 75, "stopped after a checkpoint": not a crash, resumed at the next start."""
+        """Exit 75, "stopped after a checkpoint": not a crash, resumed at the next start.
+        Says so on stderr when the step moved past the last checkpoint (that work is redone):
+        a loop that asks `should_stop()` twice can see a SIGTERM that its checkpoint question
+        did not; read it once per iteration, before that question."""
+        if self._training and self._step > (self.last_checkpoint_step or 0):
+            print(
+                f"rlsup: exiting 75 at step {self._step} without a checkpoint of it (last "
+                f"committed: {self.last_checkpoint_step}); the steps since are redone",
+                file=sys.stderr,
+                flush=True,
+            )
         self.close(phase=Phase.STOPPING)
         raise SystemExit(int(ExitCode.STOPPED))
 
@@ -553,8 +563,10 @@ class Run:
             return
         self._closed = True
         if self._hb is not None:
+            fields: dict[str, Any] = {"global_step": self._step} if self._training else {}
             if phase is not None:
-                self._hb.update(phase=str(phase))
+                fields["phase"] = str(phase)
+            self._hb.update(**fields)  # the last step, not the one 50 ms before it
             self._hb.stop()
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)

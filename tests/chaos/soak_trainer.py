@@ -60,7 +60,8 @@ def main() -> int:
         iterations += 1
         step += STEPS_PER_ENV * envs
         run.heartbeat(step, episodes=iterations, mean_return=float(iterations % 100))
-        if run.should_checkpoint(step) or step >= run.total_steps:
+        stop = run.should_stop()  # read once: a SIGTERM may land between two questions
+        if stop or run.should_checkpoint(step) or step >= run.total_steps:
             try:
                 with run.checkpoint(step) as d:
                     state = {"step": step, "iterations": iterations, "pad": "x" * 4096}
@@ -68,7 +69,7 @@ def main() -> int:
                     run.save_arrays("replay", replay[:iterations], chunk_bytes=16 << 10)
             except rlsup.CheckpointFailed as exc:  # a full disk: train on, retried later
                 print(f"{args.name}: {exc}", file=sys.stderr, flush=True)
-        if run.should_stop():
+        if stop:
             run.exit_stopped()
     return 0
 

@@ -331,3 +331,23 @@ def test_a_supervisor_gone_is_a_stop(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert len(_ckpts(run_dir)) == 1
+
+
+def test_an_exit_without_the_last_steps_checkpoint_says_so_and_the_last_step_is_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _attach(tmp_path, exit_on_stop=False)
+    run.heartbeat(10)
+    with run.checkpoint(10):
+        pass
+    for step in range(11, 40):
+        run.heartbeat(step)  # within 50 ms: only the live step moves
+    run.request_stop("test")
+    with pytest.raises(SystemExit) as exited:
+        run.exit_stopped()
+    assert exited.value.code == P.ExitCode.STOPPED
+    assert "exiting 75 at step 39 without a checkpoint of it (last committed: 10)" in (
+        capsys.readouterr().err
+    )
+    hb = P.read_heartbeat(tmp_path)
+    assert hb is not None and (hb.global_step, hb.phase) == (39, "stopping")
