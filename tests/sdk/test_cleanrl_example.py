@@ -40,6 +40,9 @@ def test_killed_and_resumed_it_is_byte_identical_to_an_uninterrupted_run(tmp_pat
     assert [step for step, _ in committed(killed)] == [K]  # killed before its second
     with Script(SCRIPT, ARGS, killed, logs, **NO_TIMER) as c:
         assert c.wait(120) == 0, c.output()
+    # It resumed (a restart from step 0 would write the same checkpoints and pass the rest).
+    hb = P.read_heartbeat(killed)
+    assert hb is not None and hb.resumed_from_step == K and hb.global_step == N
     want = dict(committed(straight))
     got = dict(committed(killed))
     assert sorted(got) == sorted(want) == [K, 2 * K, N]
