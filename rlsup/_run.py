@@ -13,6 +13,7 @@ supervisor (docs/own-trainer.md). Levels, each opted into by calling it:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -234,6 +235,7 @@ class Run:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         if heartbeat_at_once:
             self._start_heartbeat()
+        atexit.register(self.close)  # a script that just returns still publishes its last step
 
     # ---- the run directory ----------------------------------------------------------------
 
