@@ -166,6 +166,7 @@ class TrainingSession:
         self.tb: TensorBoardWriter | None = None
         self._tb_step = -1  # the last step written to the training tags (strictly increasing)
         self._episodes_seen = 0
+        self._row_step = -1  # the step of the last progress row
         self.checkpoint_failures = 0
         self.mirror = Mirror(cfg, run_dir, log, self.hb)  # used only with --mirror-url
         self.fenced: str | None = None  # why a commit was refused by the placement fence
@@ -543,6 +544,11 @@ class TrainingSession:
         """One progress row, and the same diagnostics (plus the returns of the episodes that
         ended since the last one) to TensorBoard."""
         metrics = self.trained.take_metrics()
+        if self.step == self._row_step:
+            # The loop's last iteration already wrote this step's row (and took its
+            # diagnostics): a second row would repeat it with the diagnostics left empty.
+            return
+        self._row_step = self.step
         row = self._progress_row(counters, metrics)
         self.progress.append(row)
         tracker = self.trained.tracker
