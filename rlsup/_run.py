@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
-import fcntl
 import math
 import os
 import re
@@ -248,26 +246,14 @@ class Run:
             raise SdkError(f"run directory {self.run_dir}: not a writable directory")
 
     def _take_lock(self, wait_s: float) -> int:
-        path = self.run_dir / P.LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                    os.close(fd)
-                    raise RunDirLocked(
-                        f"run directory {self.run_dir} is in use by another process (pid "
-                        f"{holder}, holding {path}): one run directory, one writer"
-                    ) from exc
-                time.sleep(0.2)
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
+        try:
+            return P.lock_run_dir(self.run_dir, wait_s)
+        except P.RunDirBusy as exc:
+            raise RunDirLocked(
+                f"run directory {self.run_dir} is in use by another process (pid "
+                f"{exc.holder}, holding {self.run_dir / P.LOCK_FILE}): one run directory, "
+                "one writer"
+            ) from exc
 
     # ---- L1: heartbeats ---------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import signal
 import sys
@@ -25,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 from training.args import ConfigError, WorkerConfig
-from training.protocol import ERROR_FILE, LOCK_FILE, PARENT_PID_ENV, ExitCode
+from training.protocol import ERROR_FILE, PARENT_PID_ENV, ExitCode, RunDirBusy, lock_run_dir
 
 # A predecessor may still be writing its last checkpoint: wait this long for the run-dir lock.
 LOCK_WAIT_S = float(os.environ.get("RLSUP_WORKER_LOCK_WAIT_S", "60"))
@@ -117,23 +116,13 @@ def prepare_run_dir(run_dir: Path) -> Path:
 @contextlib.contextmanager
 def run_dir_lock(run_dir: Path) -> Iterator[None]:
     """Never two writers on one run directory."""
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                    raise RunDirLocked(
-                        f"run dir {run_dir} is locked by another worker (pid {holder})"
-                    ) from exc
-                time.sleep(0.2)
-        with contextlib.suppress(OSError):  # the pid is for humans; the lock is the flock
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        fd = lock_run_dir(run_dir, LOCK_WAIT_S)
+    except RunDirBusy as exc:
+        raise RunDirLocked(
+            f"run dir {run_dir} is locked by another worker (pid {exc.holder})"
+        ) from exc
+    try:
         yield
     finally:
         os.close(fd)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
+import fcntl
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +239,37 @@ THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are se
 # A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's
 # request, a preemption notice): `run.should_checkpoint()` is True until a newer one commits.
 CHECKPOINT_REQUEST_FILE = "checkpoint.request"
+
+
+class RunDirBusy(OSError):
+    """Another process holds a run directory's lock; `holder` is the pid it wrote ("?")."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(errno.EWOULDBLOCK, f"locked by pid {holder}")
+        self.holder = holder
+
+
+def lock_run_dir(run_dir: Path, wait_s: float) -> int:
+    """Take `<run_dir>/worker.lock` (an exclusive flock; the kernel lets go with the process),
+    waiting up to `wait_s` for a predecessor; write our pid into it for humans. Returns the
+    descriptor to keep open; RunDirBusy when another process still holds it after `wait_s`.
+    The built-in worker and the SDK both take it: never two writers on one run directory."""
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise RunDirBusy(holder) from exc
+            time.sleep(0.2)
+    try:  # the pid is for humans; the lock is the flock
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return fd
