@@ -37,14 +37,20 @@ def test_signal_exit_names_the_signal() -> None:
 
 
 def test_backoff_doubles_until_the_cap() -> None:
-    delays = [backoff_delay_s(n, 1.0, 300.0, jitter=1.0) for n in range(1, 12)]
+    delays = [backoff_delay_s(n, 1.0, 300.0, jitter=1.0) for n in range(2, 13)]
     assert delays[:5] == [1, 2, 4, 8, 16]
     assert max(delays) == 300 and delays[-1] == 300
 
 
+@pytest.mark.parametrize("jitter", [0.0, 0.5, 0.999])
+def test_the_first_restart_in_a_row_is_immediate(jitter: float) -> None:
+    assert backoff_delay_s(1, 5.0, 300.0, jitter) == 0.0
+    assert backoff_delay_s(2, 5.0, 300.0, jitter) >= 2.5
+
+
 @pytest.mark.parametrize("jitter", [0.0, 0.25, 0.999])
 def test_jitter_stays_within_half_to_full_delay(jitter: float) -> None:
-    d = backoff_delay_s(4, 1.0, 300.0, jitter)
+    d = backoff_delay_s(5, 1.0, 300.0, jitter)
     assert 4.0 <= d <= 8.0
 
 
