@@ -1,7 +1,13 @@
-"""Equal learning: the fast path (--precision auto) against the fp32 path on Breakout-v5 PPO.
+"""Equal learning: the fast path (--precision auto) against the fp32 path on Breakout-v5 PPO;
+with `--algos`, the learning table of the algorithms at their own settings.
 
     python benchmarks/learning.py [--steps 500000] [--seeds 1,2] [--game Breakout-v5]
                                   [--parallel 2] [--threads 1] [--out DIR] [--paths fp32,fast]
+    python benchmarks/learning.py --algos ppo,dqn,pqn --seeds 1,2,3 [--steps 500000]
+
+`--algos`: each algorithm on the fast path at the field's settings (ALGO_ARGS: PPO as CleanRL's
+ppo_atari_envpool, DQN as dqn_atari with 1 env, PQN as pqn_atari_envpool scaled to 8 envs),
+per seed; prints per algorithm the mean over seeds of the last-100 mean and its seed spread.
 
 Trains `--steps` agent steps per run with real worker processes (`python -m training.worker`,
 8 envs, 128 steps, minibatch 256, 4 epochs: the throughput benchmark's settings), for each
@@ -33,14 +39,21 @@ from hostinfo import host_facts, host_line
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = {"fp32": "fp32", "fast": "auto"}
+PPO_ARGS = ["--num-envs", "8", "--n-steps", "128", "--batch-size", "256", "--epochs", "4"]
+ALGO_ARGS = {
+    "ppo": PPO_ARGS,
+    "dqn": ["--num-envs", "1", "--end-e", "0.01", "--exploration-fraction", "0.1"],
+    "pqn": ["--num-envs", "8", "--n-steps", "32", "--batch-size", "64", "--epochs", "2"],
+}  # fmt: skip
 
 
-def train(game: str, precision: str, seed: int, steps: int, threads: int, out: Path) -> dict:
-    run_dir = out / f"{game}-{precision}-seed{seed}"
+def train(
+    game: str, precision: str, seed: int, steps: int, threads: int, out: Path, algo: str = "ppo"
+) -> dict:
+    run_dir = out / f"{game}-{algo}-{precision}-seed{seed}"
     cmd = [
-        sys.executable, "-m", "training.worker", "--game", game, "--algo", "ppo",
-        "--run-dir", str(run_dir), "--num-envs", "8", "--n-steps", "128",
-        "--batch-size", "256", "--epochs", "4", "--total-steps", str(steps),
+        sys.executable, "-m", "training.worker", "--game", game, "--algo", algo,
+        "--run-dir", str(run_dir), *ALGO_ARGS[algo], "--total-steps", str(steps),
         "--seed", str(seed), "--threads", str(threads), "--precision", PATHS[precision],
         "--checkpoint-every-s", "600", "--eval-episodes", "10", "--eval-budget-s", "60",
         "--no-tensorboard",
@@ -54,6 +67,7 @@ def train(game: str, precision: str, seed: int, steps: int, threads: int, out: P
     ev = json.loads((run_dir / "eval.json").read_text())
     train_s = wall - float(ev.get("seconds") or 0.0)
     return {
+        "algo": algo,
         "path": precision,
         "precision": hb.get("precision"),
         "seed": seed,
@@ -79,8 +93,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="keep the run dirs here")
     parser.add_argument("--paths", default="fp32,fast", help="paths to run: fp32, fast or both")
+    parser.add_argument("--algos", default="", help="the learning table: e.g. ppo,dqn,pqn")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.algos:
+        table(args, [a for a in args.algos.split(",") if a], seeds)
+        return
     # The slower path's runs first (the longest jobs first: the shortest makespan); with one
     # thread per run on its own core, a run's wall time is its own.
     paths = [p for p in ("fp32", "fast") if p in args.paths.split(",")]
@@ -143,6 +161,43 @@ def main() -> None:
             }
         )
     )
+
+
+def table(args: argparse.Namespace, algos: list[str], seeds: list[int]) -> None:
+    """Each algorithm on the fast path at its own settings, per seed: the learning table."""
+    jobs = [(a, seed) for a in algos for seed in seeds]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+            futures = [
+                pool.submit(train, args.game, "fast", s, args.steps, args.threads, out, a)
+                for a, s in jobs
+            ]
+            runs = [f.result() for f in futures]
+        total = time.monotonic() - t0
+    print(
+        f"{host_line()}\n{args.game}, {args.steps} agent steps per run, {args.parallel} runs "
+        f"at a time x {args.threads} thread(s); {total / 60:.0f} min in all"
+    )
+    print(f"{'algo':<6}{'seeds':>6}{'last-100 mean':>15}{'seed spread':>13}{'eval mean':>11}"
+          f"{'steps/s':>9}")  # fmt: skip
+    summary = {}
+    for algo in algos:
+        rs = [r for r in runs if r["algo"] == algo]
+        means = [r["mean_last_100"] for r in rs if r["mean_last_100"] is not None]
+        evals = [r["eval_mean"] for r in rs if r["eval_mean"] is not None]
+        mean = statistics.mean(means) if means else None
+        spread = (max(means) - min(means)) if means else None
+        ev = statistics.mean(evals) if evals else None
+        sps = statistics.mean(r["sps"] for r in rs if r["sps"])
+        summary[algo] = {"mean": mean, "spread": spread, "eval_mean": ev, "sps": sps}
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f"{algo:<6}{len(rs):>6}{fmt(mean):>15}{fmt(spread):>13}{fmt(ev):>11}{sps:>9.0f}")
+    print(json.dumps({"benchmark": "learning_table", "host": host_facts(), "game": args.game,
+                      "steps": args.steps, "runs": runs, "summary": summary,
+                      "minutes": round(total / 60, 1)}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -75,8 +75,15 @@ class GameSpec:
         """ "builtin" (rlsup's worker) or "command" (the user's own program)."""
         return "builtin" if self.command is None else "command"
 
+    def mode_batch(self, mode: ModeSpec) -> int | str | None:
+        """The mode's batch size as this game takes it: None for DQN, which trains on its own
+        `dqn_batch_size` (the mode's is PPO's minibatch)."""
+        return None if self.algo == "dqn" else mode.batch_size
+
     def knob_values(self, mode: ModeSpec) -> tuple[Any, ...]:
         """The mode's sizes this game uses: a change of these restarts its worker."""
+        if self.algo == "dqn":
+            return (mode.num_envs,)  # no minibatch, no rollout length
         if self.command is None:
             return mode.sizes()
         sizes = {"num_envs": mode.num_envs, "batch_size": mode.batch_size}
@@ -1105,7 +1112,7 @@ def worker_config(
         algo=game.algo,
         run_dir=str(run_dir),
         num_envs=mode.num_envs,
-        batch_size=mode.batch_size,
+        batch_size=game.mode_batch(mode),
         total_steps=game.total_steps,
         seed=game.seed,
         device=game.device,

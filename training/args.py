@@ -50,6 +50,9 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+DEFAULT_MINIBATCH = 256  # PPO's minibatch when --batch-size is not given
+
+
 class ConfigError(ValueError):
     """A worker argument is invalid. The message names the flag and the value."""
 
@@ -66,8 +69,11 @@ class WorkerConfig:
     algo: str = _f("ppo", "algorithm: dqn | ppo", choices=ALGOS)
     run_dir: str = _f("runs/default", "run directory: checkpoints, heartbeat, progress, errors")
     num_envs: int = _f(8, "number of vectorized envpool environments")
-    batch_size: int | Literal["auto"] = _f(
-        256, "DQN batch / PPO minibatch; PPO: must divide num_envs*n_steps, or 'auto'"
+    batch_size: int | Literal["auto"] | None = _f(
+        None,
+        "PPO minibatch: must divide num_envs*n_steps, or 'auto' (the largest divisor <= 2048); "
+        "none: the largest divisor <= 256 (256 at the default layout). DQN: its batch, as "
+        "--dqn-batch-size (which is its default)",
     )
     total_steps: int = _f(100_000, "agent steps to train, summed over all envs")
     seed: int = _f(
@@ -114,6 +120,23 @@ class WorkerConfig:
         "MLP hidden sizes for vector obs, e.g. '512,512' (default: 64,64 PPO / 120,84 DQN)",
     )
     # DQN
+    # The field's DQN (Mnih et al. 2015; CleanRL's dqn_atari, SB3): batch 32 every 4 agent
+    # steps, a hard target copy every 1,000. Two departures, for memory and budgets: a 100k
+    # replay (1M Atari transitions are ~7 GB of frames) and learning from 10k steps.
+    dqn_batch_size: int = _f(
+        32, "DQN: transitions per gradient step (its own knob; the mode's batch is PPO's)"
+    )
+    gradient_steps: int = _f(
+        1,
+        "DQN: gradient steps per --train-frequency agent steps; with it, the replay ratio "
+        "for many envs (samples trained per agent step = dqn_batch_size*gradient_steps/"
+        "train_frequency)",
+    )
+    tau: float = _f(
+        1.0,
+        "DQN: target update at each sync: 1 copies the network (hard), below 1 moves the "
+        "target that fraction of the way (Polyak averaging)",
+    )
     buffer_size: int = _f(100_000, "DQN: replay capacity in transitions")
     replay_chunk_kib: int = _f(
         16_384, "DQN: replay chunk file size in KiB, the unit of incremental checkpoints"
@@ -166,10 +189,20 @@ class WorkerConfig:
         return self.num_envs * self.n_steps
 
     def minibatch_size(self) -> int:
-        """PPO minibatch: the explicit batch size, or for 'auto' the largest divisor <= 2048."""
+        """PPO minibatch: the explicit batch size, for 'auto' the largest divisor <= 2048,
+        unset the largest divisor <= 256 (CleanRL's 4 minibatches of 8x128)."""
         if self.batch_size == "auto":
             return largest_divisor_at_most(self.rollout_size(), 2048)
+        if self.batch_size is None:
+            return largest_divisor_at_most(self.rollout_size(), DEFAULT_MINIBATCH)
         return int(self.batch_size)
+
+    def train_batch_size(self) -> int:
+        """The samples one gradient step trains on: DQN's batch (--batch-size where given, as
+        it always was, else --dqn-batch-size), else the minibatch."""
+        if self.algo == "dqn":
+            return self.batch_size if isinstance(self.batch_size, int) else self.dqn_batch_size
+        return self.minibatch_size()
 
     # ---- round trips ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -248,7 +281,9 @@ def _parse_optional(kind: type) -> Any:
     return parse
 
 
-def _parse_batch(text: str) -> int | str:
+def _parse_batch(text: str) -> int | str | None:
+    if text.lower() in ("none", ""):
+        return None
     return "auto" if text == "auto" else int(text)
 
 
@@ -313,8 +348,8 @@ def check_value(name: str, value: Any) -> None:
         ok, expect = ok and math.isfinite(value), "a finite number"
     elif base == "str":
         ok, expect = isinstance(value, str), "a string"
-    else:  # batch_size: an int or "auto", checked with the rollout size in _check_batch
-        ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool))
+    else:  # batch_size: an int, "auto" or none, checked with the rollout size in _check_batch
+        ok = value in ("auto", None) or (isinstance(value, int) and not isinstance(value, bool))
         expect = 'an integer or "auto"'
     if not ok:
         optional = " (or none)" if kind.endswith("| None") else ""
@@ -329,6 +364,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "start_e": (0.0, 1.0, True),
     "end_e": (0.0, 1.0, True),
     "exploration_fraction": (0.0, 1.0, True),
+    "tau": (0.0, 1.0, False),
     "lr_step_gamma": (0.0, 1.0, False),
     "min_lr": (0.0, math.inf, True),
     "vf_coef": (0.0, math.inf, True),
@@ -368,7 +404,14 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_game(cfg.game)
     for name in ("num_envs", "total_steps", "keep_checkpoints", "n_steps", "epochs", "buffer_size"):
         _check_positive(name, getattr(cfg, name))
-    for name in ("train_frequency", "target_update_interval", "lr_step_size", "replay_chunk_kib"):
+    for name in (
+        "train_frequency",
+        "target_update_interval",
+        "lr_step_size",
+        "replay_chunk_kib",
+        "dqn_batch_size",
+        "gradient_steps",
+    ):
         _check_positive(name, getattr(cfg, name))
     if cfg.learning_starts < 0:
         raise ConfigError(f"--learning-starts {cfg.learning_starts}: must be >= 0")
@@ -415,9 +458,16 @@ def _check_net_arch(text: str) -> None:
 
 
 def _check_batch(cfg: WorkerConfig) -> None:
-    if cfg.batch_size == "auto":
-        if cfg.algo == "dqn":
+    if cfg.algo == "dqn":
+        if cfg.batch_size == "auto":
             raise ConfigError("--batch-size auto: only PPO picks its minibatch; give DQN a number")
+        own = cfg.dqn_batch_size != WorkerConfig.dqn_batch_size
+        if isinstance(cfg.batch_size, int) and own and cfg.batch_size != cfg.dqn_batch_size:
+            raise ConfigError(
+                f"--batch-size {cfg.batch_size} and --dqn-batch-size {cfg.dqn_batch_size}: "
+                "DQN's batch given twice; give --dqn-batch-size only"
+            )
+    if cfg.batch_size is None or cfg.batch_size == "auto":
         return
     _check_positive("batch_size", cfg.batch_size)
     if cfg.algo == "ppo" and cfg.rollout_size() % int(cfg.batch_size) != 0:

@@ -1,8 +1,9 @@
 """Double DQN with a Huber loss, hard target syncs and a linear epsilon schedule (CleanRL's dqn).
 
 One `iterate()` = a block of vector env steps (about 256 agent steps, at least one env step)
-and the gradient steps that fell due: one per `train_frequency` agent steps after
-`learning_starts`. The target network is copied every `target_update_interval` agent steps.
+and the gradient steps that fell due: `gradient_steps` per `train_frequency` agent steps after
+`learning_starts`, each on `dqn_batch_size` transitions. Every `target_update_interval` agent
+steps the target network is copied (`tau` = 1) or moved `tau` of the way (Polyak).
 
 Replay and envpool's next-step auto-reset: an env whose previous step reported done (a game
 over, a truncation, or an Atari life loss) returns the first observation of its next episode
@@ -31,6 +32,8 @@ from training.optim import (
     LRSchedule,
     Precision,
     default_lr,
+    load_adam_state,
+    make_adam,
     restore_rng,
     rng_state,
     warmup_adam,
@@ -90,11 +93,12 @@ class DQNLearner:
         self.target = copy.deepcopy(self.q)
         self.target.requires_grad_(False)
         self.lr = default_lr(cfg, 1e-4, 2.5e-4)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=self.lr)
-        total_updates = max(0, cfg.total_steps - cfg.learning_starts) // cfg.train_frequency
+        self.optimizer = make_adam(self.q.parameters(), lr=self.lr)
+        total_updates = self._updates_due(cfg.total_steps)
         self.schedule = LRSchedule(cfg, self.optimizer, total_updates)
         self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.max_grad_norm = cfg.max_grad_norm or 10.0
+        self.batch = cfg.train_batch_size()
         self.env_steps_per_iterate = max(1, AGENT_STEPS_PER_ITERATE // cfg.num_envs)
 
         self.rng = np.random.default_rng(cfg.seed)
@@ -187,18 +191,30 @@ class DQNLearner:
             obs = next_obs
 
             # Learn and sync
-            due = max(0, self.global_step - cfg.learning_starts) // cfg.train_frequency
-            while self.updates < due and len(replay) >= cfg.batch_size:
+            due = self._updates_due(self.global_step)
+            while self.updates < due and len(replay) >= self.batch:
                 self._train_step(replay)
             if self.global_step // cfg.target_update_interval > self.target_syncs:
                 self.target_syncs = self.global_step // cfg.target_update_interval
-                self.target.load_state_dict(self.q.state_dict())
+                self._sync_target()
         self._obs = obs
         self.schedule.after_steps(self.global_step, self.updates)
 
+    def _updates_due(self, step: int) -> int:
+        cfg = self.cfg
+        return max(0, step - cfg.learning_starts) // cfg.train_frequency * cfg.gradient_steps
+
+    def _sync_target(self) -> None:
+        if self.cfg.tau >= 1.0:
+            self.target.load_state_dict(self.q.state_dict())
+            return
+        with torch.no_grad():
+            target = list(self.target.parameters())
+            torch._foreach_lerp_(target, list(self.q.parameters()), self.cfg.tau)
+
     def _train_step(self, replay: ReplayBuffer) -> None:
         cfg = self.cfg
-        obs, actions, rewards, next_obs, dones = replay.sample(cfg.batch_size, self.rng)
+        obs, actions, rewards, next_obs, dones = replay.sample(self.batch, self.rng)
         obs_t = torch.as_tensor(obs, device=self.device)
         next_t = torch.as_tensor(next_obs, device=self.device)
         actions_t = torch.as_tensor(actions, device=self.device).long().reshape(-1, 1)
@@ -247,7 +263,7 @@ class DQNLearner:
         return np.where(explore, rng.integers(0, self.n_actions, size=len(greedy)), greedy)
 
     def warmup_optimizer(self) -> None:
-        dummy = torch.zeros((self.cfg.batch_size, *self.obs_shape), dtype=self.obs_dtype)
+        dummy = torch.zeros((self.batch, *self.obs_shape), dtype=self.obs_dtype)
         dummy = dummy.to(self.device)
 
         def loss() -> torch.Tensor:
@@ -276,7 +292,7 @@ class DQNLearner:
             raise ValueError(f"not a DQN learner state (algo={state.get('algo')!r})")
         self.q.load_state_dict(state["q"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_adam_state(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["scaler"])
         self.global_step = int(state["global_step"])

@@ -20,7 +20,11 @@ def layer_init(layer: Layer, std: float = math.sqrt(2), bias: float = 0.0) -> La
 
 
 class NatureCNN(nn.Module):
-    """(N, 4, 84, 84) uint8 frames -> (N, 512) features; scales by 1/255 itself."""
+    """(N, 4, 84, 84) uint8 frames -> (N, 512) features; scales by 1/255 itself.
+
+    Channels-last (NHWC) weights and activations: oneDNN's convolutions (and cuDNN's) run
+    without converting layouts around every conv. The frames stay NCHW everywhere else (the
+    replay, the rollout buffers); each forward converts its batch once, as uint8."""
 
     out_dim = 512
 
@@ -38,9 +42,10 @@ class NatureCNN(nn.Module):
             init(nn.Linear(64 * 7 * 7, self.out_dim)),
             nn.ReLU(),
         )
+        self.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(scale_frames(x))
+        return self.net(scale_frames(x.contiguous(memory_format=torch.channels_last)))
 
 
 def scale_frames(x: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,8 @@ from training.optim import (
     Precision,
     default_lr,
     iterations_for,
+    load_adam_state,
+    make_adam,
     restore_rng,
     rng_state,
     warmup_adam,
@@ -132,7 +134,7 @@ class PPOLearner:
 
         self.net = ActorCritic(self.obs_shape, n_actions, cfg.mlp_sizes()).to(device)
         self.lr = default_lr(cfg, 2.5e-4, 2.5e-4)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.lr, eps=1e-5)
+        self.optimizer = make_adam(self.net.parameters(), lr=self.lr, eps=1e-5)
         self.minibatch = cfg.minibatch_size()
         self.n_minibatches = cfg.rollout_size() // self.minibatch
         total_updates = (
@@ -331,7 +333,7 @@ class PPOLearner:
         if state.get("algo") != "ppo":
             raise ValueError(f"not a PPO learner state (algo={state.get('algo')!r})")
         self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_adam_state(self.optimizer, state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["scaler"])
         self.global_step = int(state["global_step"])

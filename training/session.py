@@ -622,7 +622,7 @@ class TrainingSession:
 
 
 def _batch_size(cfg: WorkerConfig) -> int:
-    return cfg.minibatch_size() if cfg.algo == "ppo" else int(cfg.batch_size)
+    return cfg.train_batch_size()
 
 
 def _next_multiple(step: int, every: int | None) -> int | None:

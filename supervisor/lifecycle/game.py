@@ -150,7 +150,7 @@ class Lifecycle:
             "restart after backoff" if restarting else "slot free",
             mode=mode.name,
             num_envs=mode.num_envs,
-            batch_size=mode.batch_size,
+            batch_size=rt.spec.mode_batch(mode),
             n_steps=mode.n_steps,
             threads=threads,
             served=proc.served,

@@ -75,7 +75,8 @@ class GameRuntime:
     def db_row(self, updated: float) -> dict[str, Any]:
         """Its `workers` row: state, the current worker's identity, sizes, last heartbeat."""
         hb, mode, proc = self.heartbeat, self.mode, self.proc
-        batch = mode.batch_size if mode and isinstance(mode.batch_size, int) else None
+        batch = self.spec.mode_batch(mode) if mode else None
+        batch = batch if isinstance(batch, int) else None
         return {
             "state": str(self.state),
             "pid": proc.pid if proc else None,

@@ -293,4 +293,26 @@ def test_a_game_may_still_override_its_rollout_length_and_checkpoint_interval(
     pong = next(g for g in cfg.games if g.name == "pong")
     wc = worker_config(pong, cfg.mode("heavy"), tmp_path / "run", 300.0, threads=1)
     assert (wc.n_steps, wc.checkpoint_every_s, wc.learning_starts) == (32, 900.0, 100)
-    assert (wc.num_envs, wc.batch_size, wc.run_dir) == (8, 256, str(tmp_path / "run"))
+    assert (wc.num_envs, wc.run_dir) == (8, str(tmp_path / "run"))
+
+
+def test_the_modes_batch_is_ppos_minibatch_and_dqn_keeps_its_own(tmp_path: Path) -> None:
+    """A DQN game trains on its own batch (the field's 32, or `args.dqn_batch_size`), never
+    on the mode's minibatch, and a mode change of the batch alone does not restart it."""
+    from supervisor.config import worker_config
+
+    text = GOOD.replace(
+        "args = { learning_starts = 100 }", "args = { learning_starts = 100, dqn_batch_size = 64 }"
+    )
+    (tmp_path / "c.toml").write_text(text)
+    cfg = load_config(tmp_path / "c.toml")
+    cart, pong = cfg.games
+    light, heavy = cfg.mode("light"), cfg.mode("heavy")
+    for mode in (light, heavy):
+        wc = worker_config(pong, mode, tmp_path / "pong", 300.0, threads=1)
+        assert (wc.batch_size, wc.train_batch_size()) == (None, 64)
+        assert pong.mode_batch(mode) is None
+    assert worker_config(cart, heavy, tmp_path / "c", 300.0, threads=1).train_batch_size() == 256
+    same_envs = type(heavy)(name="x", num_envs=8, batch_size=512, n_steps=32, max_concurrent=1)
+    assert pong.knob_values(same_envs) == pong.knob_values(heavy)
+    assert cart.knob_values(same_envs) != cart.knob_values(heavy)
