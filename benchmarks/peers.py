@@ -14,14 +14,16 @@ hits both alike), back to back on this machine's CPU with `--threads` each:
   versions), under benchmarks/cleanrl_shim.py, which imports ale_py (ROMs, ids) and gives
   `envpool.make(env_type="gym")` back the gym 0.23 API those scripts expect. Their TensorBoard
   files go to a temporary directory; wandb and video capture stay off; OMP_NUM_THREADS and
-  MKL_NUM_THREADS = `--threads`;
+  MKL_NUM_THREADS = `--threads` (their envpool keeps its own default thread count, as the
+  scripts make it: with `--threads` below the core count the peer's env stepping has more);
 - rlsup: `python -m training.worker` with the same settings (`--eval-episodes 0`, checkpoints
   every 600 s, TensorBoard on as the peers have it, the default `--precision auto`).
 
 Settings (CPU, `--seed`, Breakout):
 - ppo: CleanRL's defaults: Breakout-v5, 8 envs x 128 steps, 4 minibatches (256), 4 epochs,
   lr 2.5e-4, gamma 0.99, GAE 0.95, clip 0.1, entropy 0.01, value 0.5, grad norm 0.5. CleanRL
-  anneals the learning rate linearly to 0 over the budget; rlsup keeps it constant.
+  anneals the learning rate linearly to 0 over the budget; rlsup too where its worker has
+  `--lr-scheduler linear`, else it keeps it constant (the row's settings line says which).
 - dqn: 1 env, batch 32, train frequency 4, learning starts 1,000, target sync every 1,000, lr
   1e-4, epsilon 1 -> 0.01 over 10 % of the budget, replay `--buffer-size` on both sides.
   CleanRL plays BreakoutNoFrameskip-v4 through gymnasium + SB3's Atari wrappers (the same
@@ -31,8 +33,11 @@ Settings (CPU, `--seed`, Breakout):
   `--dqn-batch-size` where the worker has that flag, else to `--batch-size`.
 - pqn: CleanRL's pqn_atari_envpool defaults scaled to a CPU: Breakout-v5, 8 envs x 128 steps,
   minibatch 256, 2 epochs (CleanRL's default is 4), q_lambda 0.65, RAdam lr 2.5e-4, grad norm
-  10, epsilon 1 -> 0.01 over 10 % of the budget. Where rlsup's build has no `pqn` algorithm,
-  its side says so and the peer is still measured.
+  10, epsilon 1 -> 0.01 over 10 % of the budget, lr annealed as for ppo. Where rlsup's build
+  has no `pqn` algorithm, its side says so and the peer is still measured.
+
+`--rlsup-dir` runs the worker of another rlsup tree (a branch's `git archive`, say) with this
+venv; its algorithms and flags are asked of that tree.
 
 Measured the same way for both: agent steps per second after a warm-up (the first rollout and
 update for ppo/pqn, learning_starts for dqn), (last step - first step after the warm-up) / the
@@ -205,7 +210,7 @@ def ensure_venv(venv: Path) -> dict[str, str]:
 
 
 def cleanrl_script(venv: Path, name: str) -> Path:
-    where = "import cleanrl, os; print(os.path.dirname(cleanrl.__file__))"
+    where = "import cleanrl; print(list(cleanrl.__path__)[0])"  # a namespace package
     out = subprocess.run(
         [str(venv_python(venv)), "-c", where], capture_output=True, text=True, check=True
     )
@@ -236,25 +241,48 @@ class Row:
     runs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def worker_help() -> str:
-    out = subprocess.run(
-        [sys.executable, "-m", "training.worker", "--help"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return out.stdout
+@dataclass(frozen=True)
+class Worker:
+    """What the rlsup tree that runs (`--rlsup-dir`) offers, asked of it in a child process
+    (training.args is torch-free): its algorithms, learning-rate schedules and --help."""
 
+    tree: Path
+    algos: tuple[str, ...]
+    lr_schedulers: tuple[str, ...]
+    help: str
 
-def rlsup_algos() -> tuple[str, ...]:
-    from training.args import ALGOS
+    @classmethod
+    def ask(cls, tree: Path) -> Worker:
+        probe = (
+            "import json; from training import args as a\n"
+            "print(json.dumps([list(a.ALGOS), list(getattr(a, 'LR_SCHEDULERS', ()))]))"
+        )
+        run = {"cwd": tree, "capture_output": True, "text": True, "check": True}
+        algos, scheds = json.loads(subprocess.run([sys.executable, "-c", probe], **run).stdout)
+        help_text = subprocess.run([sys.executable, "-m", "training.worker", "--help"], **run)
+        return cls(tree, tuple(algos), tuple(scheds), help_text.stdout)
 
-    return tuple(ALGOS)
+    def has(self, flag: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", self.help) is not None
+
+    def linear_lr(self) -> list[str]:
+        """CleanRL's linear anneal to 0 (ppo, pqn) where this worker has it, else nothing."""
+        return (
+            ["--lr-scheduler", "linear", "--min-lr", "0"] if "linear" in self.lr_schedulers else []
+        )
 
 
 def round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-def ppo_row(args: argparse.Namespace, venv: Path) -> Row:
+def lr_note(worker: Worker) -> str:
+    if worker.linear_lr():
+        return "annealed linearly to 0 (both)"
+    return "(CleanRL anneals it linearly to 0; this rlsup has no linear schedule: constant)"
+
+
+def ppo_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
     envs, n_steps, minibatches, epochs = 8, 128, 4, 4
     rollout = envs * n_steps
     steps = round_up(args.steps or DEFAULT_STEPS["ppo"], rollout)
@@ -275,18 +303,18 @@ def ppo_row(args: argparse.Namespace, venv: Path) -> Row:
             "--n-steps", str(n_steps), "--batch-size", str(rollout // minibatches),
             "--epochs", str(epochs), "--learning-rate", "2.5e-4", "--gamma", "0.99",
             "--gae-lambda", "0.95", "--clip-coef", "0.1", "--ent-coef", "0.01",
-            "--vf-coef", "0.5", "--max-grad-norm", "0.5",
+            "--vf-coef", "0.5", "--max-grad-norm", "0.5", *worker.linear_lr(),
         ],
         settings=f"{PPO_GAME}, {envs} envs x {n_steps} steps, minibatch "
-        f"{rollout // minibatches}, {epochs} epochs, lr 2.5e-4",
+        f"{rollout // minibatches}, {epochs} epochs, lr 2.5e-4 {lr_note(worker)}",
     )  # fmt: skip
 
 
-def dqn_row(args: argparse.Namespace, venv: Path, help_text: str) -> Row:
+def dqn_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
     starts, freq, target, batch = 1_000, 4, 1_000, 32
     steps = args.steps or DEFAULT_STEPS["dqn"]
     eps = ["--start-e", "1", "--end-e", "0.01", "--exploration-fraction", "0.1"]
-    batch_flag = "--dqn-batch-size" if "--dqn-batch-size" in help_text else "--batch-size"
+    batch_flag = "--dqn-batch-size" if worker.has("--dqn-batch-size") else "--batch-size"
     return Row(
         algo="dqn",
         steps=steps,
@@ -312,25 +340,23 @@ def dqn_row(args: argparse.Namespace, venv: Path, help_text: str) -> Row:
     )  # fmt: skip
 
 
-def pqn_row(args: argparse.Namespace, help_text: str) -> Row:
+def pqn_row(args: argparse.Namespace, worker: Worker) -> Row:
     envs, n_steps, minibatch, epochs, lam = 8, 128, 256, 2, 0.65
     rollout = envs * n_steps
     steps = round_up(args.steps or DEFAULT_STEPS["pqn"], rollout)
     settings = (
         f"{PPO_GAME}, {envs} envs x {n_steps} steps, minibatch {minibatch}, {epochs} epochs, "
-        f"q_lambda {lam}, lr 2.5e-4, epsilon 1 -> 0.01 over 10 %"
+        f"q_lambda {lam}, lr 2.5e-4 {lr_note(worker)}, epsilon 1 -> 0.01 over 10 %"
     )
     eps = ["--start-e", "1", "--end-e", "0.01", "--exploration-fraction", "0.1"]
     rlsup_argv: list[str] | None = None
-    if "pqn" in rlsup_algos():
+    if "pqn" in worker.algos:
         rlsup_argv = [
             "--algo", "pqn", "--game", PPO_GAME, "--num-envs", str(envs),
             "--n-steps", str(n_steps), "--batch-size", str(minibatch), "--epochs", str(epochs),
             "--q-lambda", str(lam), "--learning-rate", "2.5e-4", "--gamma", "0.99",
-            "--max-grad-norm", "10",
+            "--max-grad-norm", "10", *worker.linear_lr(), *eps,
         ]  # fmt: skip
-        if "--start-e" in help_text:  # else the worker's own schedule
-            rlsup_argv += eps
     row = Row(
         algo="pqn",
         steps=steps,
@@ -407,7 +433,7 @@ def run_peer(row: Row, seed: int, venv: Path, threads: int, timeout_s: float) ->
     }
 
 
-def run_rlsup(row: Row, seed: int, threads: int, timeout_s: float) -> dict[str, Any]:
+def run_rlsup(row: Row, seed: int, tree: Path, threads: int, timeout_s: float) -> dict[str, Any]:
     assert row.rlsup_argv is not None
     with tempfile.TemporaryDirectory(prefix="rlsup-peers-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -419,7 +445,7 @@ def run_rlsup(row: Row, seed: int, threads: int, timeout_s: float) -> dict[str, 
         ]  # fmt: skip
         t0 = time.monotonic()
         proc = subprocess.run(
-            cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False
+            cmd, cwd=tree, capture_output=True, text=True, timeout=timeout_s, check=False
         )
         wall = time.monotonic() - t0
         if proc.returncode != 0:
@@ -481,6 +507,10 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="the peers' scratch venv")
     parser.add_argument("--buffer-size", type=int, default=100_000, help="dqn replay, both sides")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
+    parser.add_argument(
+        "--rlsup-dir", type=Path, default=REPO,
+        help="the rlsup tree whose worker runs (default: this one; the same venv runs it)",
+    )  # fmt: skip
     args = parser.parse_args()
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     unknown = sorted(set(algos) - set(DEFAULT_STEPS))
@@ -491,19 +521,20 @@ def main() -> None:
 
     print(host_line(), flush=True)
     versions = ensure_venv(venv)
-    help_text = worker_help()
+    worker = Worker.ask(args.rlsup_dir.resolve())
     peer_commit = git_commit(Path(args.peer_dir)) if args.peer_dir else None
-    rlsup_commit = git_commit(REPO)
+    rlsup_commit = git_commit(worker.tree)
     print(f"peers: {CLEANRL} from PyPI in {venv} (" + ", ".join(f"{k} {v}" for k, v in
           versions.items()) + ")")  # fmt: skip
     if args.peer_dir:
         print(f"pqn peer: {Path(args.peer_dir).resolve()} at commit {peer_commit}")
-    print(f"rlsup: {REPO} at commit {rlsup_commit}; {args.threads} threads per run, CPU")
+    commit = rlsup_commit or "- (not a git checkout)"
+    print(f"rlsup: {worker.tree} at commit {commit}; {args.threads} thread(s) per run, CPU")
 
     builders = {
-        "ppo": lambda: ppo_row(args, venv),
-        "dqn": lambda: dqn_row(args, venv, help_text),
-        "pqn": lambda: pqn_row(args, help_text),
+        "ppo": lambda: ppo_row(args, venv, worker),
+        "dqn": lambda: dqn_row(args, venv, worker),
+        "pqn": lambda: pqn_row(args, worker),
     }
     rows = [builders[a]() for a in algos]
     for row in rows:
@@ -520,7 +551,7 @@ def main() -> None:
                     if side == "peer":
                         run[side] = run_peer(row, seed, venv, args.threads, args.timeout_s)
                     elif row.rlsup_argv is not None:
-                        run[side] = run_rlsup(row, seed, args.threads, args.timeout_s)
+                        run[side] = run_rlsup(row, seed, worker.tree, args.threads, args.timeout_s)
                     else:
                         continue
                     r = run[side]
@@ -536,7 +567,7 @@ def main() -> None:
                 row.runs.append(run)
 
     figures = {row.algo: summarize(row) for row in rows}
-    print(f"\n{host_line()}; {args.threads} threads; seeds {args.seeds}, "
+    print(f"\n{host_line()}; {args.threads} thread(s); seeds {args.seeds}, "
           f"{max(1, args.repeats)} run(s) per side per seed")  # fmt: skip
     head = f"{'algo':<5}{'steps':>8}{'peer steps/s':>14}{'rlsup steps/s':>15}{'rlsup/peer':>12}"
     print(head + f"{'peer last-100':>15}{'rlsup last-100':>16}")
@@ -570,6 +601,7 @@ def main() -> None:
                 "peer_versions": versions,
                 "pqn_peer_dir": str(Path(args.peer_dir).resolve()) if args.peer_dir else None,
                 "pqn_peer_commit": peer_commit,
+                "rlsup_dir": str(worker.tree),
                 "rlsup_commit": rlsup_commit,
                 "rows": figures,
                 "host": host_facts(),
