@@ -412,7 +412,9 @@ def run_peer(row: Row, seed: int, venv: Path, threads: int, timeout_s: float) ->
         reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
         reader.start()
         try:
-            code = proc.wait(timeout=timeout_s)
+            code: int | str = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = f"killed after the {timeout_s:.0f} s timeout"
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -421,7 +423,8 @@ def run_peer(row: Row, seed: int, venv: Path, threads: int, timeout_s: float) ->
         wall = time.monotonic() - t0
     if code != 0:
         tail = "\n".join(line for _, line in lines[-30:])
-        return {"error": f"peer exited {code}", "tail": tail, "wall_s": round(wall, 1)}
+        what = f"peer exited {code}" if isinstance(code, int) else f"peer {code}"
+        return {"error": what, "tail": tail, "wall_s": round(wall, 1)}
     returns = episode_returns(lines)
     points = peer_points(lines, row.peer_step_of)
     return {
@@ -444,9 +447,14 @@ def run_rlsup(row: Row, seed: int, tree: Path, threads: int, timeout_s: float) -
             "--eval-episodes", "0",
         ]  # fmt: skip
         t0 = time.monotonic()
-        proc = subprocess.run(
-            cmd, cwd=tree, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        try:  # run() kills the worker on the timeout (and on any exception) before it raises
+            proc = subprocess.run(
+                cmd, cwd=tree, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+            return {"error": f"rlsup killed after the {timeout_s:.0f} s timeout",
+                    "tail": err[-3000:], "wall_s": round(time.monotonic() - t0, 1)}  # fmt: skip
         wall = time.monotonic() - t0
         if proc.returncode != 0:
             return {"error": f"rlsup exited {proc.returncode}", "tail": proc.stderr[-3000:],
@@ -468,6 +476,10 @@ def fmt(x: float | None, spec: str = ".0f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _rounded(v: Any) -> Any:
+    return round(v, 3) if isinstance(v, float) else v
+
+
 def summarize(row: Row) -> dict[str, Any]:
     out: dict[str, Any] = {"settings": row.settings, "steps": row.steps}
     if row.skipped:
@@ -482,6 +494,15 @@ def summarize(row: Row) -> dict[str, Any]:
             "mean_last_100": round(statistics.mean(means), 3) if means else None,
             "episodes": [r["episodes"] for r in ok],
             "errors": [r["error"] for r in runs if "error" in r],
+            "runs": [
+                {
+                    "seed": run["seed"],
+                    "repeat": run["repeat"],
+                    **{k: _rounded(v) for k, v in run[side].items() if k != "tail"},
+                }
+                for run in row.runs
+                if side in run
+            ],
         }
         if side == "rlsup":
             out[side]["precision"] = sorted({str(r.get("precision")) for r in ok})
