@@ -11,6 +11,9 @@ TORCH_INDEX ?= auto
 TORCH_PIN := -c constraints/cpu-torch.txt
 TORCH_BUILD = $(PY) constraints/torch_build.py install --index '$(TORCH_INDEX)'
 PYTEST_ARGS ?=
+# A CleanRL checkout for benchmarks/peers.py's PQN row (cleanrl 1.2.0 on PyPI predates PQN);
+# empty: that row is skipped. The peers run in a scratch venv outside the project.
+PEER_DIR ?=
 
 .PHONY: run test lint bench doctor torch clean-venv
 
@@ -47,6 +50,7 @@ bench: $(VENV)/.installed-run
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/supervision_overhead.py
 	$(PY) benchmarks/status_latency.py
+	$(PY) benchmarks/peers.py $(if $(PEER_DIR),--peer-dir '$(PEER_DIR)')
 
 # What this host gives the workers (torch, CUDA, driver, GPUs) and whether the config fits.
 doctor: $(VENV)/.installed-run

@@ -1,0 +1,88 @@
+"""benchmarks/peers.py reads CleanRL's stdout and rlsup's progress.csv: its parsing, on lines
+as the scripts print them (no scratch venv, no process, no timing)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def peers() -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCH))  # peers.py imports hostinfo beside it
+    try:
+        spec = importlib.util.spec_from_file_location("bench_peers", BENCH / "peers.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclass looks its module up
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("bench_peers", None)
+        sys.path.remove(str(BENCH))
+
+
+def stamped(text: str, dt: float = 1.0) -> list[tuple[float, str]]:
+    return [(i * dt, line) for i, line in enumerate(text.strip().splitlines())]
+
+
+PPO_OUT = """
+global_step=992, episodic_return=0.0
+SPS: 351
+global_step=1208, episodic_return=1.0
+global_step=1592, episodic_return=2.0
+SPS: 362
+global_step=2500, episodic_return=3.0
+SPS: 370
+"""
+
+DQN_OUT = """
+A.L.E: Arcade Learning Environment (version 0.9.1+aff5939)
+global_step=286, episodic_return=[4.]
+global_step=906, episodic_return=[9.]
+SPS: 40
+SPS: 34
+global_step=1207, episodic_return=[2.]
+SPS: 31
+"""
+
+
+def test_ppo_lines_give_the_steps_of_whole_iterations_and_the_returns(peers: ModuleType) -> None:
+    lines = stamped(PPO_OUT)
+    points = peers.peer_points(lines, peers.iteration_steps(1024))
+    assert points == [(1.0, 1024), (4.0, 2048), (6.0, 3072)]
+    assert peers.rate(points) == pytest.approx(2048 / 5.0)
+    assert peers.episode_returns(lines) == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_dqn_lines_start_past_learning_starts_every_100_steps(peers: ModuleType) -> None:
+    lines = stamped(DQN_OUT)
+    points = peers.peer_points(lines, peers.dqn_steps(1000, 4))
+    assert [s for _, s in points] == [1100, 1200, 1300]
+    assert peers.dqn_steps(80_000, 3)(1) == 80_400  # lcm(100, 3) = 300: 80,100 first
+    assert peers.episode_returns(lines) == [4.0, 9.0, 2.0]
+
+
+def test_last_100_mean_and_no_rate_from_one_point(peers: ModuleType) -> None:
+    assert peers.last_100_mean([0.0] * 50 + [1.0] * 100) == 1.0
+    assert peers.last_100_mean([]) is None
+    assert peers.rate([(0.0, 1024)]) is None
+
+
+def test_progress_rows_past_the_warmup_once_per_step(peers: ModuleType) -> None:
+    rows = [
+        {"time": "100.0", "global_step": "512"},
+        {"time": "102.0", "global_step": "1024"},
+        {"time": "104.0", "global_step": "3072"},
+        {"time": "104.5", "global_step": "3072"},  # the row at a stop repeats the step
+    ]
+    points = peers.progress_points(rows, warmup=1024)
+    assert points == [(102.0, 1024), (104.0, 3072)]
+    assert peers.rate(points) == pytest.approx(1024.0)
