@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.metrics import Means
-from training.networks import QNetwork
+from training.networks import QNetwork, frames_layout
 from training.optim import (
     LRSchedule,
     Precision,
@@ -215,8 +215,8 @@ class DQNLearner:
     def _train_step(self, replay: ReplayBuffer) -> None:
         cfg = self.cfg
         obs, actions, rewards, next_obs, dones = replay.sample(self.batch, self.rng)
-        obs_t = torch.as_tensor(obs, device=self.device)
-        next_t = torch.as_tensor(next_obs, device=self.device)
+        obs_t = frames_layout(torch.as_tensor(obs, device=self.device))
+        next_t = frames_layout(torch.as_tensor(next_obs, device=self.device))  # used twice
         actions_t = torch.as_tensor(actions, device=self.device).long().reshape(-1, 1)
         rewards_t = torch.as_tensor(rewards, device=self.device).float().reshape(-1)
         dones_t = torch.as_tensor(dones, device=self.device).float().reshape(-1)
@@ -249,7 +249,7 @@ class DQNLearner:
 
     # ---- acting, warmup, state -------------------------------------------------------------
     def act_greedy(self, obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad(), self.precision.autocast():
+        with torch.inference_mode(), self.precision.autocast():
             q = self.q(torch.as_tensor(obs, device=self.device))
         return q.float().argmax(dim=1).cpu().numpy()
 

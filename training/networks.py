@@ -45,7 +45,15 @@ class NatureCNN(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(scale_frames(x.contiguous(memory_format=torch.channels_last)))
+        return self.net(scale_frames(frames_layout(x)))
+
+
+def frames_layout(x: torch.Tensor) -> torch.Tensor:
+    """A batch of frames in the CNN's layout (channels last; a no-op when it is already, so a
+    batch fed to several networks, DQN's next frames, is converted once)."""
+    if x.dim() != 4:
+        return x
+    return x.contiguous(memory_format=torch.channels_last)
 
 
 def scale_frames(x: torch.Tensor) -> torch.Tensor:
