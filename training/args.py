@@ -148,6 +148,12 @@ class WorkerConfig:
     end_e: float = _f(0.05, "DQN: final exploration epsilon")
     exploration_fraction: float = _f(0.5, "DQN: fraction of total_steps to anneal epsilon over")
     dueling: bool = _f(False, "DQN: dueling value/advantage head")
+    double_q: bool = _f(
+        True,
+        "DQN: the Double DQN target (the online network picks the next action, the target "
+        "network values it); --no-double-q: the target network's max (Mnih et al. 2015, "
+        "CleanRL's dqn_atari), one forward pass less per gradient step",
+    )
     # PPO
     preset: str | None = _f(
         None,

@@ -1,4 +1,5 @@
-"""Double DQN with a Huber loss, hard target syncs and a linear epsilon schedule (CleanRL's dqn).
+"""Double DQN (or, with --no-double-q, the Nature DQN's max target) with a Huber loss, target
+syncs (hard or Polyak) and a linear epsilon schedule (CleanRL's dqn).
 
 One `iterate()` = a block of vector env steps (about 256 agent steps, at least one env step)
 and the gradient steps that fell due: `gradient_steps` per `train_frequency` agent steps after
@@ -221,8 +222,9 @@ class DQNLearner:
         rewards_t = torch.as_tensor(rewards, device=self.device).float().reshape(-1)
         dones_t = torch.as_tensor(dones, device=self.device).float().reshape(-1)
         with torch.no_grad(), self.precision.autocast():
-            next_online = self.q(next_t).float()
             next_target = self.target(next_t).float()
+            # --no-double-q: the target network picks and values (its max), one forward less
+            next_online = self.q(next_t).float() if cfg.double_q else next_target
         target = double_dqn_target(rewards_t, dones_t, cfg.gamma, next_online, next_target)
         with self.precision.autocast():
             q_taken = self.q(obs_t).float().gather(1, actions_t).squeeze(1)

@@ -107,3 +107,27 @@ def test_an_unfused_checkpoints_optimizer_state_loads_and_stays_fused() -> None:
     assert all(g["fused"] is True for g in other.optimizer.param_groups)
     other.iterate()  # steps with the loaded moments
     assert other.updates > lrn.updates
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_no_double_q_values_the_next_state_by_the_target_networks_max(
+    double_q: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import training.dqn as dqn
+
+    lrn: Any = learner(config(**SMALL, double_q=double_q))
+    _steps_to(lrn, 256)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    right = dqn.double_dqn_target
+
+    def spy(r: Any, d: Any, g: float, online: torch.Tensor, target: torch.Tensor) -> Any:
+        seen.append((online, target))
+        return right(r, d, g, online, target)
+
+    monkeypatch.setattr(dqn, "double_dqn_target", spy)
+    lrn._train_step(lrn.replay)
+    online, target = seen[0]
+    assert (online is target) is (not double_q)
+    if not double_q:  # the argmax of the target's own values: its max
+        picked = right(torch.zeros(len(target)), torch.zeros(len(target)), 1.0, online, target)
+        torch.testing.assert_close(picked, target.max(dim=1).values)
