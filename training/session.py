@@ -27,7 +27,7 @@ from checkpoints import (
     write_json_atomic,
 )
 from training import rng, torchbuild
-from training.args import ConfigError, WorkerConfig
+from training.args import ROLLOUT_ALGOS, ConfigError, WorkerConfig
 from training.checkpointing import (
     Checkpointer,
     CheckpointResult,
@@ -622,7 +622,7 @@ class TrainingSession:
 
 
 def _batch_size(cfg: WorkerConfig) -> int:
-    return cfg.minibatch_size() if cfg.algo == "ppo" else int(cfg.batch_size)
+    return cfg.minibatch_size() if cfg.algo in ROLLOUT_ALGOS else int(cfg.batch_size)
 
 
 def _next_multiple(step: int, every: int | None) -> int | None:
