@@ -100,14 +100,16 @@ class LRSchedule:
         self.step_size = cfg.lr_step_size
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if self.kind == "linear":
-            # CleanRL's anneal_lr, per update instead of per rollout.
-            base = float(optimizer.param_groups[0]["lr"])
-            self.scheduler = torch.optim.lr_scheduler.LinearLR(
-                optimizer,
-                start_factor=1.0,
-                end_factor=min(1.0, cfg.min_lr / base),
-                total_iters=max(1, total_updates),
-            )
+            # CleanRL's anneal_lr, per update instead of per rollout. In closed form of this
+            # run's total (not LinearLR, whose checkpointed length would outlive a resume with
+            # a larger total_steps and hold the rate at min_lr).
+            end = min(1.0, cfg.min_lr / float(optimizer.param_groups[0]["lr"]))
+            length = max(1, total_updates)
+
+            def factor(update: int) -> float:
+                return 1.0 - (1.0 - end) * min(update, length) / length
+
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         elif self.kind == "cosine":
             self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
                 optimizer, T_max=max(1, total_updates), eta_min=cfg.min_lr
