@@ -132,6 +132,18 @@ def test_pqn_defaults_are_cleanrls_and_leave_dqns_alone() -> None:
     dqn.close()
 
 
+def test_pqn_linear_anneal_follows_a_larger_total_steps_after_resume() -> None:
+    short = learner(config(**PQN, total_steps=1_280))  # 10 iterations, 80 updates
+    _iterate(short, 5)
+    longer = learner(config(**PQN, total_steps=2_560))  # 160 updates
+    longer.load_state_dict(round_trip(short.state_dict()))
+    _iterate(longer, 1)
+    lr = longer.optimizer.param_groups[0]["lr"]  # type: ignore[attr-defined]
+    assert lr == pytest.approx(2.5e-4 * (1 - 48 / 160))
+    short.close()
+    longer.close()
+
+
 def test_state_dict_holds_only_weights_only_types() -> None:
     allowed = (torch.Tensor, int, float, str, bool, type(None))
 
