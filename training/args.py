@@ -113,7 +113,7 @@ class WorkerConfig:
     )
     lr_step_size: int = _f(100_000, "step scheduler: agent steps between decays")
     lr_step_gamma: float = _f(0.5, "step scheduler: decay factor")
-    min_lr: float = _f(0.0, "cosine scheduler: final learning rate")
+    min_lr: float = _f(0.0, "cosine and linear schedulers: final learning rate")
     max_grad_norm: float | None = _f(None, "gradient norm clip (default: 0.5 PPO / 10 DQN, PQN)")
     net_arch: str = _f(
         "",
@@ -290,7 +290,8 @@ _TYPE_PARSERS: dict[str, Any] = {
     "float | None": _parse_optional(float),
     "str | None": _parse_optional(str),
 }
-_FIELD_PARSERS: dict[str, Any] = {"batch_size": _parse_batch}
+# `--lr-scheduler none` is the schedule "none", not "unset" (PQN's unset is linear).
+_FIELD_PARSERS: dict[str, Any] = {"batch_size": _parse_batch, "lr_scheduler": str}
 
 
 def config_from_namespace(ns: argparse.Namespace) -> WorkerConfig:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_algos_support import assert_same, config, learner, params_of, round_trip
 
+from training.args import WorkerConfig
 from training.registry import make_learner
 from training.replay import ReplayBuffer
 
@@ -142,6 +143,17 @@ def test_pqn_linear_anneal_follows_a_larger_total_steps_after_resume() -> None:
     assert lr == pytest.approx(2.5e-4 * (1 - 48 / 160))
     short.close()
     longer.close()
+
+
+def test_lr_scheduler_none_on_the_command_line_switches_pqns_anneal_off() -> None:
+    cfg = WorkerConfig.from_argv(["--algo", "pqn", "--lr-scheduler", "none"])
+    assert cfg.lr_scheduler == "none"
+    assert WorkerConfig.from_argv(cfg.to_argv()) == cfg
+    assert WorkerConfig.from_argv(["--algo", "pqn"]).lr_scheduler is None  # PQN's: linear
+    lrn = learner(config(**PQN, total_steps=1_280, lr_scheduler="none"))
+    _iterate(lrn, 10)
+    assert lrn.optimizer.param_groups[0]["lr"] == 2.5e-4  # type: ignore[attr-defined]
+    lrn.close()
 
 
 def test_state_dict_holds_only_weights_only_types() -> None:
