@@ -16,14 +16,17 @@ from typing import Any, Literal
 
 from training.tasks import KNOWN_TASKS, is_atari, suggest
 
-ALGOS = ("dqn", "ppo")
+ALGOS = ("dqn", "ppo", "pqn")
+# The algorithms that learn from rollouts of num_envs * n_steps in minibatches of
+# `minibatch_size()`, `epochs` passes each (the worker's batch_size is their minibatch).
+ROLLOUT_ALGOS = ("ppo", "pqn")
 DEVICES = ("auto", "cpu", "cuda")
 # Arithmetic of the networks: "auto" = bf16 autocast on CUDA (fp16 + a grad scaler where bf16
 # is missing) and on a CPU with native bf16 (avx512_bf16 / amx_bf16) for the Atari CNN, fp32
 # elsewhere; "fp32" = plain fp32 everywhere; "bf16" = bf16 autocast wherever it runs. The
 # weights and the optimizer stay fp32 in every mode, so checkpoints move between them.
 PRECISIONS = ("auto", "fp32", "bf16")
-LR_SCHEDULERS = ("none", "cosine", "step")
+LR_SCHEDULERS = ("none", "cosine", "step", "linear")
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     # From the GPU-heavy training guide: envs, steps per env, minibatch, epochs, network.
     "fast": {
@@ -66,14 +69,14 @@ class WorkerConfig:
     """Everything one training worker needs; one instance per game."""
 
     game: str = _f("CartPole-v1", "envpool task id, e.g. Pong-v5, Breakout-v5, CartPole-v1")
-    algo: str = _f("ppo", "algorithm: dqn | ppo", choices=ALGOS)
+    algo: str = _f("ppo", "algorithm: dqn | ppo | pqn", choices=ALGOS)
     run_dir: str = _f("runs/default", "run directory: checkpoints, heartbeat, progress, errors")
     num_envs: int = _f(8, "number of vectorized envpool environments")
     batch_size: int | Literal["auto"] | None = _f(
         None,
-        "PPO minibatch: must divide num_envs*n_steps, or 'auto' (the largest divisor <= 2048); "
-        "none: the largest divisor <= 256 (256 at the default layout). DQN: its batch, as "
-        "--dqn-batch-size (which is its default)",
+        "PPO and PQN minibatch: must divide num_envs*n_steps, or 'auto' (the largest divisor "
+        "<= 2048); none: the largest divisor <= 256 (256 at the default layout). DQN: its "
+        "batch, as --dqn-batch-size (which is its default)",
     )
     total_steps: int = _f(100_000, "agent steps to train, summed over all envs")
     seed: int = _f(
@@ -93,7 +96,7 @@ class WorkerConfig:
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
     eval_episodes: int = _f(
         10,
-        "episodes per evaluation (0 disables evaluation): PPO samples its policy, DQN plays "
+        "episodes per evaluation (0 disables evaluation): PPO samples its policy, DQN and PQN play "
         "epsilon-greedy (0.05); full games, capped at 27,000 agent steps on Atari",
     )
     eval_budget_s: float = _f(
@@ -108,16 +111,19 @@ class WorkerConfig:
     )
     learning_rate: float | None = _f(None, "Adam learning rate (default: the algorithm's)")
     gamma: float = _f(0.99, "discount factor")
-    lr_scheduler: str = _f(
-        "none", "learning-rate schedule: none | cosine | step", choices=LR_SCHEDULERS
+    lr_scheduler: str | None = _f(
+        None,
+        "learning-rate schedule: none | cosine | step | linear (to min_lr, per update) "
+        "(default: none DQN, PPO / linear PQN)",
+        choices=LR_SCHEDULERS,
     )
     lr_step_size: int = _f(100_000, "step scheduler: agent steps between decays")
     lr_step_gamma: float = _f(0.5, "step scheduler: decay factor")
-    min_lr: float = _f(0.0, "cosine scheduler: final learning rate")
-    max_grad_norm: float | None = _f(None, "gradient norm clip (default: 0.5 PPO / 10 DQN)")
+    min_lr: float = _f(0.0, "cosine and linear schedulers: final learning rate")
+    max_grad_norm: float | None = _f(None, "gradient norm clip (default: 0.5 PPO / 10 DQN, PQN)")
     net_arch: str = _f(
         "",
-        "MLP hidden sizes for vector obs, e.g. '512,512' (default: 64,64 PPO / 120,84 DQN)",
+        "MLP hidden sizes for vector obs, e.g. '512,512' (default: 64,64 PPO / 120,84 DQN, PQN)",
     )
     # DQN
     # The field's DQN (Mnih et al. 2015; CleanRL's dqn_atari, SB3): batch 32 every 4 agent
@@ -144,9 +150,14 @@ class WorkerConfig:
     learning_starts: int = _f(10_000, "DQN: agent steps before learning starts")
     train_frequency: int = _f(4, "DQN: agent steps per gradient step (per env step batch)")
     target_update_interval: int = _f(1_000, "DQN: agent steps between target network syncs")
-    start_e: float = _f(1.0, "DQN: initial exploration epsilon")
-    end_e: float = _f(0.05, "DQN: final exploration epsilon")
-    exploration_fraction: float = _f(0.5, "DQN: fraction of total_steps to anneal epsilon over")
+    start_e: float = _f(1.0, "DQN, PQN: initial exploration epsilon")
+    end_e: float | None = _f(
+        None, "DQN, PQN: final exploration epsilon (default: 0.05; PQN on Atari 0.01)"
+    )
+    exploration_fraction: float | None = _f(
+        None,
+        "DQN, PQN: fraction of total_steps to anneal epsilon over (default: 0.5; PQN on Atari 0.1)",
+    )
     dueling: bool = _f(False, "DQN: dueling value/advantage head")
     double_q: bool = _f(
         True,
@@ -160,14 +171,16 @@ class WorkerConfig:
         "PPO: fast | heavy | beast sets envs, steps, minibatch, epochs, net",
         choices=tuple(PPO_PRESETS),
     )
-    n_steps: int = _f(128, "PPO: rollout length per env")
-    epochs: int = _f(4, "PPO: optimisation epochs per rollout")
+    n_steps: int = _f(128, "PPO, PQN: rollout length per env")
+    epochs: int = _f(4, "PPO, PQN: optimisation epochs per rollout")
     gae_lambda: float = _f(0.95, "PPO: GAE lambda")
     clip_coef: float | None = _f(
         None, "PPO: surrogate clip range (default: 0.1 Atari / 0.2 vector)"
     )
     vf_coef: float = _f(0.5, "PPO: value loss weight")
     ent_coef: float = _f(0.01, "PPO: entropy bonus weight")
+    # PQN (n_steps, epochs and the minibatch batch_size as PPO; epsilon as DQN)
+    q_lambda: float = _f(0.65, "PQN: lambda of the Q(lambda) returns")
     mirror_url: str | None = _f(
         None, "s3://bucket[/prefix]: with no local checkpoint, restore the newest mirrored one"
     )
@@ -318,7 +331,8 @@ _TYPE_PARSERS: dict[str, Any] = {
     "float | None": _parse_optional(float),
     "str | None": _parse_optional(str),
 }
-_FIELD_PARSERS: dict[str, Any] = {"batch_size": _parse_batch}
+# `--lr-scheduler none` is the schedule "none", not "unset" (PQN's unset is linear).
+_FIELD_PARSERS: dict[str, Any] = {"batch_size": _parse_batch, "lr_scheduler": str}
 
 
 def config_from_namespace(ns: argparse.Namespace) -> WorkerConfig:
@@ -367,6 +381,7 @@ def check_value(name: str, value: Any) -> None:
 _RANGES: dict[str, tuple[float, float, bool]] = {
     "gamma": (0.0, 1.0, True),
     "gae_lambda": (0.0, 1.0, True),
+    "q_lambda": (0.0, 1.0, True),
     "start_e": (0.0, 1.0, True),
     "end_e": (0.0, 1.0, True),
     "exploration_fraction": (0.0, 1.0, True),
@@ -404,7 +419,8 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_choice("algo", cfg.algo, ALGOS)
     _check_choice("device", cfg.device, DEVICES)
     _check_choice("precision", cfg.precision, PRECISIONS)
-    _check_choice("lr-scheduler", cfg.lr_scheduler, LR_SCHEDULERS)
+    if cfg.lr_scheduler is not None:
+        _check_choice("lr-scheduler", cfg.lr_scheduler, LR_SCHEDULERS)
     if cfg.preset is not None:
         _check_choice("preset", cfg.preset, tuple(PPO_PRESETS))
     _check_game(cfg.game)
@@ -466,7 +482,9 @@ def _check_net_arch(text: str) -> None:
 def _check_batch(cfg: WorkerConfig) -> None:
     if cfg.algo == "dqn":
         if cfg.batch_size == "auto":
-            raise ConfigError("--batch-size auto: only PPO picks its minibatch; give DQN a number")
+            raise ConfigError(
+                "--batch-size auto: only PPO and PQN pick their minibatch; give DQN a number"
+            )
         own = cfg.dqn_batch_size != WorkerConfig.dqn_batch_size
         if isinstance(cfg.batch_size, int) and own and cfg.batch_size != cfg.dqn_batch_size:
             raise ConfigError(
@@ -476,7 +494,7 @@ def _check_batch(cfg: WorkerConfig) -> None:
     if cfg.batch_size is None or cfg.batch_size == "auto":
         return
     _check_positive("batch_size", cfg.batch_size)
-    if cfg.algo == "ppo" and cfg.rollout_size() % int(cfg.batch_size) != 0:
+    if cfg.algo in ROLLOUT_ALGOS and cfg.rollout_size() % int(cfg.batch_size) != 0:
         raise ConfigError(
             f"--batch-size {cfg.batch_size} does not divide the rollout num_envs*n_steps = "
             f"{cfg.num_envs}*{cfg.n_steps} = {cfg.rollout_size()}; use a divisor "

@@ -100,6 +100,10 @@ class DQNLearner:
         self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.max_grad_norm = cfg.max_grad_norm or 10.0
         self.batch = cfg.train_batch_size()
+        self.end_e = 0.05 if cfg.end_e is None else cfg.end_e
+        self.exploration_fraction = (
+            0.5 if cfg.exploration_fraction is None else cfg.exploration_fraction
+        )
         self.env_steps_per_iterate = max(1, AGENT_STEPS_PER_ITERATE // cfg.num_envs)
 
         self.rng = np.random.default_rng(cfg.seed)
@@ -150,8 +154,8 @@ class DQNLearner:
     # ---- training --------------------------------------------------------------------------
     def epsilon(self) -> float:
         cfg = self.cfg
-        duration = cfg.exploration_fraction * cfg.total_steps
-        return linear_epsilon(cfg.start_e, cfg.end_e, duration, self.global_step)
+        duration = self.exploration_fraction * cfg.total_steps
+        return linear_epsilon(cfg.start_e, self.end_e, duration, self.global_step)
 
     def _actions(self, obs: np.ndarray) -> np.ndarray:
         explore = self.rng.random(self.cfg.num_envs) < self.epsilon()

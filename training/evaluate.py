@@ -1,6 +1,6 @@
 """Evaluation on separate envs, by the field's conventions: unclipped returns of full games
-(no life-loss ends), PPO sampling its policy (as CleanRL evaluates), DQN epsilon-greedy with
-epsilon = 0.05 (the DQN papers' evaluation epsilon), episodes capped at the ALE standard of
+(no life-loss ends), PPO sampling its policy (as CleanRL evaluates), DQN and PQN epsilon-greedy
+with epsilon = 0.05 (the DQN papers' evaluation epsilon), episodes capped at the ALE standard of
 108,000 frames (27,000 agent steps at frame skip 4) and the whole evaluation by a wall-time
 budget. Why not greedy: an argmax policy in Breakout often never presses FIRE again after
 losing a life, so its episodes run to the frame cap and score near zero while the policy it

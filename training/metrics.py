@@ -44,6 +44,7 @@ PPO_COLUMNS = (
     "grad_norm",
 )
 DQN_COLUMNS = ("td_loss", "q_values", "epsilon", "learning_rate", "grad_norm", "replay_fill")
+PQN_COLUMNS = ("td_loss", "q_values", "epsilon", "learning_rate", "grad_norm")
 
 # TensorBoard scalar tags (CleanRL's naming); x-axis = global agent step.
 TAGS = {
@@ -67,7 +68,7 @@ EVAL_STD_TAG = "eval/std_return"
 
 
 def metric_columns(algo: str) -> tuple[str, ...]:
-    return PPO_COLUMNS if algo == "ppo" else DQN_COLUMNS
+    return {"ppo": PPO_COLUMNS, "pqn": PQN_COLUMNS}.get(algo, DQN_COLUMNS)
 
 
 def csv_value(value: float | None) -> float | str:

@@ -24,22 +24,35 @@ class NatureCNN(nn.Module):
 
     Channels-last (NHWC) weights and activations: oneDNN's convolutions (and cuDNN's) run
     without converting layouts around every conv. The frames stay NCHW everywhere else (the
-    replay, the rollout buffers); each forward converts its batch once, as uint8."""
+    replay, the rollout buffers); each forward converts its batch once, as uint8.
+
+    `layer_norm`: a LayerNorm after every conv and the hidden linear layer, before its ReLU
+    (PQN's network: what lets it learn without a target network)."""
 
     out_dim = 512
 
-    def __init__(self, in_channels: int = 4, orthogonal: bool = True) -> None:
+    def __init__(
+        self, in_channels: int = 4, orthogonal: bool = True, layer_norm: bool = False
+    ) -> None:
         super().__init__()
         init = layer_init if orthogonal else (lambda layer: layer)
+
+        def norm(*shape: int) -> list[nn.Module]:
+            return [nn.LayerNorm(list(shape))] if layer_norm else []
+
         self.net = nn.Sequential(
             init(nn.Conv2d(in_channels, 32, 8, stride=4)),
+            *norm(32, 20, 20),
             nn.ReLU(),
             init(nn.Conv2d(32, 64, 4, stride=2)),
+            *norm(64, 9, 9),
             nn.ReLU(),
             init(nn.Conv2d(64, 64, 3, stride=1)),
+            *norm(64, 7, 7),
             nn.ReLU(),
             nn.Flatten(),
             init(nn.Linear(64 * 7 * 7, self.out_dim)),
+            *norm(self.out_dim),
             nn.ReLU(),
         )
         self.to(memory_format=torch.channels_last)
@@ -74,12 +87,17 @@ def mlp(
     sizes: Sequence[int],
     activation: type[nn.Module] = nn.ReLU,
     orthogonal: bool = False,
+    layer_norm: bool = False,
 ) -> nn.Sequential:
-    """Hidden layers only: in_dim -> sizes[0] -> ... -> sizes[-1], each followed by activation."""
+    """Hidden layers only: in_dim -> sizes[0] -> ... -> sizes[-1], each followed by activation
+    (with `layer_norm`, by a LayerNorm and then the activation)."""
     layers: list[nn.Module] = []
     for size in sizes:
         linear = nn.Linear(in_dim, size)
-        layers += [layer_init(linear) if orthogonal else linear, activation()]
+        layers.append(layer_init(linear) if orthogonal else linear)
+        if layer_norm:
+            layers.append(nn.LayerNorm(size))
+        layers.append(activation())
         in_dim = size
     return nn.Sequential(*layers)
 
@@ -112,6 +130,25 @@ class QNetwork(nn.Module):
         if self.value is None:
             return adv
         return self.value(h) + adv - adv.mean(dim=1, keepdim=True)
+
+
+class PQNetwork(nn.Module):
+    """Q(s, .) for PQN, as CleanRL's pqn: LayerNorm after every hidden layer (the Nature CNN's
+    convs and linear layer, or each MLP layer) and orthogonal init throughout."""
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.trunk: nn.Module
+        if len(obs_shape) == 3:
+            self.trunk = NatureCNN(obs_shape[0], layer_norm=True)
+            feat = NatureCNN.out_dim
+        else:
+            self.trunk = mlp(math.prod(obs_shape), hidden, orthogonal=True, layer_norm=True)
+            feat = hidden[-1] if hidden else math.prod(obs_shape)
+        self.head = layer_init(nn.Linear(feat, n_actions))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(obs if obs.dim() == 4 else obs.float()))
 
 
 class ActorCritic(nn.Module):

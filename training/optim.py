@@ -1,4 +1,4 @@
-"""What PPO and DQN share: mixed precision, learning-rate schedules, the optimizer's early
+"""What the algorithms share: mixed precision, learning-rate schedules, the optimizer's early
 allocation, RNG state as plain data, defaults. Its own module so that the algorithms import it
 and `learner.py` (the interface and the factory) imports them, with no cycle."""
 
@@ -86,15 +86,31 @@ class Precision:
 
 
 class LRSchedule:
-    """`cfg.lr_scheduler`: cosine per gradient update, step per `lr_step_size` agent steps."""
+    """`cfg.lr_scheduler` (`default`, the algorithm's, when unset): cosine or linear to
+    `min_lr` per gradient update, step per `lr_step_size` agent steps."""
 
     def __init__(
-        self, cfg: WorkerConfig, optimizer: torch.optim.Optimizer, total_updates: int
+        self,
+        cfg: WorkerConfig,
+        optimizer: torch.optim.Optimizer,
+        total_updates: int,
+        default: str = "none",
     ) -> None:
-        self.kind = cfg.lr_scheduler
+        self.kind = cfg.lr_scheduler or default
         self.step_size = cfg.lr_step_size
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        if self.kind == "cosine":
+        if self.kind == "linear":
+            # CleanRL's anneal_lr, per update instead of per rollout. In closed form of this
+            # run's total (not LinearLR, whose checkpointed length would outlive a resume with
+            # a larger total_steps and hold the rate at min_lr).
+            end = min(1.0, cfg.min_lr / float(optimizer.param_groups[0]["lr"]))
+            length = max(1, total_updates)
+
+            def factor(update: int) -> float:
+                return 1.0 - (1.0 - end) * min(update, length) / length
+
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        elif self.kind == "cosine":
             self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
                 optimizer, T_max=max(1, total_updates), eta_min=cfg.min_lr
             )
@@ -104,7 +120,7 @@ class LRSchedule:
             )
 
     def after_update(self) -> None:
-        if self.kind == "cosine" and self.scheduler is not None:
+        if self.kind in ("cosine", "linear") and self.scheduler is not None:
             self.scheduler.step()
 
     def after_steps(self, global_step: int, updates: int) -> None:

@@ -1,7 +1,8 @@
 """The learner registry: `make_learner` builds the algorithm `cfg.algo` names (args.ALGOS).
 
-Its own module so that the interface (training/learner.py) imports no algorithm: ppo and dqn
-import evaluate, which imports the interface, and only this module imports them.
+Its own module so that the interface (training/learner.py) imports no algorithm: ppo, dqn and
+pqn import evaluate, which imports the interface, and only this module (and pqn, for the maths
+it shares with them) imports them.
 """
 
 from __future__ import annotations
@@ -24,4 +25,8 @@ def make_learner(cfg: WorkerConfig, device: torch.device, env_seed: int) -> Lear
         from training.dqn import DQNLearner
 
         return DQNLearner(cfg, device, env_seed)
+    if cfg.algo == "pqn":
+        from training.pqn import PQNLearner
+
+        return PQNLearner(cfg, device, env_seed)
     raise ValueError(f"unknown algo {cfg.algo!r}")

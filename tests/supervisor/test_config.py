@@ -63,6 +63,15 @@ def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
     assert cfg.stability.ceiling == "heavy"
 
 
+def test_a_pqn_game_loads_and_its_minibatch_must_divide_the_rollout(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD.replace('algo = "ppo"', 'algo = "pqn"', 1))
+    assert load_config(path).game("cart").algo == "pqn"
+    path.write_text(GOOD.replace('algo = "ppo"', 'algo = "pqn"', 1).replace("= 128", "= 100", 1))
+    with pytest.raises(ConfigError, match="batch-size 100"):
+        load_config(path)
+
+
 def test_config_path_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLSUP_CONFIG", raising=False)
     assert resolve_config_path(None) == Path("rlsup.toml")

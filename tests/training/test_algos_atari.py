@@ -1,6 +1,9 @@
-"""Atari smoke: Pong-v5 with tiny sizes trains, round-trips its state and evaluates."""
+"""Atari smoke: Pong-v5 (and PQN on Breakout-v5, on the bf16 fast path too) with tiny sizes
+trains, round-trips its state and evaluates."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -21,10 +24,11 @@ TINY = {
         "target_update_interval": 256,
         "total_steps": 5_000,
     },
+    "pqn": {"num_envs": 4, "n_steps": 32, "batch_size": 64, "epochs": 1},
 }
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "pqn"])
 def test_pong_trains_round_trips_and_evaluates(algo: str) -> None:
     cfg = config(game="Pong-v5", algo=algo, **TINY[algo])
     a = learner(cfg)
@@ -43,5 +47,31 @@ def test_pong_trains_round_trips_and_evaluates(algo: str) -> None:
     result = evaluate(b, "Pong-v5", episodes=2, seed=3, threads=1, max_episode_steps=100)
     assert result["episodes"] == 2
     assert -21.0 <= result["min"] <= result["max"] <= 21.0
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_pqn_breakout_trains_and_resumes_exactly_on_either_path(precision: str) -> None:
+    # bf16 is asked for explicitly: it runs (emulated) on a CPU without native bf16 too.
+    cfg = config(game="Breakout-v5", algo="pqn", precision=precision, **TINY["pqn"])
+    a = learner(cfg)
+    assert a.precision.name == precision
+    a.warmup_optimizer()
+    for _ in range(2):
+        a.iterate()
+    metrics = a.take_metrics()
+    assert {"td_loss", "q_values", "grad_norm", "learning_rate", "epsilon"} <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    b = learner(cfg, torch_seed=99)
+    b.load_state_dict(round_trip(a.state_dict()))
+    a.restart_envs(env_seed=5)
+    b.restart_envs(env_seed=5)
+    a.iterate()
+    b.iterate()
+    assert_same(a.state_dict(), b.state_dict())  # weights stay fp32: resumes bit for bit
+    assert all(p.dtype == torch.float32 for p in b.q.parameters())  # type: ignore[attr-defined]
+    result = evaluate(b, "Breakout-v5", episodes=1, seed=3, threads=1, max_episode_steps=100)
+    assert result["episodes"] == 1 and result["protocol"]["policy"] == "epsilon-greedy"
     a.close()
     b.close()

@@ -1,6 +1,9 @@
-"""The pure maths: GAE, PPO losses, Double-DQN target, epsilon schedule, network heads."""
+"""The pure maths: GAE, PPO losses, Double-DQN target, Q(lambda) returns, epsilon schedule,
+network heads."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -8,8 +11,9 @@ import torch
 
 from training.dqn import double_dqn_target, linear_epsilon
 from training.envs import EpisodeTracker
-from training.networks import ActorCritic, QNetwork
+from training.networks import ActorCritic, PQNetwork, QNetwork
 from training.ppo import gae, normalize_advantages, ppo_loss
+from training.pqn import epsilon_greedy, q_lambda_returns, q_loss
 
 
 def test_gae_matches_a_hand_computed_rollout() -> None:
@@ -119,3 +123,90 @@ def test_episode_tracker_counts_real_atari_episodes_unclipped() -> None:
     restored = EpisodeTracker(2, atari=True)
     restored.load_state_dict(tracker.state_dict())
     assert restored.episodes == 1 and list(restored.recent) == [12.0]
+
+
+# ---- PQN -------------------------------------------------------------------------------------
+
+
+def _q_lambda_example(returns_fn: Any) -> bool:
+    """Does `returns_fn` give the hand-computed Q(lambda) returns of a small rollout?
+
+    Two envs, four steps, gamma 0.9, lambda 0.8 (not 0.5: a swapped lambda must show).
+    Env 0's episode ends at step 1, so obs[2] follows a done (dones[2] = 1): step 2 is the dead
+    step; the returns are cut at step 1 and start again at step 2. Env 0 bootstraps after the
+    last step from next_max_q = 50; env 1's last step ended its episode (next_done = 1).
+    """
+    gamma, lam = 0.9, 0.8
+    rewards = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [4.0, 1.0]])
+    max_q = torch.tensor([[10.0, 1.0], [20.0, 1.0], [30.0, 1.0], [40.0, 1.0]])
+    dones = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    next_max_q, next_done = torch.tensor([50.0, 7.0]), torch.tensor([0.0, 1.0])
+    g3 = 4 + 0.9 * 50  # bootstraps from the next observation's max Q: 49
+    g2 = 3 + 0.9 * (0.8 * g3 + 0.2 * 40)  # 45.48
+    g1 = 2.0  # the episode ended: no bootstrap, nothing of the dead step carried back
+    g0 = 1 + 0.9 * (0.8 * g1 + 0.2 * 20)  # 6.04
+    h3 = 1.0  # next_done: no bootstrap from 7
+    h2 = 0.9 * (0.8 * h3 + 0.2 * 1)
+    h1 = 0.9 * (0.8 * h2 + 0.2 * 1)
+    h0 = 0.9 * (0.8 * h1 + 0.2 * 1)
+    expected = torch.tensor([[g0, h0], [g1, h1], [g2, h2], [g3, h3]])
+    got = returns_fn(rewards, max_q, dones, next_max_q, next_done, gamma, lam)
+    return bool(torch.allclose(got, expected, atol=1e-5))
+
+
+def test_q_lambda_returns_match_a_hand_computed_rollout() -> None:
+    assert _q_lambda_example(q_lambda_returns)
+
+
+def _swapped_lambda(r: Any, q: Any, d: Any, nq: Any, nd: Any, g: float, lam: float) -> Any:
+    return q_lambda_returns(r, q, d, nq, nd, g, 1.0 - lam)
+
+
+def _cleanrl_lambda_always(r: Any, q: Any, d: Any, nq: Any, nd: Any, g: float, lam: float) -> Any:
+    return q_lambda_returns(r, q, d, nq, nd, g, 0.65)  # ignores the configured lambda
+
+
+def _cut_one_step_late(r: Any, q: Any, d: Any, nq: Any, nd: Any, g: float, lam: float) -> Any:
+    late = torch.cat([torch.zeros_like(d[:1]), d[:-1]])  # dones[t] read as dones[t + 1]
+    return q_lambda_returns(r, q, late, nq, nd, g, lam)
+
+
+@pytest.mark.parametrize("wrong", [_swapped_lambda, _cleanrl_lambda_always, _cut_one_step_late])
+def test_sabotage_the_q_lambda_example_rejects_a_wrong_lambda_or_done_convention(
+    wrong: Any,
+) -> None:
+    assert not _q_lambda_example(wrong)
+
+
+def test_q_lambda_returns_span_one_step_q_learning_to_monte_carlo() -> None:
+    rewards, max_q = torch.ones(3, 1), torch.tensor([[0.0], [5.0], [6.0]])
+    dones, next_q, next_done = torch.zeros(3, 1), torch.tensor([8.0]), torch.tensor([0.0])
+    one_step = q_lambda_returns(rewards, max_q, dones, next_q, next_done, 0.5, 0.0)
+    assert one_step[:, 0].tolist() == [1 + 0.5 * 5, 1 + 0.5 * 6, 1 + 0.5 * 8]
+    monte_carlo = q_lambda_returns(rewards, max_q, dones, next_q, next_done, 0.5, 1.0)
+    assert monte_carlo[0, 0].item() == pytest.approx(1 + 0.5 + 0.25 + 0.125 * 8)
+
+
+def test_q_loss_is_the_mean_squared_error_over_live_steps() -> None:
+    q_taken, returns = torch.tensor([1.0, 2.0, 100.0]), torch.tensor([0.0, 4.0, 0.0])
+    loss = q_loss(q_taken, returns, torch.tensor([1.0, 1.0, 0.0]))  # the dead step left out
+    assert loss.item() == pytest.approx((1.0 + 4.0) / 2)
+
+
+def test_epsilon_greedy_explores_at_the_given_rate() -> None:
+    greedy = np.zeros(20_000, dtype=np.int64)
+    acted = epsilon_greedy(greedy, 0.3, 4, np.random.default_rng(0))
+    assert float((acted != 0).mean()) == pytest.approx(0.3 * 3 / 4, abs=0.01)
+    assert (epsilon_greedy(greedy, 0.0, 4, np.random.default_rng(0)) == 0).all()
+
+
+def test_pqn_network_has_a_layer_norm_after_every_hidden_layer() -> None:
+    cnn = PQNetwork((4, 84, 84), 6, ())
+    assert cnn(torch.zeros(3, 4, 84, 84, dtype=torch.uint8)).shape == (3, 6)
+    layers = [m for m in cnn.trunk.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+    norms = [m for m in cnn.trunk.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(layers) == len(norms) == 4  # three convs and the hidden linear layer
+    vector = PQNetwork((4,), 2, (16, 8))
+    assert vector(torch.randn(5, 4)).shape == (5, 2)
+    norms = [m for m in vector.trunk.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert [n.normalized_shape for n in norms] == [(16,), (8,)]

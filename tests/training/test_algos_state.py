@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_algos_support import assert_same, config, learner, params_of, round_trip
 
+from training.args import WorkerConfig
 from training.registry import make_learner
 from training.replay import ReplayBuffer
 
@@ -25,6 +26,7 @@ DQN = {
     "target_update_interval": 300,
     "total_steps": 10_000,
 }
+PQN = {"algo": "pqn", "num_envs": 4, "n_steps": 32, "batch_size": 32, "epochs": 2}
 
 
 def _iterate(lrn: Any, n: int, torch_seed: int = 5) -> None:
@@ -84,6 +86,76 @@ def test_dqn_state_round_trip_restores_everything_and_continues_identically(
         lrn.close()
 
 
+@pytest.mark.parametrize("scheduler", [None, "cosine", "step"])
+def test_pqn_state_round_trip_restores_everything_and_continues_identically(
+    scheduler: str | None,
+) -> None:
+    cfg = config(**PQN, total_steps=2_048, lr_scheduler=scheduler, lr_step_size=256)
+    a = learner(cfg)
+    _iterate(a, 3)
+    state = round_trip(a.state_dict())
+    b = learner(cfg, torch_seed=99)  # different init: everything must come from the state
+    b.load_state_dict(state)
+    assert_same(a.state_dict(), b.state_dict())
+    assert b.global_step == 3 * 128 and b.updates == 3 * 2 * 4
+    a.take_metrics()  # diagnostics are not state: only what follows is compared
+    a.restart_envs(env_seed=11)
+    b.restart_envs(env_seed=11)
+    _iterate(a, 2)
+    _iterate(b, 2)
+    assert _params_equal(a, b)
+    assert_same(a.state_dict(), b.state_dict())
+    assert a.take_metrics() == b.take_metrics()
+    a.close()
+    b.close()
+
+
+def test_pqn_defaults_are_cleanrls_and_leave_dqns_alone() -> None:
+    # Shared flags left unset resolve per algorithm: PQN's epsilon and linear LR anneal.
+    pqn = learner(config(**PQN, total_steps=1_280))
+    assert pqn.epsilon() == 1.0  # type: ignore[attr-defined]
+    pqn.global_step = 320  # vector tasks: 1 -> 0.05 over the first half of total_steps
+    assert pqn.epsilon() == pytest.approx(0.525)  # type: ignore[attr-defined]
+    pqn.global_step = 0
+    _iterate(pqn, 10)  # all of total_steps: the rate annealed linearly to min_lr (0)
+    lr = pqn.optimizer.param_groups[0]["lr"]  # type: ignore[attr-defined]
+    assert lr == pytest.approx(0.0, abs=1e-12)
+    assert isinstance(pqn.optimizer, torch.optim.RAdam)  # type: ignore[attr-defined]
+    assert pqn.max_grad_norm == 10.0  # type: ignore[attr-defined]
+    pqn.close()
+    atari = config(game="Breakout-v5", algo="pqn", num_envs=2, n_steps=8, batch_size=16)
+    lrn = learner(atari)
+    assert (lrn.end_e, lrn.exploration_fraction) == (0.01, 0.1)  # type: ignore[attr-defined]
+    lrn.close()
+    dqn = learner(config(**DQN))
+    assert (dqn.end_e, dqn.exploration_fraction) == (0.05, 0.5)  # type: ignore[attr-defined]
+    assert dqn.schedule.kind == "none"  # type: ignore[attr-defined]
+    dqn.close()
+
+
+def test_pqn_linear_anneal_follows_a_larger_total_steps_after_resume() -> None:
+    short = learner(config(**PQN, total_steps=1_280))  # 10 iterations, 80 updates
+    _iterate(short, 5)
+    longer = learner(config(**PQN, total_steps=2_560))  # 160 updates
+    longer.load_state_dict(round_trip(short.state_dict()))
+    _iterate(longer, 1)
+    lr = longer.optimizer.param_groups[0]["lr"]  # type: ignore[attr-defined]
+    assert lr == pytest.approx(2.5e-4 * (1 - 48 / 160))
+    short.close()
+    longer.close()
+
+
+def test_lr_scheduler_none_on_the_command_line_switches_pqns_anneal_off() -> None:
+    cfg = WorkerConfig.from_argv(["--algo", "pqn", "--lr-scheduler", "none"])
+    assert cfg.lr_scheduler == "none"
+    assert WorkerConfig.from_argv(cfg.to_argv()) == cfg
+    assert WorkerConfig.from_argv(["--algo", "pqn"]).lr_scheduler is None  # PQN's: linear
+    lrn = learner(config(**PQN, total_steps=1_280, lr_scheduler="none"))
+    _iterate(lrn, 10)
+    assert lrn.optimizer.param_groups[0]["lr"] == 2.5e-4  # type: ignore[attr-defined]
+    lrn.close()
+
+
 def test_state_dict_holds_only_weights_only_types() -> None:
     allowed = (torch.Tensor, int, float, str, bool, type(None))
 
@@ -98,14 +170,18 @@ def test_state_dict_holds_only_weights_only_types() -> None:
         else:
             assert isinstance(x, allowed) and not isinstance(x, np.generic), type(x)
 
-    for cfg in (config(**PPO, lr_scheduler="step"), config(**DQN, lr_scheduler="cosine")):
+    for cfg in (
+        config(**PPO, lr_scheduler="step"),
+        config(**DQN, lr_scheduler="cosine"),
+        config(**PQN),
+    ):
         lrn = learner(cfg)
         _iterate(lrn, 2)
         check(lrn.state_dict())
         lrn.close()
 
 
-@pytest.mark.parametrize("overrides", [PPO, DQN])
+@pytest.mark.parametrize("overrides", [PPO, DQN, PQN])
 def test_warmup_optimizer_leaves_training_as_if_untouched(overrides: dict[str, Any]) -> None:
     cfg = config(**overrides)
     warmed, plain = learner(cfg), learner(cfg)
@@ -170,7 +246,7 @@ def test_dqn_explores_with_the_scheduled_epsilon() -> None:
     lrn.close()
 
 
-@pytest.mark.parametrize("overrides", [PPO, DQN])
+@pytest.mark.parametrize("overrides", [PPO, DQN, PQN])
 def test_mixed_precision_with_grad_scaler_trains_and_round_trips(
     overrides: dict[str, Any],
 ) -> None:

@@ -20,6 +20,7 @@ from workerutil import REPO, committed_steps, heartbeat, kill, run, start, wait_
 from training.metrics import (
     DQN_COLUMNS,
     PPO_COLUMNS,
+    PQN_COLUMNS,
     TB_DIR,
     Means,
     TensorBoardWriter,
@@ -29,6 +30,10 @@ from training.protocol import PROGRESS_COLUMNS
 
 CARTPOLE_PPO = (
     "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "64",
+    "--batch-size", "64", "--threads", "1",
+)  # fmt: skip
+CARTPOLE_PQN = (
+    "--game", "CartPole-v1", "--algo", "pqn", "--num-envs", "4", "--n-steps", "64",
     "--batch-size", "64", "--threads", "1",
 )  # fmt: skip
 CARTPOLE_DQN = (
@@ -60,6 +65,7 @@ DQN_TAGS = {
     "charts/steps_per_second",
     "eval/mean_return",
 }
+PQN_TAGS = DQN_TAGS - {"charts/replay_fill"}  # no replay buffer
 
 
 def tb_points(tb: Path, purge: bool = True) -> dict[str, list[tuple[int, float]]]:
@@ -93,8 +99,12 @@ def assert_monotonic(steps: dict[str, list[int]]) -> None:
 
 @pytest.mark.parametrize(
     ("algo_args", "columns", "tags"),
-    [(CARTPOLE_PPO, PPO_COLUMNS, PPO_TAGS), (CARTPOLE_DQN, DQN_COLUMNS, DQN_TAGS)],
-    ids=["ppo", "dqn"],
+    [
+        (CARTPOLE_PPO, PPO_COLUMNS, PPO_TAGS),
+        (CARTPOLE_DQN, DQN_COLUMNS, DQN_TAGS),
+        (CARTPOLE_PQN, PQN_COLUMNS, PQN_TAGS),
+    ],
+    ids=["ppo", "dqn", "pqn"],
 )
 def test_worker_writes_diagnostics_to_progress_and_tensorboard(
     tmp_path: Path, algo_args: tuple[str, ...], columns: tuple[str, ...], tags: set[str]

@@ -1,7 +1,7 @@
 """The fast path (`--precision`): which arithmetic each setting picks on which CPU, that it
 computes the same function as fp32, that checkpoints move exactly between the paths (in
-process and through real worker processes), and the evaluation protocol (PPO sampling, DQN
-epsilon 0.05, step caps, the wall budget, training's RNG left alone)."""
+process and through real worker processes), and the evaluation protocol (PPO sampling, DQN and
+PQN epsilon 0.05, step caps, the wall budget, training's RNG left alone)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -191,8 +192,16 @@ def test_ppo_evaluates_by_sampling_and_leaves_training_rngs_alone() -> None:
     lrn.close()
 
 
-def test_dqn_evaluates_epsilon_greedy() -> None:
-    lrn = learner(config(algo="dqn", num_envs=2, learning_starts=100, buffer_size=1000))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"algo": "dqn", "num_envs": 2, "learning_starts": 100, "buffer_size": 1000},
+        {"algo": "pqn", "num_envs": 2, "n_steps": 16, "batch_size": 32},
+    ],
+    ids=["dqn", "pqn"],
+)
+def test_q_learners_evaluate_epsilon_greedy(overrides: dict[str, Any]) -> None:
+    lrn = learner(config(**overrides))
     obs = np.zeros((4000, 4), dtype=np.float32)
     greedy = lrn.act_greedy(obs)  # type: ignore[attr-defined]
     acted = lrn.act_eval(obs, np.random.default_rng(1))

@@ -31,6 +31,7 @@ def ckpt_dirs(run_dir: Path) -> list[Path]:
     [
         (("--game", "Pongg-v5"), "did you mean Pong-v5"),
         (("--game", "CartPole-v1", "--num-envs", "3", "--batch-size", "100"), "does not divide"),
+        (("--algo", "pqn", "--num-envs", "3", "--batch-size", "100"), "does not divide"),
         (("--num-envs", "0"), "--num-envs 0"),
         (("--total-steps", "-5"), "--total-steps -5"),
     ],
@@ -61,7 +62,13 @@ def test_help_lists_every_flag():
         timeout=60,
     )
     assert proc.returncode == 0
-    for flag in ("--checkpoint-every-steps", "--keep-checkpoints", "--preset", "--dueling"):
+    for flag in (
+        "--checkpoint-every-steps",
+        "--keep-checkpoints",
+        "--preset",
+        "--dueling",
+        "--q-lambda",
+    ):
         assert flag in proc.stdout
 
 
@@ -236,12 +243,13 @@ def test_sigkill_while_checkpoint_is_being_written_never_loads_it(tmp_path: Path
     assert not list((run_dir / "checkpoints").glob(".staging-*"))
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "pqn"])
 def test_atari_pong_smoke_checkpoint_and_resume(tmp_path: Path, algo: str):
     run_dir = tmp_path / "run"
-    args = ("--game", "Pong-v5", "--algo", algo, "--num-envs", "4", "--threads", "2")
+    game = "Breakout-v5" if algo == "pqn" else "Pong-v5"  # PQN: Breakout, its paper's showcase
+    args = ("--game", game, "--algo", algo, "--num-envs", "4", "--threads", "2")
     args += ("--eval-episodes", "0", "--checkpoint-every-steps", "512")
-    if algo == "ppo":
+    if algo in ("ppo", "pqn"):
         args += ("--n-steps", "64", "--batch-size", "64", "--epochs", "1")
     else:
         args += ("--batch-size", "32", "--buffer-size", "5000", "--learning-starts", "256")
