@@ -315,6 +315,8 @@ def dqn_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
     steps = args.steps or DEFAULT_STEPS["dqn"]
     eps = ["--start-e", "1", "--end-e", "0.01", "--exploration-fraction", "0.1"]
     batch_flag = "--dqn-batch-size" if worker.has("--dqn-batch-size") else "--batch-size"
+    # dqn_atari's target is the target network's max (no Double DQN): the same algorithm
+    nature = ["--no-double-q"] if worker.has("--double-q") else []
     return Row(
         algo="dqn",
         steps=steps,
@@ -332,11 +334,12 @@ def dqn_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
             "--algo", "dqn", "--game", PPO_GAME, "--num-envs", "1", batch_flag, str(batch),
             "--train-frequency", str(freq), "--learning-starts", str(starts),
             "--target-update-interval", str(target), "--buffer-size", str(args.buffer_size),
-            "--learning-rate", "1e-4", "--gamma", "0.99", *eps,
+            "--learning-rate", "1e-4", "--gamma", "0.99", *eps, *nature,
         ],
         settings=f"peer {DQN_PEER_GAME} / rlsup {PPO_GAME}, 1 env, batch {batch} "
         f"(rlsup {batch_flag}), train every {freq}, learning starts {starts}, target every "
-        f"{target}, buffer {args.buffer_size}, lr 1e-4, epsilon 1 -> 0.01 over 10 %",
+        f"{target}, buffer {args.buffer_size}, lr 1e-4, epsilon 1 -> 0.01 over 10 %, "
+        f"{'max target (rlsup --no-double-q)' if nature else 'rlsup: Double DQN'}",
     )  # fmt: skip
 
 
