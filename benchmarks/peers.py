@@ -310,6 +310,15 @@ def ppo_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
     )  # fmt: skip
 
 
+def vectorized_ratio(figures: dict[str, Any]) -> float | None:
+    """rlsup's PQN steps/s over its DQN's (the vectorized Q-learner against the field's DQN),
+    where both ran."""
+    rates = [figures.get(a, {}).get("rlsup", {}).get("sps") for a in ("pqn", "dqn")]
+    if not all(isinstance(r, int | float) and r > 0 for r in rates):
+        return None
+    return round(float(rates[0]) / float(rates[1]), 3)
+
+
 def dqn_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
     starts, freq, target, batch = 1_000, 4, 1_000, 32
     steps = args.steps or DEFAULT_STEPS["dqn"]
@@ -609,6 +618,9 @@ def main() -> None:
             f"{row.algo:<5}{row.steps:>8}{fmt(p['sps']):>14}{rl_sps:>15}"
             f"{fmt(f['ratio'], '.2f'):>12}{fmt(p['mean_last_100'], '.2f'):>15}{rl_ret:>16}"
         )
+    pqn_over_dqn = vectorized_ratio(figures)
+    if pqn_over_dqn is not None:
+        print(f"rlsup PQN / rlsup DQN, each at its settings: {pqn_over_dqn:.2f}x agent steps/s")
     for row in rows:
         f = figures[row.algo]
         note = f["rlsup"].get("unavailable") if "rlsup" in f else None
@@ -628,6 +640,7 @@ def main() -> None:
                 "rlsup_dir": str(worker.tree),
                 "rlsup_commit": rlsup_commit,
                 "rows": figures,
+                "rlsup_pqn_over_dqn": pqn_over_dqn,
                 "host": host_facts(),
             }
         )

@@ -86,3 +86,11 @@ def test_progress_rows_past_the_warmup_once_per_step(peers: ModuleType) -> None:
     points = peers.progress_points(rows, warmup=1024)
     assert points == [(102.0, 1024), (104.0, 3072)]
     assert peers.rate(points) == pytest.approx(1024.0)
+
+
+def test_the_vectorized_ratio_needs_both_rlsup_rates(peers: ModuleType) -> None:
+    both = {"pqn": {"rlsup": {"sps": 643.0}}, "dqn": {"rlsup": {"sps": 136.0}}}
+    assert peers.vectorized_ratio(both) == pytest.approx(643 / 136, abs=1e-3)
+    assert peers.vectorized_ratio({"pqn": {"rlsup": {"sps": 643.0}}}) is None
+    missing = {"pqn": {"rlsup": {"unavailable": "no pqn"}}, "dqn": {"rlsup": {"sps": 136.0}}}
+    assert peers.vectorized_ratio(missing) is None
