@@ -111,13 +111,13 @@ def test_a_restart_is_served_by_the_spare_itemised_and_the_policy_drops_it_under
         kill_quietly(first)
         d = started_by(state, "g0", spare)
         assert d["served"] == "spare"
-        # detect -> spawn (the backoff) -> assigned -> loaded -> first step, all measured.
+        # detect -> spawn -> assigned -> loaded -> first step, all measured.
         for key in ("exit_to_spawn_s", "spawn_to_assigned_s", "spawn_to_loaded_s",
                     "loaded_to_first_step_s", "total_s"):  # fmt: skip
             assert isinstance(d[key], float) and d[key] >= 0, (key, d)
-        # The backoff (>= 0.15 s here) runs from the tick's clock reading, taken a little
-        # before the exit is handled and stamped: allow the tick's own work.
-        assert 0.1 <= d["exit_to_spawn_s"] < 5
+        # The first restart in a row has no backoff (it was 0.15-0.3 s here): only the
+        # tick's own work lies between the exit and the spawn.
+        assert d["exit_to_spawn_s"] < 1.0  # not a bound on the tick: the unit test pins the 0
         assert d["spawn_to_assigned_s"] <= d["spawn_to_loaded_s"] < d["total_s"]
         restart = events(state, "restart", "g0")[-1]["detail"]
         assert restart["served"] == "spare" and restart["pid"] == spare
