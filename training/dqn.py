@@ -56,6 +56,16 @@ def linear_epsilon(start_e: float, end_e: float, duration: float, t: int) -> flo
     return max(slope * t + start_e, end_e) if end_e <= start_e else min(slope * t + start_e, end_e)
 
 
+def epsilon_greedy(
+    greedy: np.ndarray, epsilon: float, n_actions: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Each env's greedy action, or with probability epsilon a uniform one (both drawn
+    always, so the generator advances the same whatever epsilon is)."""
+    explore = rng.random(len(greedy)) < epsilon
+    uniform = rng.integers(0, n_actions, size=len(greedy))
+    return np.where(explore, uniform, greedy)
+
+
 def double_dqn_target(
     rewards: torch.Tensor,
     dones: torch.Tensor,
@@ -264,9 +274,7 @@ class DQNLearner:
         evaluation's own generator (the learner's RNG stays as training had it)."""
         from training.evaluate import EVAL_EPSILON
 
-        greedy = self.act_greedy(obs)
-        explore = rng.random(len(greedy)) < EVAL_EPSILON
-        return np.where(explore, rng.integers(0, self.n_actions, size=len(greedy)), greedy)
+        return epsilon_greedy(self.act_greedy(obs), EVAL_EPSILON, self.n_actions, rng)
 
     def warmup_optimizer(self) -> None:
         dummy = torch.zeros((self.batch, *self.obs_shape), dtype=self.obs_dtype)

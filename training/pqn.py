@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from training.args import WorkerConfig
-from training.dqn import linear_epsilon
+from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
 from training.metrics import Means
 from training.networks import PQNetwork
@@ -78,16 +78,6 @@ def q_lambda_returns(
 def q_loss(q_taken: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean squared error of the taken actions' Q against the returns, over `mask`."""
     return masked_mean((q_taken - returns) ** 2, mask)
-
-
-def epsilon_greedy(
-    greedy: np.ndarray, epsilon: float, n_actions: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Each env's greedy action, or with probability epsilon a uniform one (both drawn
-    always, so the generator advances the same whatever epsilon is)."""
-    explore = rng.random(len(greedy)) < epsilon
-    uniform = rng.integers(0, n_actions, size=len(greedy))
-    return np.where(explore, uniform, greedy)
 
 
 # ---- the learner -----------------------------------------------------------------------------

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from training.dqn import double_dqn_target, linear_epsilon
+from training.dqn import double_dqn_target, epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker
 from training.networks import ActorCritic, PQNetwork, QNetwork
 from training.ppo import gae, normalize_advantages, ppo_loss
-from training.pqn import epsilon_greedy, q_lambda_returns, q_loss
+from training.pqn import q_lambda_returns, q_loss
 
 
 def test_gae_matches_a_hand_computed_rollout() -> None:
