@@ -8,6 +8,9 @@ with `--algos`, the learning table of the algorithms at their own settings.
 `--algos`: each algorithm on the fast path at the field's settings (ALGO_ARGS: PPO as CleanRL's
 ppo_atari_envpool, DQN as dqn_atari with 1 env, PQN as pqn_atari_envpool scaled to 8 envs),
 per seed; prints per algorithm the mean over seeds of the last-100 mean and its seed spread.
+Each finished run goes into a ledger (benchmarks/results/learning-GAME-STEPS.jsonl, kept in
+the repository); runs already there are not run again, so the table can be completed over
+several sessions; `--report` prints the table from the ledger alone.
 
 Trains `--steps` agent steps per run with real worker processes (`python -m training.worker`,
 8 envs, 128 steps, minibatch 256, 4 epochs: the throughput benchmark's settings), for each
@@ -94,6 +97,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep the run dirs here")
     parser.add_argument("--paths", default="fp32,fast", help="paths to run: fp32, fast or both")
     parser.add_argument("--algos", default="", help="the learning table: e.g. ppo,dqn,pqn")
+    parser.add_argument("--ledger", default=None, help="the learning table's JSONL ledger")
+    parser.add_argument("--report", action="store_true", help="print the table; run nothing")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.algos:
@@ -163,40 +168,86 @@ def main() -> None:
     )
 
 
+def ledger_path(args: argparse.Namespace) -> Path:
+    """The learning table's ledger: one JSON line per finished run, kept in the repository so
+    the table can be completed across sessions (a 2-core machine cannot run 9 runs in one)."""
+    if args.ledger is not None:
+        return Path(args.ledger)
+    return REPO / "benchmarks" / "results" / f"learning-{args.game}-{args.steps}.jsonl"
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    runs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            runs.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"{path}:{n}: not a JSON line ({e.msg})") from None
+    return runs
+
+
 def table(args: argparse.Namespace, algos: list[str], seeds: list[int]) -> None:
-    """Each algorithm on the fast path at its own settings, per seed: the learning table."""
-    jobs = [(a, seed) for a in algos for seed in seeds]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = args.out or Path(tmp)
-        out.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(max(1, args.parallel)) as pool:
-            futures = [
-                pool.submit(train, args.game, "fast", s, args.steps, args.threads, out, a)
-                for a, s in jobs
-            ]
-            runs = [f.result() for f in futures]
-        total = time.monotonic() - t0
+    """Each algorithm on the fast path at its own settings, per seed: the learning table.
+
+    Every finished run is appended to the ledger at once (a run cut off costs only itself);
+    runs already in the ledger for this game, step budget, algorithm and seed are not run
+    again. The table is printed from the ledger (`--report`: print it without running)."""
+    path = ledger_path(args)
+    done = {(r["algo"], r["seed"]) for r in read_ledger(path)}
+    jobs = [] if args.report else [(a, s) for a in algos for s in seeds if (a, s) not in done]
+    # The slowest algorithm's runs first: the shortest makespan.
+    jobs.sort(key=lambda j: {"dqn": 0, "ppo": 1, "pqn": 2}.get(j[0], 3))
+    t0 = time.monotonic()
+    if jobs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = args.out or Path(tmp)
+            out.mkdir(parents=True, exist_ok=True)
+
+            def one(algo: str, seed: int) -> dict[str, Any]:
+                r = train(args.game, "fast", seed, args.steps, args.threads, out, algo)
+                r.update(game=args.game, host=host_facts(), finished=time.strftime("%Y-%m-%d"))
+                with path.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+                print(f"{algo} seed {seed}: last-100 {r['mean_last_100']:.2f}, "
+                      f"{r['sps']} steps/s, {r['wall_s'] / 60:.0f} min", flush=True)  # fmt: skip
+                return r
+
+            with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+                for f in [pool.submit(one, a, s) for a, s in jobs]:
+                    f.result()
+    total = time.monotonic() - t0
+    runs = [r for r in read_ledger(path) if r["algo"] in algos]
     print(
-        f"{host_line()}\n{args.game}, {args.steps} agent steps per run, {args.parallel} runs "
-        f"at a time x {args.threads} thread(s); {total / 60:.0f} min in all"
+        f"{host_line()}\n{args.game}, {args.steps} agent steps per run; ledger {path.name} "
+        f"({len(runs)} runs); {total / 60:.0f} min run now"
     )
-    print(f"{'algo':<6}{'seeds':>6}{'last-100 mean':>15}{'seed spread':>13}{'eval mean':>11}"
-          f"{'steps/s':>9}")  # fmt: skip
+    print("| algo | seeds | last-100 mean | seed spread (min-max) | eval mean | steps/s | CPUs |")
+    print("|---|---|---|---|---|---|---|")
     summary = {}
     for algo in algos:
         rs = [r for r in runs if r["algo"] == algo]
+        if not rs:
+            print(f"| {algo} | 0 | - | - | - | - | - |")
+            continue
         means = [r["mean_last_100"] for r in rs if r["mean_last_100"] is not None]
         evals = [r["eval_mean"] for r in rs if r["eval_mean"] is not None]
         mean = statistics.mean(means) if means else None
-        spread = (max(means) - min(means)) if means else None
+        lo, hi = (min(means), max(means)) if means else (None, None)
         ev = statistics.mean(evals) if evals else None
         sps = statistics.mean(r["sps"] for r in rs if r["sps"])
-        summary[algo] = {"mean": mean, "spread": spread, "eval_mean": ev, "sps": sps}
+        cpus = sorted({str(r.get("host", {}).get("cpu_model", "?")) for r in rs})
+        summary[algo] = {"n": len(rs), "mean": mean, "min": lo, "max": hi, "eval_mean": ev,
+                         "sps": sps, "seeds": sorted(r["seed"] for r in rs)}  # fmt: skip
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"{algo:<6}{len(rs):>6}{fmt(mean):>15}{fmt(spread):>13}{fmt(ev):>11}{sps:>9.0f}")
-    print(json.dumps({"benchmark": "learning_table", "host": host_facts(), "game": args.game,
-                      "steps": args.steps, "runs": runs, "summary": summary,
+        print(f"| {algo} | {len(rs)} | {fmt(mean)} | {fmt(lo)}-{fmt(hi)} | {fmt(ev)} "
+              f"| {sps:.0f} | {'; '.join(cpus)} |")  # fmt: skip
+    print(json.dumps({"benchmark": "learning_table", "game": args.game, "steps": args.steps,
+                      "ledger": str(path), "summary": summary,
                       "minutes": round(total / 60, 1)}))  # fmt: skip
 
 

@@ -34,7 +34,7 @@ from checkpoints.names import ckpt_name, ckpt_step
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_GAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+_GAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}){0,2}")
 _CHUNK = 1 << 20
 _NOT_FOUND = ("404", "NoSuchKey", "NotFound")
 _TOLERATED = object()  # what `_call` returns for a tolerated error code

@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("pull", "pull"),
     ("join", "join"),
     ("doctor", "doctor"),
+    ("results", "results"),
 )
 
 

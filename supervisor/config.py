@@ -27,6 +27,9 @@ DEFAULT_CONFIG = "rlsup.toml"
 # Where `rlsup install-service` puts the service's configuration: found without any flag.
 SYSTEM_CONFIG = Path("/etc/rlsup/rlsup.toml")
 GAME_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
+# A run of a game's matrix (`seeds`, `variants`): `pong/s2`, `pong/lr3/s1`, `pong/lr3`.
+RUN_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}(/[a-z0-9_-]{1,40})?(/s[0-9]{1,19})?")
+_SEED_PART_RE = re.compile(r"s[0-9]+")
 
 
 class ConfigError(Exception):
@@ -65,6 +68,14 @@ class GameSpec:
     env: tuple[tuple[str, str], ...] = ()
     heartbeat: bool = True  # False: a command game that promises none (no hang detection)
     knobs: tuple[str, ...] = KNOBS  # the mode's knobs it honours (a change restarts it)
+    # Which [[games]] table it came from (a matrix expands one table into several runs): error
+    # messages name that table's line. Not part of what the game is (reload compares specs).
+    table: int = dataclasses.field(default=0, compare=False)
+
+    @property
+    def group(self) -> str:
+        """The game and variant this run belongs to: its name without the seed part."""
+        return split_run_name(self.name)[0]
 
     @property
     def args_dict(self) -> dict[str, Any]:
@@ -244,6 +255,16 @@ class Config:
 
     def run_dir(self, game: str) -> Path:
         return self.state_dir / "runs" / game
+
+
+def split_run_name(name: str) -> tuple[str, int | None]:
+    """`pong/lr3/s2` -> ("pong/lr3", 2); `pong` -> ("pong", None): the group a run's figures
+    are aggregated over (`rlsup results`) and its matrix seed. A variant is never named like a
+    seed part (refused at load), so the split is unambiguous."""
+    head, _, last = name.rpartition("/")
+    if head and _SEED_PART_RE.fullmatch(last):
+        return head, int(last[1:])
+    return name, None
 
 
 def resolve_config_path(arg: str | os.PathLike[str] | None) -> Path:
@@ -445,6 +466,13 @@ _GAME: dict[str, Field] = {
         lambda v: _gpu_choice(v) is not None,
         '"auto", a GPU index >= 0 among the visible GPUs, or a list of distinct ones',
     ),
+    "seeds": (
+        (list,),
+        [],
+        lambda v: all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63 for x in v),
+        "a list of seeds (integers >= 0): one run per seed, named GAME/sSEED",
+    ),
+    "variants": ((dict,), {}, None, "a table of named argument variants: NAME = { key = value }"),
 }
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -472,6 +500,7 @@ _COMMAND_GAME: dict[str, Field] = {
     "seed": _GAME["seed"],
     "device": _GAME["device"],
     "gpu": _GAME["gpu"],
+    "seeds": _GAME["seeds"],
 }
 
 
@@ -515,6 +544,7 @@ def _command_game(ctx: _Ctx, i: int, table: Any, path: Path) -> GameSpec:
         env=tuple(sorted(env.items())),
         heartbeat=v["heartbeat"],
         knobs=tuple(v["knobs"]),
+        table=i,
     )
     if game.gpu is not None and game.device == "cpu":
         raise ctx.fail(["games", i, "gpu"], 'set on a game with device = "cpu"')
@@ -719,7 +749,7 @@ def parse_config(
         and (i := next((i for i, g in enumerate(games) if g.command), -1)) >= 0
     ):
         raise ctx.fail(
-            ["games", i, "command"],
+            ["games", games[i].table, "command"],
             f"game {games[i].name!r} is a command game: command games run on the local "
             'backend only ([cluster] backend = "local"), not on several hosts',
         )
@@ -953,19 +983,24 @@ _SET_FROM = {
 def _parse_games(
     ctx: _Ctx, data: Any, modes: tuple[ModeSpec, ...], checkpoint_every_s: float
 ) -> tuple[GameSpec, ...]:
+    """The [[games]] tables, each expanded into its runs (`seeds` x `variants`), in a fair
+    order: round-robin over the tables, so that every game's first run comes before any
+    game's second (the order the queue starts them under `max_concurrent`)."""
     if not isinstance(data, list) or not data:
         raise ctx.fail(["games"], "missing; expected at least one [[games]] table")
-    games: list[GameSpec] = []
+    tables: list[list[GameSpec]] = []
     for i, table in enumerate(data):
         if isinstance(table, dict) and "command" in table:
-            game = _command_game(ctx, i, table, ctx.path)
-            if any(g.name == game.name for g in games):
-                raise ctx.fail(["games", i, "name"], f"duplicate game name {game.name!r}")
-            games.append(game)
+            if "variants" in table:
+                raise ctx.fail(
+                    ["games", i, "variants"],
+                    "a command game has no args to vary: give each variant its own [[games]] "
+                    "table (its own command or env)",
+                )
+            base = _command_game(ctx, i, table, ctx.path)
+            tables.append(_expand(ctx, i, table, base, {"": ()}))
             continue
         v = _values(ctx, ["games", i], table, _GAME)
-        if any(g.name == v["name"] for g in games):
-            raise ctx.fail(["games", i, "name"], f"duplicate game name {v['name']!r}")
         if v["env_id"] not in KNOWN_TASKS:
             close = suggest(v["env_id"])
             hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -975,48 +1010,122 @@ def _parse_games(
                 f"envpool task id (Atari *-v5, CartPole-v1, Acrobot-v1, MountainCar-v0){hint}",
             )
         args = v["args"]
-        for key, value in args.items():
-            if key in worker_args.SUPERVISOR_FIELDS:
+        _check_args(ctx, ["games", i, "args"], args)
+        variants: dict[str, tuple[tuple[str, Any], ...]] = {"": tuple(sorted(args.items()))}
+        if "variants" in table:
+            variants = {}
+            for vname, vargs in v["variants"].items():
+                where: list[str | int] = ["games", i, "variants", vname]
+                if not GAME_NAME_RE.fullmatch(vname) or _SEED_PART_RE.fullmatch(vname):
+                    raise ctx.fail(
+                        where,
+                        "a variant's name must match [a-z0-9_-]{1,40} and not look like a seed "
+                        "part (s<digits>): it names the runs, e.g. pong/lr3/s1",
+                    )
+                if not isinstance(vargs, dict):
+                    raise ctx.fail(
+                        where, f"got {vargs!r}; expected a table of hyper-parameters, e.g. "
+                        "{ learning_rate = 3e-4 } ({} for the game's own args)",
+                    )  # fmt: skip
+                _check_args(ctx, where, vargs)
+                variants[vname] = tuple(sorted({**args, **vargs}.items()))
+            if not variants:
                 raise ctx.fail(
-                    ["games", i, "args", key],
-                    f"set by the supervisor for every worker (from {_SET_FROM.get(key, 'it')}), "
-                    "not a hyper-parameter: remove it from args",
+                    ["games", i, "variants"], "an empty table: give at least one variant"
                 )
-            if key not in worker_args.HYPERPARAMETER_FIELDS:
-                close = difflib.get_close_matches(
-                    key, sorted(worker_args.HYPERPARAMETER_FIELDS), n=3
-                )
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ctx.fail(
-                    ["games", i, "args", key],
-                    f"unknown hyper-parameter{hint} "
-                    f"(allowed: {', '.join(sorted(worker_args.HYPERPARAMETER_FIELDS))})",
-                )
-            try:
-                worker_args.check_value(key, value)
-            except worker_args.ConfigError as exc:
-                raise ctx.fail(["games", i, "args", key], str(exc)) from None
-        game = GameSpec(
+        base = GameSpec(
             name=v["name"],
             env_id=v["env_id"],
             algo=v["algo"],
             total_steps=v["total_steps"],
             seed=v["seed"],
             device=v["device"],
-            args=tuple(sorted(args.items())),
             gpu=_gpu_choice(v["gpu"]) or None,
+            table=i,
         )
-        if game.gpu is not None and game.device == "cpu":
+        if base.gpu is not None and base.device == "cpu":
             raise ctx.fail(["games", i, "gpu"], 'set on a game with device = "cpu"')
-        for mode in modes:
-            try:
-                worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, threads=None)
-            except (worker_args.ConfigError, TypeError, ValueError) as exc:
+        runs = _expand(ctx, i, table, base, variants)
+        for game in runs:
+            for mode in modes:
+                try:
+                    worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, None)
+                except (worker_args.ConfigError, TypeError, ValueError) as exc:
+                    raise ctx.fail(
+                        ["games", i], f"{game.name}: invalid worker settings in mode "
+                        f"{mode.name!r}: {exc}",
+                    ) from None  # fmt: skip
+        tables.append(runs)
+    games = [t[k] for k in range(max(map(len, tables))) for t in tables if k < len(t)]
+    names = {g.name: g for g in games}
+    for game in games:
+        if dups := [g.table for g in games if g.name == game.name][1:]:
+            raise ctx.fail(["games", max(dups), "name"], f"duplicate game name {game.name!r}")
+        parts = game.name.split("/")
+        for k in range(1, len(parts)):
+            other = names.get("/".join(parts[:k]))
+            if other is not None:
                 raise ctx.fail(
-                    ["games", i], f"invalid worker settings in mode {mode.name!r}: {exc}"
-                ) from None
-        games.append(game)
+                    ["games", other.table, "name"],
+                    f"{other.name!r} is also the name of the runs of another [[games]] table "
+                    f"({game.name}, ...): its run directory would hold theirs; rename one",
+                )
     return tuple(games)
+
+
+def _check_args(ctx: _Ctx, where: list[str | int], args: Mapping[str, Any]) -> None:
+    """A game's `args` (or one variant's): known hyper-parameters with valid values, none of
+    them the supervisor's own."""
+    for key, value in args.items():
+        if key in worker_args.SUPERVISOR_FIELDS:
+            raise ctx.fail(
+                [*where, key],
+                f"set by the supervisor for every worker (from {_SET_FROM.get(key, 'it')}), "
+                "not a hyper-parameter: remove it",
+            )
+        if key not in worker_args.HYPERPARAMETER_FIELDS:
+            close = difflib.get_close_matches(key, sorted(worker_args.HYPERPARAMETER_FIELDS), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ctx.fail(
+                [*where, key],
+                f"unknown hyper-parameter{hint} "
+                f"(allowed: {', '.join(sorted(worker_args.HYPERPARAMETER_FIELDS))})",
+            )
+        try:
+            worker_args.check_value(key, value)
+        except worker_args.ConfigError as exc:
+            raise ctx.fail([*where, key], str(exc)) from None
+
+
+def _expand(
+    ctx: _Ctx,
+    i: int,
+    table: Mapping[str, Any],
+    base: GameSpec,
+    variants: Mapping[str, tuple[tuple[str, Any], ...]],
+) -> list[GameSpec]:
+    """One [[games]] table's runs: each seed (`seeds`, else `seed`) x each variant ("" = the
+    game's own args), seed-major, named GAME[/VARIANT][/sSEED]."""
+    seeds: list[int] = table.get("seeds", [])
+    if "seeds" in table:
+        if not seeds:
+            raise ctx.fail(["games", i, "seeds"], "an empty list: give at least one seed")
+        if "seed" in table:
+            raise ctx.fail(
+                ["games", i, "seed"], "set together with `seeds`: give one of them (the runs' "
+                "seeds are the list's)",
+            )  # fmt: skip
+        dup = next((x for k, x in enumerate(seeds) if x in seeds[:k]), None)
+        if dup is not None:
+            raise ctx.fail(
+                ["games", i, "seeds"], f"seed {dup} appears twice in {seeds}: each seed is one run"
+            )
+    runs = []
+    for seed in seeds or [base.seed]:
+        for vname, args in variants.items():
+            name = base.name + (f"/{vname}" if vname else "") + (f"/s{seed}" if seeds else "")
+            runs.append(dataclasses.replace(base, name=name, seed=seed, args=args, table=i))
+    return runs
 
 
 def _check_cuda_usable(ctx: _Ctx, games: tuple[GameSpec, ...]) -> None:
@@ -1035,7 +1144,7 @@ def _check_cuda_usable(ctx: _Ctx, games: tuple[GameSpec, ...]) -> None:
     if build.cuda is not False:
         return
     raise ctx.fail(
-        ["games", wanted[0], "device"],
+        ["games", games[wanted[0]].table, "device"],
         f'got "cuda", but {build.describe()} cannot use the NVIDIA driver ({driver}) of '
         f"this host: {torchbuild.cuda_install_hint(build.public_version)}. Or set "
         'device = "auto" to train on the CPU meanwhile',
@@ -1052,7 +1161,7 @@ def check_runs_match(cfg: Config) -> None:
     from checkpoints import CheckpointStore  # not needed by `rlsup status`
 
     ctx = _Ctx(cfg.path, _read_or_empty(cfg.path))
-    for i, game in enumerate(cfg.games):
+    for game in cfg.games:
         if game.command is not None:
             continue  # its checkpoints are the script's own: nothing of ours to compare
         root = cfg.run_dir(game.name) / protocol.CHECKPOINT_DIR
@@ -1066,8 +1175,8 @@ def check_runs_match(cfg: Config) -> None:
         ):
             if trained is not None and trained != have:
                 raise ctx.fail(
-                    ["games", i, key],
-                    f"got {have!r}, but {root} holds a run of this game trained with "
+                    ["games", game.table, key],
+                    f"{game.name}: got {have!r}, but {root} holds a run of this game trained with "
                     f"{key} = {trained!r} (newest: {ref.path.name}); a checkpoint of one game "
                     f"or algorithm is never loaded for another. Set {key} back to {trained!r} "
                     f"to continue that run, or move {root} aside (or give the game a new name) "

@@ -199,9 +199,15 @@ def prepare_worker(
     last heartbeat removed: the supervisor must never read a predecessor's) and environment
     (`env`: its GPU; a command game also gets the RLSUP_* contract, `starts`: its earlier
     starts)."""
-    run_dir = make_private_dir(cfg.run_dir(spec.name))
+    # A matrix run's name has folders (`pong/lr3/s1`): each level is made private too.
+    parts = spec.name.split("/")
+    run_dir = cfg.run_dir(parts[0])
+    for part in ["", *parts[1:]]:
+        run_dir = make_private_dir(run_dir / part if part else run_dir)
     logs_dir = make_private_dir(cfg.logs_dir)
-    log = logs_dir / f"{spec.name}.log"
+    for part in parts[:-1]:
+        logs_dir = make_private_dir(logs_dir / part)
+    log = logs_dir / f"{parts[-1]}.log"
     rotate_log(log)
     with contextlib.suppress(FileNotFoundError):
         (run_dir / HEARTBEAT_FILE).unlink()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -436,3 +437,39 @@ def test_slow_spawns_stop_at_the_tick_budget_and_the_rest_start_next_tick(
         spin(sup, lambda: all(rt.life is not None for rt in sup.games.values()))
     finally:
         close_supervisors([sup])
+
+
+def seeded(name: str, steps: int, seeds: str) -> str:
+    return game(name, steps) + f"seeds = [{seeds}]\n"
+
+
+def test_a_matrix_starts_every_games_first_seed_before_any_second(make) -> None:  # type: ignore[no-untyped-def]
+    """Under max_concurrent the queue is fair: round-robin over games, not game after game."""
+    sup = make(seeded("a", 40, "1, 2, 3") + seeded("b", 40, "1, 2"), cap=1, cores=4)
+    order: list[str] = []
+
+    def record() -> bool:
+        order.extend(n for n, rt in sup.games.items() if rt.state is S.RUNNING and n not in order)
+        return sup.finished
+
+    spin(sup, record, 40)
+    assert order == ["a/s1", "b/s1", "a/s2", "b/s2", "a/s3"]
+    assert all(rt.state is S.DONE for rt in sup.games.values())
+    assert (sup.cfg.state_dir / "runs" / "a" / "s3").is_dir()
+    assert (sup.cfg.logs_dir / "b" / "s2.log").is_file()
+
+
+def test_reload_adds_and_removes_seeds_without_touching_the_running_ones(make) -> None:  # type: ignore[no-untyped-def]
+    sup = make(seeded("a", 100_000, "1, 2"), cap=3)
+    spin(sup, lambda: all(rt.state is S.RUNNING for rt in sup.games.values()))
+    pids = {n: rt.proc.pid for n, rt in sup.games.items()}
+    sup.cfg.path.write_text(sup.cfg.path.read_text().replace("seeds = [1, 2]", "seeds = [1, 3]"))
+    sup.flags.reload = True
+    spin(sup, lambda: "a/s3" in sup.games and sup.games["a/s3"].state is S.RUNNING)
+    assert sup.games["a/s1"].proc.pid == pids["a/s1"]  # untouched
+    assert sup.games["a/s1"].restarts == 0
+    assert "a/s2" not in sup.games
+    spin(sup, lambda: "a/s2" not in sup.life.removed)  # its worker stopped, then forgotten
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids["a/s2"], 0)
+    assert sup.games["a/s3"].spec.seed == 3

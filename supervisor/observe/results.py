@@ -1,0 +1,246 @@
+"""Results over seeds (`rlsup results`): per game and variant, the final evaluation and the
+last-100 training return of its runs, with their spread, a human-normalised score for the
+Atari-57 games, and the aggregate across games (median and IQM of normalised scores).
+
+Read from the state dir alone (each run's eval.json, heartbeat.json and progress.csv, the
+database read-only for the runs' states): it works while the supervisor is down and costs
+the supervisor nothing. Stdlib only.
+
+A run's figures:
+- `eval`: its final evaluation (eval.json, written when the run reaches total_steps), else its
+  newest periodic one (the heartbeat's `eval`, `eval_every_steps`); `eval_final` says which.
+- `last_100`: the mean return of its last 100 training episodes (the heartbeat's, else the
+  last row of progress.csv: a heartbeat is removed when a worker restarts).
+A group (a game, or one variant of it) is marked `training` while any of its runs is not done.
+The normalised score of a group is that of its mean evaluation when every run has one, else of
+its mean last-100 return (`hns_of` says which); the aggregate takes the groups' scores: the
+median across games (the field's classic figure) and the interquartile mean over every run's
+score (rliable's IQM: Agarwal et al., NeurIPS 2021, recommend it over the median).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.config import Config, split_run_name
+from supervisor.observe import atari_scores, readonly
+from training.protocol import EVAL_FILE, HEARTBEAT_FILE, read_json_file
+
+SCHEMA = 1
+DONE_STATES = ("done",)
+
+
+@dataclass
+class RunFigures:
+    name: str
+    group: str
+    seed: int | None
+    env_id: str
+    algo: str
+    state: str  # the supervisor's state of the run ("unknown": never started here)
+    steps: int | None  # agent steps trained
+    total_steps: int | None
+    eval: float | None  # mean evaluation return
+    eval_step: int | None
+    eval_episodes: int | None
+    eval_final: bool  # eval.json (the run's end) rather than a periodic evaluation
+    last_100: float | None
+    hns: float | None = None  # this run's normalised score (on its group's `hns_of`)
+
+    @property
+    def training(self) -> bool:
+        return self.state not in DONE_STATES
+
+
+@dataclass
+class Stats:
+    n: int
+    mean: float
+    std: float | None  # sample std; None with one value
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> Stats | None:
+        xs = [v for v in values if v is not None and math.isfinite(v)]
+        if not xs:
+            return None
+        std = statistics.stdev(xs) if len(xs) > 1 else None
+        return cls(len(xs), statistics.fmean(xs), std, min(xs), max(xs))
+
+
+@dataclass
+class GroupRow:
+    group: str
+    env_id: str
+    algo: str
+    n: int  # runs
+    seeds: list[int | None]
+    steps_min: int | None
+    steps_max: int | None
+    training: int  # runs not done yet (their figures are their latest)
+    eval: Stats | None
+    last_100: Stats | None
+    hns: float | None
+    hns_of: str | None  # "eval" or "last_100"
+    runs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Results:
+    groups: list[GroupRow]
+    runs: list[RunFigures]
+    median_hns: float | None
+    iqm_hns: float | None
+    hns_games: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "groups": [asdict(g) for g in self.groups],
+            "runs": [{**asdict(r), "training": r.training} for r in self.runs],
+            "aggregate": {
+                "games": self.hns_games,
+                "median_hns": self.median_hns,
+                "iqm_hns": self.iqm_hns,
+            },
+            "normalisation": atari_scores.CITATION,
+        }
+
+    @property
+    def empty(self) -> bool:
+        return not self.groups
+
+
+def iqm(values: Sequence[float]) -> float | None:
+    """The interquartile mean as rliable computes it (scipy.stats.trim_mean(x, 0.25)): the
+    mean after int(n / 4) values are cut from each end."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    cut = len(xs) // 4
+    return statistics.fmean(xs[cut : len(xs) - cut])
+
+
+def _run_state(conn: sqlite3.Connection | None) -> dict[str, str]:
+    if conn is None:
+        return {}
+    try:
+        return {r["game"]: r["state"] for r in conn.execute("SELECT game, state FROM workers")}
+    except sqlite3.Error:
+        return {}
+
+
+def run_figures(
+    name: str, run_dir: Path, state: str, env_id: str = "", algo: str = ""
+) -> RunFigures:
+    hb = read_json_file(run_dir / HEARTBEAT_FILE) or {}
+    final = read_json_file(run_dir / EVAL_FILE)
+    ev = final if isinstance(final, dict) and final.get("mean") is not None else None
+    periodic = hb.get("eval") if isinstance(hb.get("eval"), dict) else None
+    if ev is None and periodic is not None and periodic.get("mean") is not None:
+        ev = periodic
+    tail = readonly.read_progress_tail(run_dir, max_bytes=8 * 1024)
+    last = tail[-1] if tail else {}
+    steps = _int(hb.get("global_step"))
+    last_100 = readonly.to_float(hb.get("mean_return"))
+    csv_step = _int(readonly.to_float(last.get("global_step")))
+    if csv_step is not None and (steps is None or csv_step > steps or last_100 is None):
+        steps = max(steps or 0, csv_step)
+        last_100 = readonly.to_float(last.get("mean_return")) if last_100 is None else last_100
+    group, seed = split_run_name(name)
+    return RunFigures(
+        name=name,
+        group=group,
+        seed=seed,
+        env_id=env_id or str(hb.get("game") or ""),
+        algo=algo or str(hb.get("algo") or ""),
+        state=state,
+        steps=steps,
+        total_steps=_int(hb.get("total_steps")),
+        eval=None if ev is None else readonly.to_float(ev.get("mean")),
+        eval_step=None if ev is None else _int(ev.get("step")),
+        eval_episodes=None if ev is None else _int(ev.get("episodes")),
+        eval_final=ev is not None and ev is final,
+        last_100=last_100,
+    )
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def collect(cfg: Config, only: Sequence[str] = ()) -> Results:
+    """The figures of every configured run (`only`: runs whose name, group or game is one of
+    these), grouped."""
+    with readonly.open_db_readonly(cfg.db_path) as conn:
+        states = _run_state(conn)
+    runs = []
+    for spec in cfg.games:
+        if only and not _selected(spec.name, only):
+            continue
+        fig = run_figures(
+            spec.name,
+            cfg.run_dir(spec.name),
+            states.get(spec.name, "unknown"),
+            spec.env_id,
+            spec.algo if spec.command is None else "command",
+        )
+        fig.seed = spec.seed
+        runs.append(fig)
+    return summarize(runs)
+
+
+def _selected(name: str, only: Sequence[str]) -> bool:
+    group = split_run_name(name)[0]
+    return any(o in (name, group, name.split("/")[0]) for o in only)
+
+
+def summarize(runs: list[RunFigures]) -> Results:
+    """Group the runs that have any figure; normalise; aggregate."""
+    by: dict[str, list[RunFigures]] = {}
+    for r in runs:
+        if r.eval is not None or r.last_100 is not None:
+            by.setdefault(r.group, []).append(r)
+    groups = []
+    for group, rs in by.items():
+        ev, l100 = Stats.of(r.eval for r in rs), Stats.of(r.last_100 for r in rs)
+        env_id = rs[0].env_id
+        hns_of = "eval" if all(r.eval is not None for r in rs) else "last_100"
+        for r in rs:
+            score = r.eval if hns_of == "eval" else r.last_100
+            r.hns = None if score is None else atari_scores.normalised(env_id, score)
+        run_hns = [r.hns for r in rs if r.hns is not None]
+        steps = [r.steps for r in rs if r.steps is not None]
+        groups.append(
+            GroupRow(
+                group=group,
+                env_id=env_id,
+                algo=rs[0].algo,
+                n=len(rs),
+                seeds=[r.seed for r in rs],
+                steps_min=min(steps) if steps else None,
+                steps_max=max(steps) if steps else None,
+                training=sum(r.training for r in rs),
+                eval=ev,
+                last_100=l100,
+                hns=statistics.fmean(run_hns) if run_hns else None,
+                hns_of=hns_of if run_hns else None,
+                runs=[r.name for r in rs],
+            )
+        )
+    scored = [g.hns for g in groups if g.hns is not None]
+    pooled = [r.hns for r in runs if r.hns is not None]
+    return Results(
+        groups=groups,
+        runs=[r for rs in by.values() for r in rs],
+        median_hns=statistics.median(scored) if scored else None,
+        iqm_hns=iqm(pooled),
+        hns_games=len(scored),
+    )
