@@ -151,7 +151,8 @@ def render_human(doc: StatusDoc) -> str:
         lines += [
             "",
             f"cost        {c['spent']:.2f} spent over "
-            f"{render.fmt_duration(now - c['since'])} at {c['per_hour']:g}/h{proj}",
+            f"{render.fmt_duration(now - c['since'])} at {c['per_hour']:g}/h{proj}; "
+            f"{c['lost']:.2f} lost to instability (rlsup report)",
         ]
     return "\n".join(lines)
 
@@ -249,6 +250,7 @@ _HEADERS = (
     "CHECKPOINT",
     "RESTARTS",
     "ETA",
+    "LOST",
 )
 
 
@@ -289,9 +291,19 @@ def _games_table(games: list[GameDoc], now: float) -> str:
                 ckpt,
                 str(g["restarts"]),
                 render.fmt_duration(g["eta_s"]),
+                _lost_cell(g),
             ]
         )
     return render.render_table(_HEADERS, rows)
+
+
+def _lost_cell(g: GameDoc) -> str:
+    """`6%`: the share of its life lost to instability (redone work, restarts, backoff, the
+    supervisor or host down): games[].time's lost_s / wall_s."""
+    t = g["time"]
+    if not t or t["wall_s"] <= 0:
+        return "-"
+    return f"{100 * t['lost_s'] / t['wall_s']:.0f}%"
 
 
 def _eval_cell(g: GameDoc) -> str:

@@ -79,6 +79,9 @@ EVENT_KINDS = frozenset(
         "gpu_moved",  # the policy moved a game off a hot or OOM-prone GPU to a calmer one
         # An auto game that will train on the CPU of a host with a driver (CPU-only torch).
         "device_fallback",
+        # A worker's evaluation as its heartbeat reported it (step, mean, episodes, seconds):
+        # the curves' evaluation points and the evaluation time of each game's time split.
+        "evaluation",
     }
 )
 

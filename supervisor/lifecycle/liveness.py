@@ -82,6 +82,7 @@ class Reported:
     replay_damage: int = 0
     write_failures: set[str] = field(default_factory=set)
     mirror_restore: bool = False
+    evaluations: set[int] = field(default_factory=set)  # the steps of evaluations reported
 
 
 def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]]]:
@@ -119,7 +120,27 @@ def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]
     if hb.mirror_restore and not seen.mirror_restore:
         seen.mirror_restore = True
         out.append(("mirror_restored", dict(hb.mirror_restore)))
+    if (ev := evaluation_of(hb.eval)) is not None and ev["step"] not in seen.evaluations:
+        seen.evaluations.add(ev["step"])
+        out.append(("evaluation", ev))
     return [(kind, {**detail, "pid": hb.pid}) for kind, detail in out]
+
+
+def evaluation_of(ev: Any) -> dict[str, Any] | None:
+    """The `evaluation` event's detail of a heartbeat's `eval` (None: none or malformed)."""
+    if not isinstance(ev, dict):
+        return None
+    step, mean = ev.get("step"), ev.get("mean")
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(mean, int | float):
+        return None
+    seconds = ev.get("seconds")
+    return {
+        "step": step,
+        "mean": float(mean),
+        "episodes": ev.get("episodes") if isinstance(ev.get("episodes"), int) else None,
+        "seconds": float(seconds) if isinstance(seconds, int | float) else None,
+        "time": ev.get("time") if isinstance(ev.get("time"), int | float) else None,
+    }
 
 
 REPORT_KINDS = (
@@ -128,6 +149,7 @@ REPORT_KINDS = (
     "replay_damaged",
     "write_failed",
     "mirror_restored",
+    "evaluation",
 )
 
 
@@ -149,4 +171,6 @@ def reported_from_events(pid: int, events: Iterable[tuple[str, dict[str, Any]]])
             seen.write_failures.add(str(d.get("file")))
         elif kind == "mirror_restored":
             seen.mirror_restore = True
+        elif kind == "evaluation" and isinstance(d.get("step"), int):
+            seen.evaluations.add(d["step"])
     return seen

@@ -125,6 +125,11 @@ class GameDoc(TypedDict):
     command: list[str] | None
     contract_level: str | None
     hang_detection: bool
+    # Where its time went since its first start (ledger/accounting.py): wall_s and its parts
+    # training_s, evaluation_s, redone_s, setup_s, starting_s, waiting_s, backoff_s, down_s (sum:
+    # wall_s), downtime_s, lost_s, redone_steps, since; with cost_per_hour, money and
+    # money_lost (the host's price shared among the games alive). Null before its first start.
+    time: dict[str, Any] | None
 
 
 class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration
@@ -133,6 +138,7 @@ class CostDoc(TypedDict):  # only with cost_per_hour > 0 in the configuration
     since: float
     remaining_s: float | None  # remaining steps of all games / current total sps
     projected_total: float | None
+    lost: float  # money of the games' time lost to instability (redone, restarts, down)
 
 
 class NodeDoc(TypedDict):

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from checkpoints.names import ckpt_name, newest_step
 from supervisor.config import Config, GameSpec
-from supervisor.ledger import db
+from supervisor.ledger import accounting, db
 from supervisor.lifecycle.states import ALIVE
 from supervisor.mirror.state import MirrorState
 from supervisor.observe import readonly
@@ -66,6 +66,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         nodes = _nodes(conn, games)
         spare = _spare(conn, supervisor)
         first_seen = db.first_boot_seen(conn)
+        times = _times(conn, cfg, games, now)
     return {
         "schema": SCHEMA,
         "generated_at": now,
@@ -78,8 +79,23 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "games": games,
         "nodes": nodes,
         "spare": spare,
-        "cost": _cost(cfg, games, first_seen, supervisor, now),
+        "cost": _cost(cfg, games, first_seen, supervisor, now, times),
     }
+
+
+def _times(
+    conn: sqlite3.Connection | None, cfg: Config, games: list[GameDoc], now: float
+) -> dict[str, accounting.GameTime]:
+    """Each game's time split (and money, with a price) from the ledger: `games[].time`."""
+    names = [g["name"] for g in games]
+    steps = {g["name"]: g["global_step"] for g in games}
+    times = accounting.account(accounting.load_events(conn, names), names, now,
+                               float(cfg.cost_per_hour or 0.0), steps)  # fmt: skip
+    priced = (cfg.cost_per_hour or 0.0) > 0
+    for g in games:
+        t = times.get(g["name"])
+        g["time"] = t.as_json(priced) if t is not None and t.first is not None else None
+    return times
 
 
 NODE_EVENTS = ["node_joined", "node_lost", "node_reboot"]
@@ -470,6 +486,7 @@ def _game(
         "command": None,
         "contract_level": None,
         "hang_detection": True,
+        "time": None,
     }
 
 
@@ -514,12 +531,17 @@ def _last_eval(run_dir: Path, hb: dict[str, Any]) -> tuple[float | None, int | N
     return mean, int(step) if isinstance(step, int | float) and mean is not None else None
 
 
+def _lost_money(times: dict[str, accounting.GameTime]) -> float:
+    return sum(t.money[c] for t in times.values() for c in accounting.LOST)
+
+
 def _cost(
     cfg: Config,
     games: list[GameDoc],
     first_seen: float | None,
     supervisor: SupervisorDoc,
     now: float,
+    times: dict[str, accounting.GameTime] | None = None,
 ) -> CostDoc | None:
     rate = float(cfg.cost_per_hour or 0.0)
     if rate <= 0:
@@ -542,4 +564,7 @@ def _cost(
         "since": since,
         "remaining_s": remaining,
         "projected_total": None if projected is None else round(projected, 2),
+        # What the games' time lost to instability (redone work, restarts, backoff, the
+        # supervisor or host down) cost: each instant's price shared among the games alive.
+        "lost": round(_lost_money(times or {}), 2),
     }

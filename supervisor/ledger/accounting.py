@@ -1,0 +1,267 @@
+"""Where each game's time (and money) went, from the event ledger alone.
+
+A game's life runs from its first spawn (`worker_start`; `restart` after a failure) to its
+`game_done` / `fatal` (or now), and every second of it falls in exactly one category, so
+the parts sum to its wall time:
+
+- `training`: a worker stepped (from its `worker_training` to its exit), less the two below;
+- `evaluation`: the seconds its evaluations took (`evaluation` events, as the worker timed
+  them; an evaluation reported again by a resumed worker counts once);
+- `redone`: steps trained again after a resume: at each exit that was not a clean stop, the
+  steps past the last committed checkpoint (`worker_exit`'s `global_step` -
+  `last_checkpoint_step`), at the game's own average speed;
+- `setup`: its first worker's start, from the spawn to the first step (imports, building the
+  envs): what any run pays once;
+- `starting`: the same for every later worker (restarts: the checkpoint load, the spare's
+  hand-off);
+- `waiting`: queued after an exit or a mode change (slots, the GPU gate);
+- `backoff`: the restart backoff after a failure;
+- `down`: the supervisor was not running (an operator's stop, a crash, a host reboot: the
+  `downtime_s` that `supervisor_start` measured).
+
+`downtime` is starting + waiting + backoff + down; `lost` (to instability) is redone +
+starting + backoff + down: what a run without failures, restarts or stops would not have
+spent (waiting is not in it: a queue is the operator's choice). With a host price
+(`cost_per_hour`), each instant's cost is shared equally among the games alive then (in any
+category), and each game's money splits as its time does.
+
+Stdlib only; pure functions over the events (tested without a supervisor) plus one query.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+CATEGORIES = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",
+              "down")  # fmt: skip
+DOWNTIME = ("starting", "waiting", "backoff", "down")
+LOST = ("redone", "starting", "backoff", "down")
+GAME_KINDS = ("worker_start", "restart", "worker_training", "worker_exit", "backoff",
+              "game_done", "fatal", "evaluation")  # fmt: skip
+HOST_KINDS = ("supervisor_start", "supervisor_stop")
+KINDS = GAME_KINDS + HOST_KINDS
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    category: str  # "running" until split, then one of CATEGORIES
+
+
+@dataclass
+class GameTime:
+    """One game's time split (seconds) and, with a price, its money split."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    money: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    first: float | None = None  # its first worker_start
+    end: float | None = None  # its game_done / fatal, or now
+    redone_steps: int = 0
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def as_json(self, priced: bool) -> dict[str, Any]:
+        secs = self.seconds
+        out: dict[str, Any] = {
+            "wall_s": round(self.wall_s, 3),
+            **{f"{c}_s": round(secs[c], 3) for c in CATEGORIES},
+            "downtime_s": round(sum(secs[c] for c in DOWNTIME), 3),
+            "lost_s": round(sum(secs[c] for c in LOST), 3),
+            "redone_steps": self.redone_steps,
+            "since": self.first,
+        }
+        if priced:
+            out["money"] = round(sum(self.money.values()), 4)
+            out["money_lost"] = round(sum(self.money[c] for c in LOST), 4)
+        return out
+
+
+def _segments(
+    events: Iterable[Mapping[str, Any]], game: str, now: float
+) -> tuple[list[Segment], list[Mapping[str, Any]], float | None, float | None]:
+    """Replay the ledger: the game's segments (category "running" for stepping), its exits
+    and evaluations (for the split), its first start and its end."""
+    segs: list[Segment] = []
+    cat: str | None = None  # None: not started, or ended
+    since = 0.0
+    first = end = None
+    exits: list[Mapping[str, Any]] = []
+
+    def switch(ts: float, new: str | None) -> None:
+        nonlocal cat, since
+        if cat is not None and ts > since:
+            segs.append(Segment(since, ts, cat))
+        cat, since = new, ts
+
+    for e in events:
+        ts, kind, detail = float(e["ts"]), e["kind"], e.get("detail") or {}
+        if e.get("game") not in (None, game):
+            continue
+        if kind == "supervisor_start":
+            if cat is None:
+                continue
+            gap = detail.get("downtime_s")
+            if isinstance(gap, int | float) and gap > 0 and cat != "down":
+                switch(max(since, ts - float(gap)), "down")
+            switch(ts, "waiting")  # until its worker starts again
+        elif kind == "supervisor_stop":
+            if cat is not None:
+                switch(ts, "down")
+        elif e.get("game") is None:
+            continue
+        elif kind in ("worker_start", "restart"):  # a spawn (`restart`: after a failure)
+            label = "setup" if first is None else "starting"
+            first = ts if first is None else first
+            end = None
+            if cat is None:
+                cat, since = label, ts
+            else:
+                switch(ts, label)
+        elif cat is None:
+            continue
+        elif kind == "worker_training":
+            switch(ts, "running")
+        elif kind == "worker_exit":
+            exits.append(detail)
+            switch(ts, "waiting")
+        elif kind == "backoff":
+            switch(ts, "backoff")
+        elif kind in ("game_done", "fatal"):
+            switch(ts, None)
+            end = ts
+        elif kind == "evaluation":
+            exits.append({"evaluation": detail})
+    if cat is not None:
+        switch(max(now, since), None)
+        end = max(now, since)
+    return segs, exits, first, end
+
+
+def split_game(
+    events: Sequence[Mapping[str, Any]], game: str, now: float, global_step: int | None = None
+) -> GameTime:
+    """One game's time split from the ledger's events (oldest first; the game's and the
+    host-wide supervisor_start/stop ones), up to `now`; `global_step`: where it stands now
+    (for its average speed; default: the newest step its exits name)."""
+    segs, notes, first, end = _segments(events, game, now)
+    out = GameTime(first=first, end=end, segments=segs)
+    running = 0.0
+    for s in segs:
+        if s.category == "running":
+            running += s.end - s.start
+        else:
+            out.seconds[s.category] += s.end - s.start
+    evals: dict[tuple[Any, Any], float] = {}
+    newest = 0
+    for d in notes:
+        if "evaluation" in d:
+            ev = d["evaluation"]
+            if isinstance(ev.get("seconds"), int | float):
+                evals[(ev.get("step"), ev.get("time"))] = float(ev["seconds"])
+            continue
+        step, ckpt = d.get("global_step"), d.get("last_checkpoint_step")
+        if isinstance(step, int):
+            newest = max(newest, step)
+        clean = d.get("exit") in ("done", "stopped") or d.get("returncode") in (0, 75)
+        if not clean and isinstance(step, int):
+            out.redone_steps += max(0, step - (ckpt if isinstance(ckpt, int) else 0))
+    evaluation = min(running, sum(evals.values()))
+    stepping = running - evaluation
+    steps = max(global_step or 0, newest) + out.redone_steps
+    redone = 0.0
+    if out.redone_steps and steps > 0 and stepping > 0:
+        redone = min(stepping, out.redone_steps / (steps / stepping))
+    out.seconds["evaluation"] = evaluation
+    out.seconds["redone"] = redone
+    out.seconds["training"] = stepping - redone
+    return out
+
+
+def price(games: Mapping[str, GameTime], per_hour: float) -> None:
+    """Share the host's price among the games alive at each instant; each game's money then
+    splits across its categories in proportion to its seconds within each shared interval."""
+    if per_hour <= 0:
+        return
+    marks = sorted({t for g in games.values() for s in g.segments for t in (s.start, s.end)})
+    if len(marks) < 2:
+        return
+    rate = per_hour / 3600.0
+    # Each game's running segments, with the running time split pro rata into its categories.
+    for_game = {}
+    for name, g in games.items():
+        running = sum(s.end - s.start for s in g.segments if s.category == "running")
+        ratio = {c: (g.seconds[c] / running if running > 0 else 0.0)
+                 for c in ("training", "evaluation", "redone")}  # fmt: skip
+        for_game[name] = (sorted(g.segments, key=lambda s: s.start), ratio)
+    idx = dict.fromkeys(games, 0)
+    for a, b in itertools.pairwise(marks):
+        mid, alive = (a + b) / 2, []
+        for name, (segs, _) in for_game.items():
+            i = idx[name]
+            while i < len(segs) and segs[i].end <= mid:
+                i += 1
+            idx[name] = i
+            if i < len(segs) and segs[i].start <= mid:
+                alive.append((name, segs[i].category))
+        if not alive:
+            continue
+        share = rate * (b - a) / len(alive)
+        for name, cat in alive:
+            money = games[name].money
+            if cat == "running":
+                for c, r in for_game[name][1].items():
+                    money[c] += share * r
+            else:
+                money[cat] += share
+
+
+def load_events(conn: sqlite3.Connection | None, games: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The ledger's events this accounting reads, oldest first (one indexed query)."""
+    if conn is None:
+        return []
+    marks = ",".join("?" * len(KINDS))
+    sql = f"SELECT ts, kind, game, detail FROM events WHERE kind IN ({marks}) ORDER BY id"
+    rows = conn.execute(sql, KINDS).fetchall()
+    wanted = set(games)
+    return [
+        {"ts": r[0], "kind": r[1], "game": r[2], "detail": _detail(r[3])}
+        for r in rows
+        if r[2] is None or not wanted or r[2] in wanted
+    ]
+
+
+def _detail(text: str | None) -> dict[str, Any]:
+    try:
+        d = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def account(
+    events: Sequence[Mapping[str, Any]],
+    games: Sequence[str],
+    now: float,
+    per_hour: float = 0.0,
+    steps: Mapping[str, int] | None = None,
+) -> dict[str, GameTime]:
+    """Every game's split (and money with a price) from one list of events."""
+    by: dict[str, list[Mapping[str, Any]]] = {g: [] for g in games}
+    for e in events:
+        if e.get("game") is None:
+            for lst in by.values():
+                lst.append(e)
+        elif e["game"] in by:
+            by[e["game"]].append(e)
+    out = {g: split_game(by[g], g, now, (steps or {}).get(g)) for g in games}
+    price(out, per_hour)
+    return out

@@ -1,0 +1,101 @@
+"""The time split of a game's life from the ledger: every second in one category, the parts
+summing to the wall time; money shared among the games alive at each instant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from supervisor.ledger.accounting import CATEGORIES, account, split_game
+
+
+def ev(ts: float, kind: str, game: str | None = "g", **detail: Any) -> dict[str, Any]:
+    return {"ts": ts, "kind": kind, "game": game, "detail": detail}
+
+
+LIFE = [
+    ev(0, "supervisor_start", None, after="first", downtime_s=None),
+    ev(10, "worker_start"),  # 10 s queued before: not part of its life
+    ev(12, "worker_training"),  # 2 s starting
+    ev(40, "evaluation", step=1000, mean=5.0, seconds=4.0, time=40.0),
+    # killed by a signal at step 3000 with the last checkpoint at 2000: 1000 steps redone
+    ev(62, "worker_exit", exit="killed_by_signal", global_step=3000, last_checkpoint_step=2000),
+    ev(62, "backoff"),
+    ev(65, "restart"),  # 3 s backoff
+    ev(66, "worker_training"),  # 1 s starting
+    # the same evaluation reported again by the resumed worker: counted once
+    ev(67, "evaluation", step=1000, mean=5.0, seconds=4.0, time=40.0),
+    ev(90, "supervisor_stop", None, clean=True),  # (its worker stopped cleanly just before)
+    ev(89, "worker_exit", exit="stopped", global_step=4400, last_checkpoint_step=4400),
+    ev(130, "supervisor_start", None, after="clean_stop", downtime_s=40.0),
+    ev(131, "worker_start"),
+    ev(132, "worker_training"),
+    ev(150, "worker_exit", exit="done", global_step=5000, last_checkpoint_step=5000),
+    ev(150, "game_done"),
+]
+
+
+def test_every_second_of_a_life_falls_in_one_category() -> None:
+    events = sorted(LIFE, key=lambda e: e["ts"])
+    t = split_game(events, "g", now=500.0)
+    s = t.seconds
+    assert t.first == 10 and t.end == 150
+    assert t.wall_s == pytest.approx(140.0)  # 10 -> 150, nothing after game_done
+    assert s["setup"] == pytest.approx(2)  # the first start: any run pays it
+    assert s["starting"] == pytest.approx(1 + 1)  # the restarts'
+    assert t.as_json(False)["lost_s"] == pytest.approx(s["redone"] + 2 + 3 + 40)
+    assert s["backoff"] == pytest.approx(3)
+    assert s["down"] == pytest.approx(40)  # 90 -> 130
+    assert s["waiting"] == pytest.approx(1 + 1)  # exit 89 -> stop 90; start 130 -> 131
+    assert s["evaluation"] == pytest.approx(4.0)  # once, though reported twice
+    running = (62 - 12) + (89 - 66) + (150 - 132)
+    assert t.redone_steps == 1000
+    # 1000 redone steps at the game's own speed: 6000 steps (5000 + 1000 redone) in the
+    # running time less evaluation
+    speed = 6000 / (running - 4.0)
+    assert s["redone"] == pytest.approx(1000 / speed)
+    assert s["training"] == pytest.approx(running - 4.0 - 1000 / speed)
+    assert sum(s.values()) == pytest.approx(t.wall_s)
+
+
+def test_a_supervisor_crash_counts_its_measured_downtime_as_down() -> None:
+    events = [
+        ev(0, "supervisor_start", None, after="first"),
+        ev(1, "worker_start"),
+        ev(2, "worker_training"),
+        # the supervisor died at ~30 (no stop event); the next one measured 20 s of downtime
+        ev(50, "supervisor_start", None, after="supervisor_crash", downtime_s=20.0),
+        ev(51, "worker_start"),
+        ev(52, "worker_training"),
+    ]
+    t = split_game(events, "g", now=60.0)
+    assert t.seconds["down"] == pytest.approx(20.0)
+    assert t.seconds["training"] == pytest.approx((30 - 2) + (60 - 52))
+    assert t.wall_s == pytest.approx(59.0)
+
+
+def test_a_game_not_started_yet_has_no_time() -> None:
+    t = split_game([ev(0, "supervisor_start", None)], "g", now=100.0)
+    assert t.first is None and t.wall_s == 0.0
+
+
+def test_money_is_shared_among_the_games_alive() -> None:
+    events = [
+        ev(0, "supervisor_start", None, after="first"),
+        ev(0, "worker_start", "a"),
+        ev(0, "worker_training", "a"),
+        ev(1800, "worker_start", "b"),
+        ev(1800, "worker_training", "b"),
+        ev(3600, "worker_exit", "a", exit="done", global_step=10, last_checkpoint_step=10),
+        ev(3600, "game_done", "a"),
+    ]
+    out = account(events, ["a", "b"], now=5400.0, per_hour=2.0)
+    a, b = sum(out["a"].money.values()), sum(out["b"].money.values())
+    # 0-0.5 h: a alone ($1); 0.5-1 h: shared ($0.5 each); 1-1.5 h: b alone ($1)
+    assert a == pytest.approx(1.5) and b == pytest.approx(1.5)
+    assert a + b == pytest.approx(2.0 * 1.5)  # the host's whole bill, no more, no less
+    assert set(out["a"].money) == set(CATEGORIES)
+    doc = out["a"].as_json(priced=True)
+    assert doc["money"] == pytest.approx(1.5) and doc["money_lost"] == 0.0
+    assert doc["wall_s"] == pytest.approx(3600.0)
