@@ -186,24 +186,40 @@ def split_game(
     return out
 
 
-def price(games: Mapping[str, GameTime], per_hour: float) -> None:
-    """Share the host's price among the games alive at each instant; each game's money then
-    splits across its categories in proportion to its seconds within each shared interval."""
-    if per_hour <= 0:
+RUNNING_PARTS = ("training", "evaluation", "redone")
+
+
+@dataclass
+class Bucket:
+    """A stretch of time (a day of `rlsup report`): the games' seconds and money in it."""
+
+    label: str
+    start: float
+    end: float
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    money: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+
+
+def price(games: Mapping[str, GameTime], per_hour: float, buckets: Sequence[Bucket] = ()) -> None:
+    """Share the host's price among the games alive at each instant (each game's money splits
+    across its categories as its time does: a running stretch pro rata into training,
+    evaluation and redone); with `buckets`, also add each stretch's seconds and money to the
+    bucket it falls in."""
+    marks = {t for g in games.values() for s in g.segments for t in (s.start, s.end)}
+    marks |= {t for b in buckets for t in (b.start, b.end)}
+    ordered = sorted(marks)
+    if len(ordered) < 2 or (per_hour <= 0 and not buckets):
         return
-    marks = sorted({t for g in games.values() for s in g.segments for t in (s.start, s.end)})
-    if len(marks) < 2:
-        return
-    rate = per_hour / 3600.0
-    # Each game's running segments, with the running time split pro rata into its categories.
+    rate = max(0.0, per_hour) / 3600.0
     for_game = {}
     for name, g in games.items():
         running = sum(s.end - s.start for s in g.segments if s.category == "running")
-        ratio = {c: (g.seconds[c] / running if running > 0 else 0.0)
-                 for c in ("training", "evaluation", "redone")}  # fmt: skip
+        ratio = {c: (g.seconds[c] / running if running > 0 else 0.0) for c in RUNNING_PARTS}
         for_game[name] = (sorted(g.segments, key=lambda s: s.start), ratio)
     idx = dict.fromkeys(games, 0)
-    for a, b in itertools.pairwise(marks):
+    bi = 0
+    order = sorted(buckets, key=lambda b: b.start)
+    for a, b in itertools.pairwise(ordered):
         mid, alive = (a + b) / 2, []
         for name, (segs, _) in for_game.items():
             i = idx[name]
@@ -214,14 +230,18 @@ def price(games: Mapping[str, GameTime], per_hour: float) -> None:
                 alive.append((name, segs[i].category))
         if not alive:
             continue
+        while bi < len(order) and order[bi].end <= mid:
+            bi += 1
+        bucket = order[bi] if bi < len(order) and order[bi].start <= mid else None
         share = rate * (b - a) / len(alive)
         for name, cat in alive:
-            money = games[name].money
-            if cat == "running":
-                for c, r in for_game[name][1].items():
-                    money[c] += share * r
-            else:
-                money[cat] += share
+            parts = for_game[name][1].items() if cat == "running" else [(cat, 1.0)]
+            for c, r in parts:
+                if per_hour > 0:
+                    games[name].money[c] += share * r
+                if bucket is not None:
+                    bucket.seconds[c] += (b - a) * r
+                    bucket.money[c] += share * r
 
 
 def load_events(conn: sqlite3.Connection | None, games: Sequence[str] = ()) -> list[dict[str, Any]]:

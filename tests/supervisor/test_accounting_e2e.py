@@ -80,3 +80,17 @@ def test_a_lifes_time_splits_into_parts_that_sum_to_its_wall_time(tmp_path: Path
     assert t["money"] == pytest.approx(0.001 * t["wall_s"], rel=0.01)
     assert t["money_lost"] == pytest.approx(0.001 * t["lost_s"], rel=0.01)
     assert doc["cost"]["lost"] == pytest.approx(t["money_lost"], abs=0.01)
+
+    # `rlsup report`: the same ledger, per day and per game, while the supervisor is down.
+    rep = rlsup("report", "--json", "--days", "2", "--config", str(config), env=env)
+    assert rep.returncode == 0, rep.stderr
+    r = json.loads(rep.stdout)
+    assert r["totals"]["wall_s"] == pytest.approx(t["wall_s"], abs=0.01)
+    assert r["totals"]["money_lost"] == pytest.approx(t["money_lost"], abs=0.01)
+    assert [g["name"] for g in r["games"]] == ["cart"]
+    today = r["days"][-1]
+    assert today["crashes"] == len(events(state, "worker_crash", "cart")) >= 1
+    assert today["lost_s"] == pytest.approx(t["lost_s"], abs=0.5)  # one day (not at midnight)
+    assert r["host"]["unexpected_reboots"] == 0 and r["host"]["supervisor_crashes"] == 0
+    text = rlsup("report", "--config", str(config), env=env).stdout
+    assert "lost to instability" in text and "cart" in text
