@@ -25,6 +25,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("join", "join"),
     ("doctor", "doctor"),
     ("results", "results"),
+    ("dashboard", "dashboard"),
 )
 
 
