@@ -26,6 +26,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("doctor", "doctor"),
     ("results", "results"),
     ("report", "report"),
+    ("dashboard", "dashboard"),
 )
 
 

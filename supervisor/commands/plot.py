@@ -30,16 +30,8 @@ from supervisor.observe import readonly
 
 MAX_POINTS = 4000  # per curve; a week of 2 s progress rows is thinned to this
 
-# event kind -> (colour, legend label)
-MARKERS: dict[str, tuple[str, str]] = {
-    "host_reboot": ("red", "reboot"),
-    "worker_crash": ("darkorange", "crash/OOM"),
-    "worker_oom": ("darkorange", "crash/OOM"),
-    "worker_hang": ("purple", "hang"),
-    "scale_down": ("royalblue", "mode change"),
-    "scale_up": ("royalblue", "mode change"),
-    "mode_pinned": ("royalblue", "mode change"),
-}
+# event kind -> (colour, legend label): the incident markers, shared with the dashboard
+MARKERS = readonly.MARKERS
 
 
 def register(subparsers: Any) -> None:

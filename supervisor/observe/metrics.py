@@ -385,12 +385,19 @@ class BoundedMetricsServer(ThreadingMixIn, WSGIServer):
 def start_bounded_server(host: str, port: int, registry: CollectorRegistry) -> BoundedMetricsServer:
     """Listen on host:port (IPv4 or IPv6, as the address says) and serve the registry's
     /metrics from a daemon thread; OSError if the address cannot be bound."""
+    return start_bounded_wsgi(host, port, make_wsgi_app(registry), "rlsup-metrics-http")
+
+
+def start_bounded_wsgi(
+    host: str, port: int, app: Any, thread_name: str = "rlsup-http"
+) -> BoundedMetricsServer:
+    """The same bounded server for any WSGI app (`rlsup dashboard` serves its page with it)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
 
     class Server(BoundedMetricsServer):
         address_family = family
 
     server = Server((host, port))
-    server.set_app(make_wsgi_app(registry))
-    threading.Thread(target=server.serve_forever, name="rlsup-metrics-http", daemon=True).start()
+    server.set_app(app)
+    threading.Thread(target=server.serve_forever, name=thread_name, daemon=True).start()
     return server

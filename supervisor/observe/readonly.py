@@ -29,6 +29,19 @@ EVENT_KINDS = tuple(sorted(db.EVENT_KINDS))
 MODE_EVENT_KINDS = ("scale_down", "scale_up", "mode_pinned")
 
 
+# The incidents marked on learning curves (`rlsup plot`, `rlsup dashboard`): event kind ->
+# (colour, legend label). The colours are names both matplotlib and CSS know.
+MARKERS: dict[str, tuple[str, str]] = {
+    "host_reboot": ("red", "reboot"),
+    "worker_crash": ("darkorange", "crash/OOM"),
+    "worker_oom": ("darkorange", "crash/OOM"),
+    "worker_hang": ("purple", "hang"),
+    "scale_down": ("royalblue", "mode change"),
+    "scale_up": ("royalblue", "mode change"),
+    "mode_pinned": ("royalblue", "mode change"),
+}
+
+
 @contextlib.contextmanager
 def open_db_readonly(path: Path) -> Iterator[sqlite3.Connection | None]:
     """A read-only connection (`mode=ro`: the CLI never writes), or None when there is no DB."""
