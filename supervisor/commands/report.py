@@ -82,7 +82,7 @@ def _uptime(boots: list[sqlite3.Row], a: float, b: float, first: float) -> float
     if span <= 0:
         return None
     up = sum(max(0.0, min(r["last_seen"], b) - max(r["first_seen"], a)) for r in boots)
-    return min(1.0, up / span)
+    return min(1.0, float(up) / span)
 
 
 def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[str, Any]:
@@ -218,7 +218,7 @@ def render_text(doc: dict[str, Any]) -> str:
                  "-" if g.get("money") is None else f"{g['money']:.2f}",
                  "-" if g.get("money_lost") is None else f"{g['money_lost']:.2f}"]
             )  # fmt: skip
-        heads = ("GAME", "WALL", "TRAIN", "EVAL", "REDONE", "STARTS", "WAIT", "BACKOFF",
+        heads_g = ("GAME", "WALL", "TRAIN", "EVAL", "REDONE", "STARTS", "WAIT", "BACKOFF",
                  "DOWN", "LOST", "$", "LOST $")  # fmt: skip
-        lines += ["", render.render_table(heads, rows)]
+        lines += ["", render.render_table(heads_g, rows)]
     return "\n".join(lines)
