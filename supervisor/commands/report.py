@@ -91,7 +91,10 @@ def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[
     names = [g.name for g in cfg.games]
     names += sorted({r["game"] for r in db.workers(conn)} - set(names))
     rate = float(cfg.cost_per_hour or 0.0)
-    times = accounting.account(accounting.load_events(conn, names), names, now)
+    times = accounting.account(
+        accounting.load_events(conn, names), names, now,
+        eval_seconds=accounting.load_eval_seconds(conn),
+    )  # fmt: skip
     buckets = _days(now, days)
     accounting.price(times, rate, buckets)
     crashes_total = sum(

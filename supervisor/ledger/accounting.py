@@ -30,6 +30,7 @@ Stdlib only; pure functions over the events (tested without a supervisor) plus o
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import sqlite3
@@ -147,11 +148,17 @@ def _segments(
 
 
 def split_game(
-    events: Sequence[Mapping[str, Any]], game: str, now: float, global_step: int | None = None
+    events: Sequence[Mapping[str, Any]],
+    game: str,
+    now: float,
+    global_step: int | None = None,
+    eval_seconds: float | None = None,
 ) -> GameTime:
     """One game's time split from the ledger's events (oldest first; the game's and the
     host-wide supervisor_start/stop ones), up to `now`; `global_step`: where it stands now
-    (for its average speed; default: the newest step its exits name)."""
+    (for its average speed; default: the newest step its exits name); `eval_seconds`: its
+    evaluations' seconds as `load_eval_seconds` summed them (default: its `evaluation` events'
+    in `events`)."""
     segs, notes, first, end = _segments(events, game, now)
     out = GameTime(first=first, end=end, segments=segs)
     running = 0.0
@@ -174,7 +181,7 @@ def split_game(
         clean = d.get("exit") in ("done", "stopped") or d.get("returncode") in (0, 75)
         if not clean and isinstance(step, int):
             out.redone_steps += max(0, step - (ckpt if isinstance(ckpt, int) else 0))
-    evaluation = min(running, sum(evals.values()))
+    evaluation = min(running, sum(evals.values()) if eval_seconds is None else eval_seconds)
     stepping = running - evaluation
     steps = max(global_step or 0, newest) + out.redone_steps
     redone = 0.0
@@ -204,59 +211,92 @@ def price(games: Mapping[str, GameTime], per_hour: float, buckets: Sequence[Buck
     """Share the host's price among the games alive at each instant (each game's money splits
     across its categories as its time does: a running stretch pro rata into training,
     evaluation and redone); with `buckets`, also add each stretch's seconds and money to the
-    bucket it falls in."""
-    marks = {t for g in games.values() for s in g.segments for t in (s.start, s.end)}
-    marks |= {t for b in buckets for t in (b.start, b.end)}
-    ordered = sorted(marks)
-    if len(ordered) < 2 or (per_hour <= 0 and not buckets):
+    buckets it overlaps.
+
+    With N(t) the games alive at t and F(t) the integral of 1/N up to t (piecewise constant
+    between the segments' ends), a segment [a, b) costs rate * (F(b) - F(a)): one sweep and
+    a bisection per segment, not a pass over every game at every instant."""
+    if per_hour <= 0 and not buckets:
         return
+    delta: dict[float, int] = {}
+    for g in games.values():
+        for seg in g.segments:
+            delta[seg.start] = delta.get(seg.start, 0) + 1
+            delta[seg.end] = delta.get(seg.end, 0) - 1
+    marks = sorted(delta)
+    if len(marks) < 2:
+        return
+    cum = [0.0]  # F at each mark
+    alive = 0
+    for a, b in itertools.pairwise(marks):
+        alive += delta[a]
+        cum.append(cum[-1] + ((b - a) / alive if alive > 0 else 0.0))
     rate = max(0.0, per_hour) / 3600.0
-    for_game = {}
-    for name, g in games.items():
-        running = sum(s.end - s.start for s in g.segments if s.category == "running")
+
+    def f(t: float) -> float:
+        i = bisect.bisect_right(marks, t) - 1
+        if i < 0:
+            return 0.0
+        if i >= len(marks) - 1:
+            return cum[-1]
+        span = marks[i + 1] - marks[i]
+        return cum[i] + (cum[i + 1] - cum[i]) * ((t - marks[i]) / span if span > 0 else 0.0)
+
+    for g in games.values():
+        running = sum(seg.end - seg.start for seg in g.segments if seg.category == "running")
         ratio = {c: (g.seconds[c] / running if running > 0 else 0.0) for c in RUNNING_PARTS}
-        for_game[name] = (sorted(g.segments, key=lambda s: s.start), ratio)
-    idx = dict.fromkeys(games, 0)
-    bi = 0
-    order = sorted(buckets, key=lambda b: b.start)
-    for a, b in itertools.pairwise(ordered):
-        mid, alive = (a + b) / 2, []
-        for name, (segs, _) in for_game.items():
-            i = idx[name]
-            while i < len(segs) and segs[i].end <= mid:
-                i += 1
-            idx[name] = i
-            if i < len(segs) and segs[i].start <= mid:
-                alive.append((name, segs[i].category))
-        if not alive:
-            continue
-        while bi < len(order) and order[bi].end <= mid:
-            bi += 1
-        bucket = order[bi] if bi < len(order) and order[bi].start <= mid else None
-        share = rate * (b - a) / len(alive)
-        for name, cat in alive:
-            parts = for_game[name][1].items() if cat == "running" else [(cat, 1.0)]
+        for seg in g.segments:
+            parts = ratio.items() if seg.category == "running" else [(seg.category, 1.0)]
+            cost = rate * (f(seg.end) - f(seg.start))
             for c, r in parts:
-                if per_hour > 0:
-                    games[name].money[c] += share * r
-                if bucket is not None:
-                    bucket.seconds[c] += (b - a) * r
+                g.money[c] += cost * r
+            for bucket in buckets:
+                lo, hi = max(seg.start, bucket.start), min(seg.end, bucket.end)
+                if hi <= lo:
+                    continue
+                share = rate * (f(hi) - f(lo))
+                for c, r in parts:
+                    bucket.seconds[c] += (hi - lo) * r
                     bucket.money[c] += share * r
 
 
 def load_events(conn: sqlite3.Connection | None, games: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The ledger's events this accounting reads, oldest first (one indexed query)."""
+    """The ledger's events this accounting reads, oldest first (one indexed query), but the
+    evaluations (`load_eval_seconds`)."""
     if conn is None:
         return []
-    marks = ",".join("?" * len(KINDS))
-    sql = f"SELECT ts, kind, game, detail FROM events WHERE kind IN ({marks}) ORDER BY id"
-    rows = conn.execute(sql, KINDS).fetchall()
+    kinds = [k for k in KINDS if k != "evaluation"]  # summed by load_eval_seconds
+    marks = ",".join("?" * len(kinds))
+    # Only these kinds' details are read: the others' JSON is not parsed (status's budget).
+    sql = (
+        "SELECT ts, kind, game, CASE WHEN kind IN ('worker_exit', 'supervisor_start') "
+        "THEN detail END FROM events "
+        f"WHERE kind IN ({marks}) ORDER BY id"
+    )
+    rows = conn.execute(sql, kinds).fetchall()
     wanted = set(games)
     return [
         {"ts": r[0], "kind": r[1], "game": r[2], "detail": _detail(r[3])}
         for r in rows
         if r[2] is None or not wanted or r[2] in wanted
     ]
+
+
+def load_eval_seconds(conn: sqlite3.Connection | None) -> dict[str, float]:
+    """Each game's evaluation seconds, summed by SQLite (a week of evaluations of 30 games is
+    tens of thousands of events: `rlsup status` must not parse them); an evaluation a resumed
+    worker reports again (same step and time) counts once."""
+    if conn is None:
+        return {}
+    sql = (
+        "SELECT game, SUM(s) FROM (SELECT game, MAX(json_extract(detail, '$.seconds')) AS s "
+        "FROM events WHERE kind = 'evaluation' AND game IS NOT NULL GROUP BY game, "
+        "json_extract(detail, '$.step'), json_extract(detail, '$.time')) GROUP BY game"
+    )
+    try:
+        return {r[0]: float(r[1] or 0.0) for r in conn.execute(sql)}
+    except sqlite3.Error:  # malformed JSON in a detail: count none rather than fail status
+        return {}
 
 
 def _detail(text: str | None) -> dict[str, Any]:
@@ -273,8 +313,10 @@ def account(
     now: float,
     per_hour: float = 0.0,
     steps: Mapping[str, int] | None = None,
+    eval_seconds: Mapping[str, float] | None = None,
 ) -> dict[str, GameTime]:
-    """Every game's split (and money with a price) from one list of events."""
+    """Every game's split (and money with a price) from one list of events (`eval_seconds`:
+    `load_eval_seconds`'s, when the events hold no `evaluation`)."""
     by: dict[str, list[Mapping[str, Any]]] = {g: [] for g in games}
     for e in events:
         if e.get("game") is None:
@@ -282,6 +324,11 @@ def account(
                 lst.append(e)
         elif e["game"] in by:
             by[e["game"]].append(e)
-    out = {g: split_game(by[g], g, now, (steps or {}).get(g)) for g in games}
+    evals = eval_seconds
+    out = {
+        g: split_game(by[g], g, now, (steps or {}).get(g),
+                      None if evals is None else evals.get(g, 0.0))
+        for g in games
+    }  # fmt: skip
     price(out, per_hour)
     return out

@@ -90,7 +90,8 @@ def _times(
     names = [g["name"] for g in games]
     steps = {g["name"]: g["global_step"] for g in games}
     times = accounting.account(accounting.load_events(conn, names), names, now,
-                               float(cfg.cost_per_hour or 0.0), steps)  # fmt: skip
+                               float(cfg.cost_per_hour or 0.0), steps,
+                               accounting.load_eval_seconds(conn))  # fmt: skip
     priced = (cfg.cost_per_hour or 0.0) > 0
     for g in games:
         t = times.get(g["name"])

@@ -99,3 +99,29 @@ def test_money_is_shared_among_the_games_alive() -> None:
     doc = out["a"].as_json(priced=True)
     assert doc["money"] == pytest.approx(1.5) and doc["money_lost"] == 0.0
     assert doc["wall_s"] == pytest.approx(3600.0)
+
+
+def test_buckets_get_the_seconds_and_money_that_fall_in_them() -> None:
+    from supervisor.ledger.accounting import Bucket, price
+
+    events = [
+        ev(0, "supervisor_start", None, after="first"),
+        ev(0, "worker_start", "a"),
+        ev(0, "worker_training", "a"),
+        ev(1800, "worker_start", "b"),
+        ev(1800, "worker_training", "b"),
+        ev(3600, "supervisor_stop", None, clean=True),
+        ev(5400, "supervisor_start", None, after="clean_stop"),
+        ev(5400, "worker_start", "a"),
+    ]
+    times = account(events, ["a", "b"], now=7200.0)
+    days = [Bucket("one", 0, 3600), Bucket("two", 3600, 7200)]
+    price(times, 3.6, days)  # 0.001 per second
+    one, two = days
+    assert sum(one.seconds.values()) == pytest.approx(3600 + 1800)  # a all hour, b half
+    assert one.seconds["down"] == 0 and two.seconds["down"] == pytest.approx(2 * 1800)
+    assert sum(one.money.values()) == pytest.approx(3.6)  # the host's hour, whole
+    assert sum(two.money.values()) == pytest.approx(3.6)
+    total = sum(sum(t.money.values()) for t in times.values())
+    assert total == pytest.approx(sum(sum(b.money.values()) for b in days))
+    assert two.money["down"] == pytest.approx(1.8)  # 1800 s down shared by both games
