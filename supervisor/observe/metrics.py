@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from supervisor.config import Config, MetricsConfig
-from supervisor.ledger import db
+from supervisor.ledger import accounting, db
 from supervisor.lifecycle.states import WorkerState
 from supervisor.observe import readonly
 from supervisor.observe.status import collect  # the status document: one owner
@@ -82,6 +82,23 @@ def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
         "heartbeat_age_s": ("rlsup_game_heartbeat_age_seconds", "seconds since the heartbeat"),
     }
     values = {key: gauge(name, text, ["game"]) for key, (name, text) in per_game.items()}
+    spent = counter(
+        "rlsup_game_seconds",
+        "seconds of each game's life by part (training, evaluation, redone, setup, starting, "
+        "waiting, backoff, down: they sum to its wall time)",
+        ["game", "part"],
+    )
+    money = counter("rlsup_game_cost", "money each game accrued (cost_per_hour shared)", ["game"])
+    lost = counter("rlsup_game_cost_lost", "of it, lost to instability", ["game"])
+    for g in doc["games"]:
+        t = g.get("time")
+        if not t:
+            continue
+        for part in accounting.CATEGORIES:
+            spent.add_metric([g["name"], part], float(t[f"{part}_s"]))
+        if t.get("money") is not None:
+            money.add_metric([g["name"]], float(t["money"]))
+            lost.add_metric([g["name"]], float(t["money_lost"]))
     for g in doc["games"]:
         name = g["name"]
         for s in GAME_STATES:

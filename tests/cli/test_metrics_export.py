@@ -9,6 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from state_fixture import StateFixture
 
@@ -143,3 +144,32 @@ def test_the_textfile_never_follows_a_planted_temporary_name(
     assert sorted(p.name for p in node.iterdir()) == sorted(
         ["rlsup.prom", *(p.name for p in planted)]
     )
+
+
+def test_each_games_time_split_and_cost_are_exported_as_status_has_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from state_fixture import build_state
+
+    from supervisor.observe.status import collect
+
+    fx = build_state(tmp_path / "fx", n_games=3, n_events=400, cost_per_hour=2.5)
+    monkeypatch.setenv("RLSUP_BOOT_ID_PATH", str(fx.boot_id_path))
+    path = tmp_path / "rlsup.prom"
+    ex = exporter(fx, textfile=path)
+    ex.refresh()
+    got = samples(path.read_text())
+    doc = collect(load_config(fx.config), time.time())
+    timed = [g for g in doc["games"] if g["time"]]
+    assert timed, "the fixture's ledger starts its games"
+    for g in timed:
+        parts = [value(got, "rlsup_game_seconds_total", game=g["name"], part=p) for p in
+                 ("training", "evaluation", "redone", "setup", "starting", "waiting",
+                  "backoff", "down")]  # fmt: skip
+        assert None not in parts
+        # the exporter's document is a few ms older than this one: a running game grew since
+        assert sum(parts) == pytest.approx(g["time"]["wall_s"], abs=5.0)  # type: ignore[arg-type]
+        assert value(got, "rlsup_game_cost_total", game=g["name"]) == pytest.approx(
+            g["time"]["money"], abs=0.01
+        )
+        assert value(got, "rlsup_game_cost_lost_total", game=g["name"]) is not None
