@@ -2,8 +2,9 @@
 
 One row per game and variant (a `[[games]]` table's runs over `seeds`, observe/results.py):
 runs, steps, the evaluation and the last-100 training return over the seeds (mean +/- sample
-std, min..max), the human-normalised score where the game is an Atari-57 one, and a mark for
-groups still training (their figures are their latest). Below the table: the median and the
+std, min..max), the human-normalised score where the game is an Atari-57 one, the runs' hours
+and (with `cost_per_hour`) their cost and the part lost to instability, and a mark for groups
+still training (their figures are their latest). Below the table: the median and the
 interquartile mean (IQM) of the normalised scores across games.
 
 `--json`: {"schema", "groups", "runs", "aggregate": {"games", "median_hns", "iqm_hns"},
@@ -31,6 +32,7 @@ COLUMNS = (
     "group", "env_id", "algo", "n", "training", "steps_min", "steps_max",
     "eval_mean", "eval_std", "eval_min", "eval_max", "eval_n",
     "last_100_mean", "last_100_std", "last_100_min", "last_100_max", "hns", "hns_of",
+    "hours", "money", "money_lost",
 )  # fmt: skip
 
 
@@ -86,6 +88,7 @@ def _flat(g: GroupRow) -> dict[str, Any]:
         **part("eval", g.eval, ("mean", "std", "min", "max", "n")),
         **part("last_100", g.last_100, ("mean", "std", "min", "max")),
         "hns": g.hns, "hns_of": g.hns_of,
+        "hours": g.hours, "money": g.money, "money_lost": g.money_lost,
     }  # fmt: skip
 
 
@@ -119,11 +122,13 @@ def _cells(g: GroupRow) -> list[str]:
     return [
         g.group + mark, g.env_id, g.algo, f"{g.n}" + (" seeds" if seeds else ""), steps,
         _stat(g.eval), _range(g.eval), _stat(g.last_100), _range(g.last_100), hns,
+        "-" if g.hours is None else f"{g.hours:.2f}",
+        "-" if g.money is None else f"{g.money:.2f} ({g.money_lost or 0.0:.2f} lost)",
     ]  # fmt: skip
 
 
 HEADERS = ("GAME", "ENV", "ALGO", "RUNS", "STEPS", "EVAL", "EVAL RANGE", "LAST-100",
-           "LAST-100 RANGE", "HNS")  # fmt: skip
+           "LAST-100 RANGE", "HNS", "HOURS", "COST")  # fmt: skip
 
 
 def _footer(results: Results) -> list[str]:

@@ -12,6 +12,8 @@ A run's figures:
 - `last_100`: the mean return of its last 100 training episodes (the heartbeat's, else the
   last row of progress.csv: a heartbeat is removed when a worker restarts).
 A group (a game, or one variant of it) is marked `training` while any of its runs is not done.
+Its cost: the runs' hours (each run's life, ledger/accounting.py) and, with `cost_per_hour`,
+their money and the part of it lost to instability.
 The normalised score of a group is that of its mean evaluation when every run has one, else of
 its mean last-100 return (`hns_of` says which); the aggregate takes the groups' scores: the
 median across games (the field's classic figure) and the interquartile mean over every run's
@@ -23,12 +25,14 @@ from __future__ import annotations
 import math
 import sqlite3
 import statistics
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from supervisor.config import Config, split_run_name
+from supervisor.ledger import accounting
 from supervisor.observe import atari_scores, readonly
 from training.protocol import EVAL_FILE, HEARTBEAT_FILE, read_json_file
 
@@ -52,6 +56,9 @@ class RunFigures:
     eval_final: bool  # eval.json (the run's end) rather than a periodic evaluation
     last_100: float | None
     hns: float | None = None  # this run's normalised score (on its group's `hns_of`)
+    hours: float | None = None  # its life's wall time (ledger/accounting.py), hours
+    money: float | None = None  # with cost_per_hour: what it accrued
+    money_lost: float | None = None  # of it, lost to instability
 
     @property
     def training(self) -> bool:
@@ -90,6 +97,9 @@ class GroupRow:
     hns: float | None
     hns_of: str | None  # "eval" or "last_100"
     runs: list[str] = field(default_factory=list)
+    hours: float | None = None  # the runs' wall time, summed (the worker-hours they took)
+    money: float | None = None  # with cost_per_hour: what they accrued
+    money_lost: float | None = None  # of it, lost to instability
 
 
 @dataclass
@@ -172,6 +182,11 @@ def run_figures(
     )
 
 
+def _sum(values: Iterable[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return sum(xs) if xs else None
+
+
 def _int(v: Any) -> int | None:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
@@ -181,6 +196,10 @@ def collect(cfg: Config, only: Sequence[str] = ()) -> Results:
     these), grouped."""
     with readonly.open_db_readonly(cfg.db_path) as conn:
         states = _run_state(conn)
+        names = [g.name for g in cfg.games]
+        rate = float(cfg.cost_per_hour or 0.0)
+        times = accounting.account(accounting.load_events(conn, names), names, time.time(),
+                                   rate, None, accounting.load_eval_seconds(conn))  # fmt: skip
     runs = []
     for spec in cfg.games:
         if only and not _selected(spec.name, only):
@@ -193,6 +212,12 @@ def collect(cfg: Config, only: Sequence[str] = ()) -> Results:
             spec.algo if spec.command is None else "command",
         )
         fig.seed = spec.seed
+        t = times.get(spec.name)
+        if t is not None and t.first is not None:
+            fig.hours = t.wall_s / 3600.0
+            if rate > 0:
+                fig.money = sum(t.money.values())
+                fig.money_lost = sum(t.money[c] for c in accounting.LOST)
         runs.append(fig)
     return summarize(runs)
 
@@ -233,6 +258,9 @@ def summarize(runs: list[RunFigures]) -> Results:
                 hns=statistics.fmean(run_hns) if run_hns else None,
                 hns_of=hns_of if run_hns else None,
                 runs=[r.name for r in rs],
+                hours=_sum(r.hours for r in rs),
+                money=_sum(r.money for r in rs),
+                money_lost=_sum(r.money_lost for r in rs),
             )
         )
     scored = [g.hns for g in groups if g.hns is not None]
