@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from supervisor.config import Config, ConfigError, load_config, resolve_config_path
 
@@ -34,3 +36,19 @@ def load_config_or_exit(args: argparse.Namespace) -> Config:
     except ConfigError as exc:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+
+
+def become_state_owner(state_dir: Path) -> None:
+    """Under sudo, write as the account that owns the state dir (the service's): a run dir,
+    lock file or checkpoint left to root is one the service's worker can no longer open."""
+    if os.geteuid() != 0:
+        return
+    try:
+        st = state_dir.stat()
+    except FileNotFoundError:
+        return  # nothing of the service's yet: root's own state dir
+    if st.st_uid == 0:
+        return
+    os.setgroups([])
+    os.setresgid(st.st_gid, st.st_gid, st.st_gid)
+    os.setresuid(st.st_uid, st.st_uid, st.st_uid)
