@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from supervisor.config import Config, ConfigError, load_config, resolve_config_path
+from supervisor.config import Config, ConfigError, GameSpec, load_config, resolve_config_path
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 # `rlsup run`: another supervisor holds the state dir (EX_CANTCREAT). Distinct, so that a
@@ -52,3 +53,20 @@ def become_state_owner(state_dir: Path) -> None:
     os.setgroups([])
     os.setresgid(st.st_gid, st.st_gid, st.st_gid)
     os.setresuid(st.st_uid, st.st_uid, st.st_uid)
+
+
+def retention_of(game: GameSpec) -> dict[str, Any]:
+    """A game's retention settings (CheckpointStore's keyword arguments) from its `args`, the
+    worker's defaults otherwise: a command that commits into a game's store (`rlsup pull`) or
+    shows what it keeps (`rlsup pin --list`) applies the worker's own policy, so it never
+    deletes a best-evaluated, milestone or pinned checkpoint the worker keeps."""
+    from training.args import WorkerConfig
+
+    if game.command is not None:
+        return {}
+    args = game.args_dict
+    return {
+        "keep": args.get("keep_checkpoints", WorkerConfig.keep_checkpoints),
+        "keep_best": args.get("keep_best", WorkerConfig.keep_best),
+        "keep_every_steps": args.get("keep_every_steps", WorkerConfig.keep_every_steps),
+    }

@@ -20,6 +20,7 @@ from supervisor.commands._common import (
     add_config_argument,
     become_state_owner,
     load_config_or_exit,
+    retention_of,
 )
 from training.protocol import CHECKPOINT_DIR
 
@@ -66,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     game = games[args.game]
     root = cfg.run_dir(args.game) / CHECKPOINT_DIR
-    policy = _policy(game.args_dict) if game.command is None else {}
-    store = CheckpointStore(root, **policy)
+    store = CheckpointStore(root, **retention_of(game))
     if args.list or args.step is None:
         return _list(args.game, store)
     try:
@@ -101,17 +101,6 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     print(f"rlsup pin: {args.game}: pinned step {args.step} ({store.path_for(args.step)})")
     return EXIT_OK
-
-
-def _policy(args: dict[str, Any]) -> dict[str, Any]:
-    """The game's retention settings from its `args` (the worker's defaults otherwise)."""
-    from training.args import WorkerConfig
-
-    return {
-        "keep": args.get("keep_checkpoints", WorkerConfig.keep_checkpoints),
-        "keep_best": args.get("keep_best", WorkerConfig.keep_best),
-        "keep_every_steps": args.get("keep_every_steps", WorkerConfig.keep_every_steps),
-    }
 
 
 def _no_such_step(game: str, step: int, steps: list[int]) -> int:

@@ -20,6 +20,7 @@ from supervisor.commands._common import (
     add_config_argument,
     become_state_owner,
     load_config_or_exit,
+    retention_of,
 )
 from training.protocol import CHECKPOINT_DIR, LOCK_FILE
 
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from checkpoints.mirror import restore_newest, same_run
     from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
 
-    store = CheckpointStore(run_dir / CHECKPOINT_DIR)
+    # The game's own retention: the commit below must not delete what its worker keeps.
+    store = CheckpointStore(run_dir / CHECKPOINT_DIR, **retention_of(game))
     try:
         # The client first: it reads the caller's credentials (root's ~/.aws under sudo).
         remote = RemoteStore(
