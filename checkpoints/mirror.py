@@ -9,16 +9,17 @@ Restore: the newest remote manifest whose blobs all arrive intact is written thr
 store's normal writer (staging, fsync, manifest, rename) and so verifies like any checkpoint; a
 damaged or missing blob aborts that one and the next older manifest is tried.
 
-Garbage: the newest `keep` manifests of each game stay; blobs are swept after the manifests,
-only when no manifest names them and they are older than a grace period (an upload in flight
-has blobs but no manifest yet).
+Garbage: the newest `keep` manifests of each game stay, and those its local retention keeps
+beyond them (best-evaluated, milestones, pinned: checkpoints/retention.py); blobs are swept
+after the manifests, only when no manifest names them and they are older than a grace period
+(an upload in flight has blobs but no manifest yet).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from checkpoints.errors import CheckpointCorrupt, CheckpointError, CheckpointWri
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
 from checkpoints.names import MANIFEST_NAME, CheckpointRef, ckpt_name
 from checkpoints.remote import RemoteContentError, RemoteError, RemoteStore
+from checkpoints.retention import RetentionPolicy, eval_score
 from checkpoints.store import CheckpointStore
 
 BLOB_GRACE_S = 3600.0
@@ -180,26 +182,57 @@ class Collected:
     sweep_skipped: str | None = None  # why no blob was swept (a manifest that cannot be read)
 
 
+@dataclass(frozen=True)
+class GameRetention:
+    """What a game keeps beyond the mirror's newest `keep` (the local store's policy): its
+    `keep_best` and `keep_every_steps`, and the steps pinned on its host."""
+
+    keep_best: int = 0
+    keep_every_steps: int | None = None
+    pinned: frozenset[int] = frozenset()
+
+
 def collect_garbage(
-    remote: RemoteStore, keep: int, now: float | None = None, grace_s: float = BLOB_GRACE_S
+    remote: RemoteStore,
+    keep: int,
+    now: float | None = None,
+    grace_s: float = BLOB_GRACE_S,
+    games: Mapping[str, GameRetention] | None = None,
 ) -> Collected:
-    """Keep each game's newest `keep` manifests; then delete blobs no remaining manifest names
-    and older than `grace_s` (mark, then sweep: never a blob before its manifests). A kept
-    manifest that cannot be read stops the sweep: its blobs are unknown."""
+    """Keep each game's newest `keep` manifests, and (`games`) its best-evaluated, milestone
+    and pinned ones as its local store does (checkpoints/retention.py); then delete blobs no
+    remaining manifest names and older than `grace_s` (mark, then sweep: never a blob before
+    its manifests). A kept manifest that cannot be read stops the sweep: its blobs are
+    unknown."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     out = Collected()
     live: set[str] = set()
     for game in remote.games():
+        policy = (games or {}).get(game, GameRetention())
         steps = remote.manifest_steps(game)
-        for step in steps[:-keep]:
-            remote.delete(remote.manifest_key(game, step))
-            out.manifests_deleted += 1
-        for step in steps[-keep:]:
+        retention = RetentionPolicy(keep, policy.keep_best, policy.keep_every_steps)
+        parsed: dict[int, dict[str, Any] | CheckpointError] = {}
+        scores: dict[int, float] = {}
+        if policy.keep_best:
+            for step in steps:
+                parsed[step] = _parsed(remote, game, step)
+                got = parsed[step]
+                if not isinstance(got, CheckpointError):
+                    score = eval_score(got.get("meta"))
+                    if score is not None:
+                        scores[step] = score
+        kept = retention.select(steps, scores, policy.pinned)
+        for step in steps:
+            if step not in kept:
+                remote.delete(remote.manifest_key(game, step))
+                out.manifests_deleted += 1
+        for step in kept:
+            got = parsed[step] if step in parsed else _parsed(remote, game, step)
             try:
-                files = parse_file_entries(
-                    parse_manifest(remote.get_manifest(game, step), step)["files"]
-                )
+                if isinstance(got, CheckpointError):
+                    raise got
+                files = parse_file_entries(got["files"])
             except CheckpointError as exc:
                 out.sweep_skipped = f"{game}/{ckpt_name(step)}: {exc}"
                 continue
@@ -212,3 +245,11 @@ def collect_garbage(
             remote.delete(remote.blob_key(sha))
             out.blobs_deleted += 1
     return out
+
+
+def _parsed(remote: RemoteStore, game: str, step: int) -> dict[str, Any] | CheckpointError:
+    """A mirrored manifest, or why it does not parse (RemoteError propagates: no verdict)."""
+    try:
+        return parse_manifest(remote.get_manifest(game, step), step)
+    except CheckpointError as exc:
+        return exc

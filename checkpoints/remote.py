@@ -320,9 +320,15 @@ class RemoteStore:
         return sorted(steps)
 
     def games(self) -> list[str]:
-        """Every game with a manifests/ folder."""
+        """Every game with a manifest. A game's name may hold '/' (a matrix run, `pong/s2`):
+        it is everything between `manifests/` and the manifest's own name."""
         prefix = f"{self.where.prefix}manifests/"
-        return sorted({key[len(prefix) :].split("/", 1)[0] for key, _ in self._list(prefix)})
+        games = set()
+        for key, _ in self._list(prefix):
+            game, _, name = key[len(prefix) :].rpartition("/")
+            if game and name.endswith(".json") and ckpt_step(name[: -len(".json")]) is not None:
+                games.add(game)
+        return sorted(games)
 
     def blobs(self) -> dict[str, float]:
         """sha256 -> last-modified time (unix seconds) of every blob."""

@@ -41,6 +41,13 @@ from checkpoints.names import (
     replaced_step,
     validate_name,
 )
+from checkpoints.retention import (
+    PinsUnreadable,
+    RetentionPolicy,
+    eval_score,
+    pins_locked,
+    read_pins,
+)
 from checkpoints.writer import CheckpointWriter
 
 # Either structlog flavour: the default filtering logger or the stdlib-backed one.
@@ -154,12 +161,16 @@ class CheckpointStore:
         root: Path,
         *,
         keep: int = 3,
+        keep_best: int = 0,
+        keep_every_steps: int | None = None,
         log: Logger | None = None,
     ) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        # Checked here, not only at retention: a bad value fails where it is given.
+        RetentionPolicy(keep, keep_best, keep_every_steps)
         self.root = Path(root)
         self.keep = keep
+        self.keep_best = keep_best
+        self.keep_every_steps = keep_every_steps
         self.log: Logger = log if log is not None else structlog.get_logger("rlsup.checkpoints")
 
     def path_for(self, step: int) -> Path:
@@ -304,6 +315,12 @@ class CheckpointStore:
         meta = manifest.get("meta") or {}
         return ref, dict(meta)
 
+    def meta(self, ref: CheckpointRef) -> dict[str, Any]:
+        """A committed checkpoint's manifest `meta` (only the manifest is read). Raises
+        CheckpointCorrupt or CheckpointUnreadable."""
+        meta = self._read_manifest(ref).get("meta") or {}
+        return dict(meta)
+
     def _refuse_if_only_corrupt(self) -> None:
         corrupt = sorted(e.name for e in self._scan() if e.name.startswith(CORRUPT_PREFIX))
         if corrupt:
@@ -394,25 +411,64 @@ class CheckpointStore:
             # The first checkpoint is only durable if the root's own entry is.
             fsync_dir(self.root.parent)
 
-    def apply_retention(self, known_good: int | None = None) -> list[Path]:
-        """Delete all but the newest `keep` committed checkpoints; return what was deleted.
+    @property
+    def policy(self) -> RetentionPolicy:
+        return RetentionPolicy(self.keep, self.keep_best, self.keep_every_steps)
 
-        Only ever on proof that a kept one is whole: `known_good` (the step just committed by
-        this process, every byte of which was hashed or compared as it was written or linked),
-        else the newest kept checkpoint that verifies in full. Sizes prove nothing (a flipped
-        bit keeps them), so when no kept checkpoint verifies nothing is deleted.
+    def apply_retention(self, known_good: int | None = None) -> list[Path]:
+        """Delete the committed checkpoints the policy does not keep; return what was deleted.
+
+        Kept (checkpoints/retention.py): the newest `keep`, the best `keep_best` by the
+        evaluation their manifest records, the milestones of `keep_every_steps` and the pinned
+        ones (`pins.json`, read under the lock `rlsup pin` takes).
+
+        Only ever on proof that a kept one newer than everything deleted is whole: `known_good`
+        (the step just committed by this process, every byte of which was hashed or compared
+        as it was written or linked), else the newest such kept checkpoint that verifies in
+        full. Sizes prove nothing (a flipped bit keeps them), so when none verifies nothing is
+        deleted: the newest valid checkpoint is never among the deleted. Each checkpoint holds
+        its own hard links, so deleting one never touches the bytes of another. Deleted
+        oldest first, each renamed away before it is removed: a kill at any point leaves every
+        kept checkpoint whole and at most one `.staging-*` leftover, swept at the next start.
         """
         refs = self.committed()
         if len(refs) <= self.keep:
             return []
-        kept, doomed = refs[-self.keep :], refs[: -self.keep]
-        if known_good not in {ref.step for ref in kept} and not any(
-            self._verifies(ref) for ref in reversed(kept)
+        with pins_locked(self.root):
+            return self._apply_retention(self.committed(), known_good)
+
+    def kept(self, refs: list[CheckpointRef] | None = None) -> dict[int, list[str]]:
+        """The committed steps the policy keeps now, each with why ("newest", "best",
+        "milestone", "pinned", "unread": a manifest that could not be read this time, whose
+        evaluation may be the best). Nothing is verified or deleted. Raises PinsUnreadable."""
+        refs = self.committed() if refs is None else refs
+        pinned = read_pins(self.root)
+        scores, unread = self._scores(refs) if self.keep_best else ({}, set())
+        why = self.policy.select((ref.step for ref in refs), scores, pinned)
+        for step in unread:
+            why.setdefault(step, []).append("unread")
+        return why
+
+    def _apply_retention(self, refs: list[CheckpointRef], known_good: int | None) -> list[Path]:
+        try:
+            why = self.kept(refs)
+        except PinsUnreadable as exc:
+            self.log.warning("checkpoint_retention_held", reason=f"the pins cannot be read: {exc}")
+            return []
+        kept = [ref for ref in refs if ref.step in why]
+        doomed = [ref for ref in refs if ref.step not in why]
+        if not doomed:
+            return []
+        # Only a kept checkpoint newer than every doomed one proves the newest valid one is
+        # not among them (the newest `keep` always are).
+        proof = [ref for ref in kept if ref.step > doomed[-1].step]
+        if known_good not in {ref.step for ref in proof} and not any(
+            self._verifies(ref) for ref in reversed(proof)
         ):
             self.log.warning(
                 "checkpoint_retention_held",
                 reason="no kept checkpoint verifies: older ones are kept too",
-                kept=[ref.path.name for ref in kept],
+                kept=[ref.path.name for ref in proof],
             )
             return []
         deleted = []
@@ -423,7 +479,30 @@ class CheckpointStore:
                 self.log.warning("checkpoint_retention_failed", path=str(ref.path), error=str(exc))
                 continue
             deleted.append(ref.path)
+        if deleted:
+            self.log.info(
+                "checkpoint_retention_kept",
+                kept={ref.path.name: why[ref.step] for ref in kept},
+            )
         return deleted
+
+    def _scores(self, refs: list[CheckpointRef]) -> tuple[dict[int, float], set[int]]:
+        """Each checkpoint's evaluation mean from its manifest (nothing verified beyond the
+        manifest's own structure), and the steps whose manifest could not be read this time
+        (a read error, not damage: kept until it can be). A damaged manifest has no score."""
+        scores: dict[int, float] = {}
+        unread: set[int] = set()
+        for ref in refs:
+            try:
+                score = eval_score(self._read_manifest(ref).get("meta"))
+            except CheckpointUnreadable:
+                unread.add(ref.step)
+                continue
+            except CheckpointCorrupt:
+                continue
+            if score is not None:
+                scores[ref.step] = score
+        return scores, unread
 
     def retain_after_commit(self, committed_step: int) -> None:
         """Retention after a successful commit: a failure here must not fail the commit."""
@@ -454,6 +533,7 @@ class CheckpointStore:
             shutil.rmtree(path)
         else:
             path.unlink()
+        crash_point("after_remove")
 
 
 def _check_file(directory: Path, name: str, entry: FileEntry) -> str | None:

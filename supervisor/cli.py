@@ -22,6 +22,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("check-config", "check_config"),
     ("logs", "logs"),
     ("pull", "pull"),
+    ("pin", "pin"),
     ("join", "join"),
     ("doctor", "doctor"),
     ("results", "results"),

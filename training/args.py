@@ -85,6 +85,16 @@ class WorkerConfig:
     checkpoint_every_s: float = _f(300.0, "seconds between checkpoints")
     checkpoint_every_steps: int | None = _f(None, "also checkpoint every this many agent steps")
     keep_checkpoints: int = _f(3, "committed checkpoints to keep (newest first)")
+    keep_best: int = _f(
+        0,
+        "also keep this many checkpoints with the best periodic evaluation (its mean, recorded "
+        "in the checkpoint taken at the evaluation's step; needs --eval-every-steps); 0 = off",
+    )
+    keep_every_steps: int | None = _f(
+        None,
+        "also keep milestones: the first checkpoint at or past each multiple of this many "
+        "agent steps; none or 0 = off",
+    )
     device: str = _f("auto", "auto | cpu | cuda", choices=DEVICES)
     threads: int | None = _f(None, "torch intra-op and envpool threads (default: all cores)")
     precision: str = _f(
@@ -396,6 +406,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "eval_budget_s": (0.0, math.inf, False),
     "learning_rate": (0.0, math.inf, False),
     "seed": (0, 2**63 - 1, True),
+    "keep_best": (0, 2**63 - 1, True),
+    "keep_every_steps": (0, 2**63 - 1, True),
 }
 
 
@@ -447,6 +459,11 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
             _check_positive(name, value)
     _check_net_arch(cfg.net_arch)
     _check_batch(cfg)
+    if cfg.keep_best and (cfg.eval_every_steps is None or cfg.eval_episodes == 0):
+        raise ConfigError(
+            f"--keep-best {cfg.keep_best}: needs periodic evaluations to rank checkpoints by "
+            "(--eval-every-steps, and --eval-episodes above 0)"
+        )
     return cfg
 
 

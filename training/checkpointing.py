@@ -19,6 +19,7 @@ import torch
 
 from checkpoints import CheckpointStore, CheckpointWriteFailed, LoadedCheckpoint
 from checkpoints.errors import PlacementFenced
+from checkpoints.retention import EVAL_META
 from training import rng
 from training.args import WorkerConfig
 
@@ -56,6 +57,7 @@ class Capture:
     replay: ReplayBuffer | None
     replay_snapshot: Any
     started: float
+    evaluation: dict[str, Any] | None = None  # the evaluation of this very step, if any
 
 
 def serialise_learner(learner: Learner) -> bytes:
@@ -106,6 +108,9 @@ class Checkpointer:
         self.fence = fence  # raises PlacementFenced when this placement may no longer commit
         self._thread: threading.Thread | None = None
         self.last_result: CheckpointResult | None = None
+        # The latest evaluation ({"step", "mean", "episodes"}): a checkpoint captured at its
+        # step records it in its manifest's meta (`eval`), which retention's keep_best ranks.
+        self.evaluation: dict[str, Any] | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -116,7 +121,10 @@ class Checkpointer:
         blob = serialise_learner(learner)
         replay = getattr(learner, "replay", None)
         snapshot = replay.begin_snapshot() if replay is not None else None
-        return Capture(learner.global_step, blob, dict(counters), replay, snapshot, started)
+        step = learner.global_step
+        ev = self.evaluation
+        at_step = dict(ev) if ev is not None and ev.get("step") == step else None
+        return Capture(step, blob, dict(counters), replay, snapshot, started, at_step)
 
     def save_async(self, learner: Learner, counters: dict[str, Any]) -> bool:
         if self.in_flight:
@@ -142,6 +150,8 @@ class Checkpointer:
         meta = checkpoint_meta(self.cfg)
         if self.cfg.epoch:
             meta["epoch"] = self.cfg.epoch  # which placement wrote it (several hosts)
+        if cap.evaluation is not None:
+            meta[EVAL_META] = cap.evaluation
         try:
             with self.store.begin(cap.step, meta) as writer:
                 writer.write_bytes(LEARNER_FILE, cap.learner_blob)

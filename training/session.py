@@ -170,6 +170,7 @@ class TrainingSession:
         self.checkpoint_failures = 0
         self.mirror = Mirror(cfg, run_dir, log, self.hb)  # used only with --mirror-url
         self.fenced: str | None = None  # why a commit was refused by the placement fence
+        self.evaluation: dict[str, Any] | None = None  # the latest: step, mean, std, episodes
 
     @property
     def trained(self) -> Learner:
@@ -192,7 +193,11 @@ class TrainingSession:
             # Not silent: a GPU host training on its CPU is almost always an install mistake.
             self.log.warning("cpu_fallback", reason=fallback, **build)
         store = CheckpointStore(
-            self.run_dir / CHECKPOINT_DIR, keep=self.cfg.keep_checkpoints, log=self.log
+            self.run_dir / CHECKPOINT_DIR,
+            keep=self.cfg.keep_checkpoints,
+            keep_best=self.cfg.keep_best,
+            keep_every_steps=self.cfg.keep_every_steps,
+            log=self.log,
         )
         try:
             swept = store.sweep()
@@ -412,19 +417,29 @@ class TrainingSession:
             if now - last_progress_t >= PROGRESS_EVERY_S:
                 last_progress_t = now
                 self._record(counters)
+            # Evaluate before checkpointing: a checkpoint taken at an evaluation's step records
+            # its result in its manifest (what keep_best ranks, across resumes and the mirror).
+            due_eval = False
+            if next_eval is not None and self.step >= next_eval and self.step < cfg.total_steps:
+                self._evaluate()
+                checkpointer.evaluation = self.evaluation
+                # keep_best: the evaluated policy must be in a checkpoint to be kept at all.
+                due_eval = cfg.keep_best > 0 and _scored(self.evaluation)
+                if due_eval:
+                    checkpointer.wait()  # one in flight holds an older step
+                next_eval = _next_multiple(self.step, cfg.eval_every_steps)
+                self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
             due_s = now - last_ckpt_t >= cfg.checkpoint_every_s
             due_steps = (
                 cfg.checkpoint_every_steps is not None
                 and self.step - last_ckpt_step >= cfg.checkpoint_every_steps
             )
-            if (due_s or due_steps) and checkpointer.save_async(learner, self._counters(counters)):
+            if (due_s or due_steps or due_eval) and checkpointer.save_async(
+                learner, self._counters(counters)
+            ):
                 last_ckpt_t, last_ckpt_step = now, self.step
                 if self.tb is not None:
                     self.tb.flush()
-            if next_eval is not None and self.step >= next_eval and self.step < cfg.total_steps:
-                self._evaluate()
-                next_eval = _next_multiple(self.step, cfg.eval_every_steps)
-                self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
         self._record(counters)
         if self.fenced is not None:
             checkpointer.wait()  # one already begun is refused by the fence too, and cleaned up
@@ -454,9 +469,17 @@ class TrainingSession:
         return ExitCode.STOPPED
 
     def _finish(self, checkpointer: Checkpointer, counters: dict[str, Any], saved: int) -> int:
-        self.hb.set_phase(Phase.CHECKPOINTING, STOPPING_DEADLINE_S + self._replay_bytes() / 20e6)
+        deadline_s = STOPPING_DEADLINE_S + self._replay_bytes() / 20e6
+        self.hb.set_phase(Phase.CHECKPOINTING, deadline_s)
         checkpointer.wait()
+        written: bool | None = None  # eval.json, when the final evaluation came first
         if self.step > max(saved, self.hb.current.last_checkpoint_step or -1):
+            if self.cfg.keep_best:
+                # The final checkpoint records the final evaluation, so keep_best ranks it
+                # if the run is ever taken further.
+                written = self._evaluate()
+                checkpointer.evaluation = self.evaluation
+                self.hb.set_phase(Phase.CHECKPOINTING, deadline_s)
             result = checkpointer.save_sync(self.trained, self._counters(counters))
             if result.fenced:
                 raise PlacementFencedError(f"stopped at step {self.step}: {result.error}")
@@ -465,7 +488,7 @@ class TrainingSession:
                     f"total_steps reached but the final checkpoint at step {self.step} "
                     f"failed: {result.error}"
                 )
-        if not self._evaluate():
+        if not (self._evaluate() if written is None else written):
             raise EvalWriteFailed(
                 f"total_steps reached and checkpoint {self.step} committed, but "
                 f"{EVAL_FILE} could not be written; a restart only re-evaluates"
@@ -499,6 +522,7 @@ class TrainingSession:
         )
         result = {**result, "step": self.step, "time": time.time()}
         result["seconds"] = round(time.monotonic() - t0, 3)
+        self.evaluation = {k: result.get(k) for k in ("step", "mean", "std", "episodes")}
         self.hb.update(eval=result)
         if self.tb is not None:
             self.tb.scalars(
@@ -623,6 +647,11 @@ class TrainingSession:
 
 def _batch_size(cfg: WorkerConfig) -> int:
     return cfg.train_batch_size()
+
+
+def _scored(evaluation: dict[str, Any] | None) -> bool:
+    """Did the evaluation finish an episode (a mean to rank checkpoints by)?"""
+    return evaluation is not None and evaluation.get("mean") is not None
 
 
 def _next_multiple(step: int, every: int | None) -> int | None:

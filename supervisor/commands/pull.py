@@ -18,7 +18,9 @@ from supervisor.commands._common import (
     EXIT_OK,
     EXIT_USAGE,
     add_config_argument,
+    become_state_owner,
     load_config_or_exit,
+    retention_of,
 )
 from training.protocol import CHECKPOINT_DIR, LOCK_FILE
 
@@ -57,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
     from checkpoints.mirror import restore_newest, same_run
     from checkpoints.remote import RemoteError, RemoteLocation, RemoteStore, make_client
 
-    store = CheckpointStore(run_dir / CHECKPOINT_DIR)
+    # The game's own retention: the commit below must not delete what its worker keeps.
+    store = CheckpointStore(run_dir / CHECKPOINT_DIR, **retention_of(game))
     try:
         # The client first: it reads the caller's credentials (root's ~/.aws under sudo).
         remote = RemoteStore(
             make_client(cfg.mirror.endpoint_url or None, cfg.mirror.region or None),
             RemoteLocation.parse(cfg.mirror.url),
         )
-        _become_state_owner(cfg.state_dir)
+        become_state_owner(cfg.state_dir)
     except (ValueError, OSError) as exc:
         print(f"rlsup pull: {args.game}: {exc}", file=sys.stderr)
         return EXIT_FAIL
@@ -106,22 +109,6 @@ def run(args: argparse.Namespace) -> int:
         f"({restored.bytes_downloaded / 2**20:.1f} MiB) into {store.root}"
     )
     return EXIT_OK
-
-
-def _become_state_owner(state_dir: Path) -> None:
-    """Under sudo, write as the account that owns the state dir (the service's): a run dir,
-    lock file or checkpoint left to root is one the service's worker can no longer open."""
-    if os.geteuid() != 0:
-        return
-    try:
-        st = state_dir.stat()
-    except FileNotFoundError:
-        return  # nothing of the service's yet: root's own state dir
-    if st.st_uid == 0:
-        return
-    os.setgroups([])
-    os.setresgid(st.st_gid, st.st_gid, st.st_gid)
-    os.setresuid(st.st_uid, st.st_uid, st.st_uid)
 
 
 @contextlib.contextmanager

@@ -59,7 +59,8 @@ from typing import Any
 
 import structlog
 
-from checkpoints import CheckpointError, CheckpointStore
+from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
+from checkpoints.retention import PinsUnreadable, read_pins
 from supervisor.config import Config, ConfigError, MirrorConfig, load_config
 from supervisor.launch.spawn import rotate_log
 from supervisor.mirror.state import GameMirror, MirrorState
@@ -83,19 +84,29 @@ class UploadPlan:
     state_dir: Path  # mirror.json goes here
     mirror: MirrorConfig
     runs: tuple[tuple[str, Path], ...]  # (game, its run dir), in the configuration's order
+    # (game, keep_best, keep_every_steps) of the games that keep more than the newest: the
+    # mirror keeps those too (the pins are read from each run dir when garbage is collected).
+    retention: tuple[tuple[str, int, int | None], ...] = ()
 
     @classmethod
     def of(cls, cfg: Config) -> UploadPlan:
         if cfg.mirror is None:
             raise ValueError(f"{cfg.path} has no [mirror] table")
         runs = tuple((g.name, cfg.run_dir(g.name)) for g in cfg.games)
-        return cls(cfg.state_dir, cfg.mirror, runs)
+        retention = []
+        for g in cfg.games:
+            args = g.args_dict
+            best, every = args.get("keep_best", 0), args.get("keep_every_steps")
+            if best or every:
+                retention.append((g.name, int(best), int(every) if every else None))
+        return cls(cfg.state_dir, cfg.mirror, runs, tuple(retention))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "state_dir": str(self.state_dir),
             "mirror": self.mirror.as_dict(),
             "runs": [[name, str(path)] for name, path in self.runs],
+            "retention": [list(r) for r in self.retention],
         }
 
     @classmethod
@@ -103,9 +114,20 @@ class UploadPlan:
         """Raises ValueError naming what is wrong."""
         try:
             runs = tuple((str(name), Path(path)) for name, path in data["runs"])
-            return cls(Path(data["state_dir"]), MirrorConfig(**data["mirror"]), runs)
+            retention = tuple(
+                (str(name), int(best), None if every is None else int(every))
+                for name, best, every in data.get("retention", [])
+            )
+            return cls(Path(data["state_dir"]), MirrorConfig(**data["mirror"]), runs, retention)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not an uploader plan: {exc!r}") from None
+
+    def policy(self, game: str) -> tuple[int, int | None]:
+        """The game's (keep_best, keep_every_steps)."""
+        for name, best, every in self.retention:
+            if name == game:
+                return best, every
+        return 0, None
 
     @classmethod
     def read(cls, path: Path) -> UploadPlan:
@@ -197,17 +219,53 @@ class _Pass:
         self.retry_at.pop(game, None)
         log.info("mirror_ok", game=game, **asdict(up))
         self.save()
+        self.keepers(game, folder)
         return True
+
+    def keepers(self, game: str, folder: Path) -> None:
+        """The mirror keeps what the game's retention keeps beyond the newest (best-evaluated,
+        milestones, pinned): each such local checkpoint the mirror lacks is mirrored too
+        (mostly blobs it has already: the replay chunks are shared). Best effort: a failure
+        is logged and tried again after the next upload."""
+        from checkpoints.mirror import upload_checkpoint
+        from checkpoints.remote import RemoteError
+
+        best, every = self.plan.policy(game)
+        store = CheckpointStore(folder, keep=1, keep_best=best, keep_every_steps=every)
+        try:
+            wanted = {s for s, why in store.kept().items() if why != ["newest"]}
+            if not wanted:
+                return
+            missing = sorted(wanted - set(self.remote.manifest_steps(game)))
+            for step in missing:
+                upload_checkpoint(self.remote, game, CheckpointRef(store.path_for(step), step))
+                log.info("mirror_kept_checkpoint", game=game, step=step)
+        except FileNotFoundError:
+            return  # retention removed it meanwhile
+        except (RemoteError, CheckpointError, OSError, ValueError, PinsUnreadable) as exc:
+            log.warning("mirror_kept_failed", game=game, error=str(exc)[:500])
+
+    def retention(self) -> dict[str, Any]:
+        """Each game's retention beyond the newest: its keep_best and keep_every_steps, and
+        the steps pinned in its run dir. Raises PinsUnreadable (no collection then)."""
+        from checkpoints.mirror import GameRetention
+
+        out: dict[str, Any] = {}
+        for game, run_dir in self.plan.runs:
+            best, every = self.plan.policy(game)
+            pinned = frozenset(read_pins(run_dir / protocol.CHECKPOINT_DIR))
+            out[game] = GameRetention(best, every, pinned)
+        return out
 
     def collect_garbage(self) -> None:
         from checkpoints.mirror import collect_garbage
         from checkpoints.remote import RemoteError
 
         try:
-            got = collect_garbage(self.remote, self.plan.mirror.keep)
+            got = collect_garbage(self.remote, self.plan.mirror.keep, games=self.retention())
             self.state.gc = {**asdict(got), "at": time.time()}
             log.info("mirror_gc", **self.state.gc)
-        except (RemoteError, CheckpointError) as exc:
+        except (RemoteError, CheckpointError, PinsUnreadable) as exc:
             self.state.gc = {"error": str(exc)[:500], "at": time.time()}
             log.warning("mirror_gc_failed", error=str(exc))
         self.save()
