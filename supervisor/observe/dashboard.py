@@ -395,8 +395,9 @@ def _cost_section(doc: dict[str, Any]) -> str:
             if c.get("projected_total") is not None
             else ", projection unknown (nothing running)"
         )
-        body = f'<p id="cost">{c["spent"]:.2f} spent at {c["per_hour"]:g}/h{_e(proj)}</p>'
-    return f'<section id="cost-section"><h2>Cost</h2>{body}</section>'
+        lost = f"; {c['lost']:.2f} lost to instability" if c.get("lost") is not None else ""
+        body = f'<p id="cost">{c["spent"]:.2f} spent at {c["per_hour"]:g}/h{_e(proj)}{_e(lost)}</p>'
+    return f'<section id="cost-section"><h2>Cost</h2>{body}{_time_table(doc)}</section>'
 
 
 def _charts_section(cfg: Config) -> str:
@@ -435,6 +436,30 @@ def thin(rows: list[dict[str, str]], max_points: int = MAX_POINTS) -> dict[str, 
         cols["mean_return"].append(ret if ret is None or math.isfinite(ret) else None)
         cols["sps"].append(readonly.to_float(r.get("sps")))
     return cols
+
+
+TIME_PARTS = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",
+              "down")  # fmt: skip
+
+
+def _time_table(doc: dict[str, Any]) -> str:
+    """Where each game's time went (status's games[].time): the parts as shares of its wall
+    time, what was lost to instability, and its money with a price."""
+    rows = []
+    for g in doc.get("games") or []:
+        t = g.get("time")
+        if not t or not t.get("wall_s"):
+            continue
+        wall = float(t["wall_s"])
+        pct = [f"{100 * float(t[f'{p}_s']) / wall:.1f}%" for p in TIME_PARTS]
+        money = "-" if t.get("money") is None else f"{t['money']:.2f} ({t['money_lost']:.2f})"
+        cells = [g["name"], f"{wall / 3600:.2f} h", *pct, f"{100 * t['lost_s'] / wall:.1f}%",
+                 money]  # fmt: skip
+        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    heads = ("game", "wall", *TIME_PARTS, "lost", "money (lost)")
+    return _table("time", heads, rows)
 
 
 def _table(ident: str, headers: tuple[str, ...], rows: list[str]) -> str:

@@ -381,6 +381,8 @@ def test_the_json_endpoints_and_the_page_from_the_state_dir_alone(
         assert '<td data-field="state" class="state state-done">done</td>' in page
         assert "<td>cart</td>" in page and "game_done" in page
         assert "supervisor stopped cleanly" in page
+        # Where each run's time went (status's games[].time), one row per run.
+        assert 'id="time"' in page and page.count("<tr><td>cart/s") == 2
 
 
 def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
