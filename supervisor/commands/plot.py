@@ -26,6 +26,7 @@ from supervisor.commands._common import (
     add_config_argument,
     load_config_or_exit,
 )
+from supervisor.config import Config
 from supervisor.observe import readonly
 
 MAX_POINTS = 4000  # per curve; a week of 2 s progress rows is thinned to this
@@ -48,12 +49,20 @@ def register(subparsers: Any) -> None:
         action="append",
         help="only this game (repeatable; default: every configured game)",
     )
+    p.add_argument(
+        "--seeds",
+        action="store_true",
+        help="one panel per game and variant: the mean over its seeds' runs against agent "
+        "steps, their min..max band and each seed thin (--game then also takes a game's name)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
     names = [g.name for g in cfg.games]
+    if getattr(args, "seeds", False):
+        return _run_seeds(args, cfg)
     wanted: list[str] = list(getattr(args, "game", None) or names)
     unknown = [n for n in wanted if n not in names]
     if unknown:
@@ -75,6 +84,98 @@ def run(args: argparse.Namespace) -> int:
     empty = [n for n, s in series.items() if not s["step"]]
     print(f"wrote {out}" + (f" (no progress yet: {', '.join(empty)})" if empty else ""))
     return EXIT_OK
+
+
+def _run_seeds(args: argparse.Namespace, cfg: Config) -> int:
+    """`--seeds`: one panel per group (a game, or one of its variants) over its runs."""
+    groups: dict[str, list[str]] = {}
+    for g in cfg.games:
+        groups.setdefault(g.group, []).append(g.name)
+    only = list(getattr(args, "game", None) or [])
+    known = set(groups) | {n.split("/")[0] for n in groups} | {g.name for g in cfg.games}
+    unknown = [n for n in only if n not in known]
+    if unknown:
+        return render.fail_usage(f"unknown game {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    if only:
+        groups = {k: [r for r in v if any(o in (r, k, k.split("/")[0]) for o in only)]
+                  for k, v in groups.items()}  # fmt: skip
+        groups = {k: v for k, v in groups.items() if v}
+    out = Path(args.out) if getattr(args, "out", None) else cfg.state_dir / "plot-seeds.png"
+    series = {
+        group: {run: _series(readonly.read_progress(cfg.run_dir(run))) for run in runs}
+        for group, runs in groups.items()
+    }
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        draw_seeds(series, out)
+    except OSError as exc:
+        print(f"rlsup: cannot write {out}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+def seed_band(
+    runs: dict[str, dict[str, list[float | None]]], points: int = 200
+) -> tuple[list[float], list[float], list[float], list[float], int] | None:
+    """The runs' mean return on a common grid of agent steps, up to the step every run has
+    reached (so each point is over all of them): (steps, mean, min, max, runs)."""
+    curves = []
+    for s in runs.values():
+        pts = [(x, y) for x, y in zip(s["step"], s["ret"], strict=False)
+               if x is not None and y is not None]  # fmt: skip
+        if len(pts) >= 2:
+            curves.append(pts)
+    if not curves:
+        return None
+    lo = max(c[0][0] for c in curves)
+    hi = min(c[-1][0] for c in curves)
+    if hi <= lo:
+        return None
+    grid = [lo + (hi - lo) * k / (points - 1) for k in range(points)]
+    import numpy as np  # lazily, as matplotlib
+
+    ys = np.array(
+        [np.interp(grid, [p[0] for p in c], [p[1] for p in c]) for c in curves], dtype=float
+    )
+    return (grid, ys.mean(0).tolist(), ys.min(0).tolist(), ys.max(0).tolist(), len(curves))
+
+
+def draw_seeds(groups: dict[str, dict[str, dict[str, list[float | None]]]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(groups))
+    cols = min(2, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.8 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (group, runs) in zip(flat, groups.items(), strict=False):
+        band = seed_band(runs)
+        for s in runs.values():
+            pts = [(x, y) for x, y in zip(s["step"], s["ret"], strict=False)
+                   if x is not None and y is not None]  # fmt: skip
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:blue", lw=0.6,
+                        alpha=0.35)  # fmt: skip
+        if band is None:
+            ax.set_title(f"{group}: not enough progress yet", fontsize=10)
+        else:
+            grid, mean, lo, hi, k = band
+            ax.fill_between(grid, lo, hi, color="tab:blue", alpha=0.18, lw=0)
+            ax.plot(grid, mean, color="tab:blue", lw=1.8)
+            ax.set_title(f"{group}: mean of {k} run(s), min..max band", fontsize=10)
+        ax.set_xlabel("agent steps")
+        ax.set_ylabel("mean return (last 100)")
+        ax.grid(alpha=0.3)
+    for ax in flat[len(groups) :]:
+        ax.set_visible(False)
+    fig.suptitle(f"rlsup over seeds — {time.strftime('%Y-%m-%d %H:%M')}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
 
 
 def _series(rows: list[dict[str, str]]) -> dict[str, list[float | None]]:
