@@ -227,6 +227,7 @@ class Config:
     spare: SpareConfig = SpareConfig()  # added table: [spare]
     metrics: MetricsConfig = MetricsConfig()  # added table: [metrics]
     hooks: tuple[HookSpec, ...] = ()  # added tables: [[hooks]]
+    gpu_cost_share: float = 0.0  # added key: the part of cost_per_hour that is the GPUs'
 
     @property
     def logs_dir(self) -> Path:
@@ -312,6 +313,13 @@ _TOP: dict[str, Field] = {
     "checkpoint_every_s": (_NUM, 300.0, _positive, "seconds > 0"),
     "stop_grace_s": (_NUM, 60.0, _positive, "seconds > 0"),
     "cost_per_hour": (_NUM, 0.0, _non_negative, "a number >= 0"),
+    "gpu_cost_share": (
+        _NUM,
+        0.0,
+        lambda v: 0 <= v <= 1,
+        "a fraction in 0..1: the part of cost_per_hour that is the GPUs' (shared per GPU "
+        "among the games placed on it)",
+    ),
     # The loop's longest sleep: stop requests, mode changes and hang kills wait up to a tick
     # (above a minute they would lag visibly); below 10 ms it would spin a core for nothing.
     "tick_s": (_NUM, 1.0, lambda v: 0.01 <= v <= 60, "seconds in 0.01..60"),
@@ -762,6 +770,7 @@ def parse_config(
         checkpoint_every_s=top["checkpoint_every_s"],
         stop_grace_s=top["stop_grace_s"],
         cost_per_hour=top["cost_per_hour"],
+        gpu_cost_share=top["gpu_cost_share"],
         tick_s=top["tick_s"],
         logs_dir_key=logs_dir,
         modes=modes,

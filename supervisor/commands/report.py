@@ -91,12 +91,9 @@ def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[
     names = [g.name for g in cfg.games]
     names += sorted({r["game"] for r in db.workers(conn)} - set(names))
     rate = float(cfg.cost_per_hour or 0.0)
-    times = accounting.account(
-        accounting.load_events(conn, names), names, now,
-        eval_seconds=accounting.load_eval_seconds(conn),
-    )  # fmt: skip
+    times = accounting.account_db(conn, names, now)  # priced below, with the days
     buckets = _days(now, days)
-    accounting.price(times, rate, buckets)
+    accounting.price(times, rate, buckets, cfg.gpu_cost_share, accounting.host_gpus(conn))
     crashes_total = sum(
         1
         for e in db.events(conn, kind="supervisor_start")

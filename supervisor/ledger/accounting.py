@@ -23,7 +23,8 @@ the parts sum to its wall time:
 starting + backoff + down: what a run without failures, restarts or stops would not have
 spent (waiting is not in it: a queue is the operator's choice). With a host price
 (`cost_per_hour`), each instant's cost is shared equally among the games alive then (in any
-category), and each game's money splits as its time does.
+category), but the GPUs' part (`gpu_cost_share`), which the games placed on each GPU share;
+each game's money splits as its time does.
 
 Stdlib only; pure functions over the events (tested without a supervisor) plus one query.
 """
@@ -53,6 +54,7 @@ class Segment:
     start: float
     end: float
     category: str  # "running" until split, then one of CATEGORIES
+    gpu: int | None = None  # the GPU its worker was placed on (worker_start's `gpu.index`)
 
 
 @dataclass
@@ -97,10 +99,13 @@ def _segments(
     first = end = None
     exits: list[Mapping[str, Any]] = []
 
+    gpu: int | None = None  # the current worker's GPU
+
     def switch(ts: float, new: str | None) -> None:
         nonlocal cat, since
         if cat is not None and ts > since:
-            segs.append(Segment(since, ts, cat))
+            on = gpu if cat in ("setup", "starting", "running") else None
+            segs.append(Segment(since, ts, cat, on))
         cat, since = new, ts
 
     for e in events:
@@ -127,6 +132,9 @@ def _segments(
                 cat, since = label, ts
             else:
                 switch(ts, label)
+            placed = detail.get("gpu")
+            index = placed.get("index") if isinstance(placed, dict) else None
+            gpu = index if isinstance(index, int) and not isinstance(index, bool) else None
         elif cat is None:
             continue
         elif kind == "worker_training":
@@ -207,57 +215,96 @@ class Bucket:
     money: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
 
 
-def price(games: Mapping[str, GameTime], per_hour: float, buckets: Sequence[Bucket] = ()) -> None:
+def price(
+    games: Mapping[str, GameTime],
+    per_hour: float,
+    buckets: Sequence[Bucket] = (),
+    gpu_share: float = 0.0,
+    gpus: int = 0,
+) -> None:
     """Share the host's price among the games alive at each instant (each game's money splits
     across its categories as its time does: a running stretch pro rata into training,
     evaluation and redone); with `buckets`, also add each stretch's seconds and money to the
     buckets it overlaps.
 
+    `gpu_share` of the price is the host's `gpus` GPUs' (each an equal part): a GPU's part is
+    shared among the games whose worker is placed on it at that instant, and a GPU with none
+    is paid by all the games alive (the host's bill is the bill); the rest of the price is
+    shared among all the games alive.
+
     With N(t) the games alive at t and F(t) the integral of 1/N up to t (piecewise constant
-    between the segments' ends), a segment [a, b) costs rate * (F(b) - F(a)): one sweep and
-    a bisection per segment, not a pass over every game at every instant."""
+    between the segments' ends), a segment [a, b) costs rate * (F(b) - F(a)), and likewise
+    per GPU: one sweep and a bisection per segment."""
     if per_hour <= 0 and not buckets:
         return
+    indices = sorted({seg.gpu for g in games.values() for seg in g.segments if seg.gpu is not None})
+    n_gpus = max(gpus, len(indices)) if gpu_share > 0 else 0
+    share = min(1.0, max(0.0, gpu_share)) if n_gpus else 0.0
     delta: dict[float, int] = {}
+    gdelta: dict[int, dict[float, int]] = {i: {} for i in indices}
     for g in games.values():
         for seg in g.segments:
             delta[seg.start] = delta.get(seg.start, 0) + 1
             delta[seg.end] = delta.get(seg.end, 0) - 1
+            if seg.gpu is not None:
+                d = gdelta[seg.gpu]
+                d[seg.start] = d.get(seg.start, 0) + 1
+                d[seg.end] = d.get(seg.end, 0) - 1
     marks = sorted(delta)
     if len(marks) < 2:
         return
-    cum = [0.0]  # F at each mark
+    rate = max(0.0, per_hour) / 3600.0
+    # cumulative integrals at each mark: 1/N (all games), 1/N_g (the games on GPU g), and
+    # the idle GPUs' parts paid by all: (GPUs with no game) / N
+    cum_all, cum_idle = [0.0], [0.0]
+    cum_gpu = {i: [0.0] for i in indices}
     alive = 0
+    on = dict.fromkeys(indices, 0)
     for a, b in itertools.pairwise(marks):
         alive += delta[a]
-        cum.append(cum[-1] + ((b - a) / alive if alive > 0 else 0.0))
-    rate = max(0.0, per_hour) / 3600.0
+        for i in indices:
+            on[i] += gdelta[i].get(a, 0)
+        dt = b - a
+        cum_all.append(cum_all[-1] + (dt / alive if alive > 0 else 0.0))
+        idle = n_gpus - sum(1 for i in indices if on[i] > 0)
+        cum_idle.append(cum_idle[-1] + (dt * idle / alive if alive > 0 else 0.0))
+        for i in indices:
+            cum_gpu[i].append(cum_gpu[i][-1] + (dt / on[i] if on[i] > 0 else 0.0))
 
-    def f(t: float) -> float:
-        i = bisect.bisect_right(marks, t) - 1
-        if i < 0:
+    def at(cum: list[float], t: float) -> float:
+        k = bisect.bisect_right(marks, t) - 1
+        if k < 0:
             return 0.0
-        if i >= len(marks) - 1:
+        if k >= len(marks) - 1:
             return cum[-1]
-        span = marks[i + 1] - marks[i]
-        return cum[i] + (cum[i + 1] - cum[i]) * ((t - marks[i]) / span if span > 0 else 0.0)
+        span = marks[k + 1] - marks[k]
+        return cum[k] + (cum[k + 1] - cum[k]) * ((t - marks[k]) / span if span > 0 else 0.0)
+
+    rest, per_gpu = rate * (1.0 - share), (rate * share / n_gpus if n_gpus else 0.0)
+
+    def cost(seg: Segment, lo: float, hi: float) -> float:
+        out = rest * (at(cum_all, hi) - at(cum_all, lo))
+        out += per_gpu * (at(cum_idle, hi) - at(cum_idle, lo))
+        if seg.gpu is not None and per_gpu:
+            out += per_gpu * (at(cum_gpu[seg.gpu], hi) - at(cum_gpu[seg.gpu], lo))
+        return out
 
     for g in games.values():
         running = sum(seg.end - seg.start for seg in g.segments if seg.category == "running")
         ratio = {c: (g.seconds[c] / running if running > 0 else 0.0) for c in RUNNING_PARTS}
         for seg in g.segments:
             parts = ratio.items() if seg.category == "running" else [(seg.category, 1.0)]
-            cost = rate * (f(seg.end) - f(seg.start))
+            money = cost(seg, seg.start, seg.end)
             for c, r in parts:
-                g.money[c] += cost * r
+                g.money[c] += money * r
             for bucket in buckets:
                 lo, hi = max(seg.start, bucket.start), min(seg.end, bucket.end)
                 if hi <= lo:
                     continue
-                share = rate * (f(hi) - f(lo))
+                part = cost(seg, lo, hi)
                 for c, r in parts:
                     bucket.seconds[c] += (hi - lo) * r
-                    bucket.money[c] += share * r
+                    bucket.money[c] += part * r
 
 
 def load_events(conn: sqlite3.Connection | None, games: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -269,8 +316,8 @@ def load_events(conn: sqlite3.Connection | None, games: Sequence[str] = ()) -> l
     marks = ",".join("?" * len(kinds))
     # Only these kinds' details are read: the others' JSON is not parsed (status's budget).
     sql = (
-        "SELECT ts, kind, game, CASE WHEN kind IN ('worker_exit', 'supervisor_start') "
-        "THEN detail END FROM events "
+        "SELECT ts, kind, game, CASE WHEN kind IN ('worker_exit', 'supervisor_start', "
+        "'worker_start', 'restart') THEN detail END FROM events "
         f"WHERE kind IN ({marks}) ORDER BY id"
     )
     rows = conn.execute(sql, kinds).fetchall()
@@ -314,6 +361,8 @@ def account(
     per_hour: float = 0.0,
     steps: Mapping[str, int] | None = None,
     eval_seconds: Mapping[str, float] | None = None,
+    gpu_share: float = 0.0,
+    gpus: int = 0,
 ) -> dict[str, GameTime]:
     """Every game's split (and money with a price) from one list of events (`eval_seconds`:
     `load_eval_seconds`'s, when the events hold no `evaluation`)."""
@@ -330,5 +379,33 @@ def account(
                       None if evals is None else evals.get(g, 0.0))
         for g in games
     }  # fmt: skip
-    price(out, per_hour)
+    price(out, per_hour, gpu_share=gpu_share, gpus=gpus)
     return out
+
+
+def host_gpus(conn: sqlite3.Connection | None) -> int:
+    """How many GPUs the host has, from the newest vitals sample (0: none seen)."""
+    if conn is None:
+        return 0
+    try:
+        row = conn.execute("SELECT data FROM samples ORDER BY rowid DESC LIMIT 1").fetchone()
+    except sqlite3.Error:
+        return 0
+    gpus = _detail(row[0]).get("gpus") if row else None
+    return len(gpus) if isinstance(gpus, list) else 0
+
+
+def account_db(
+    conn: sqlite3.Connection | None,
+    games: Sequence[str],
+    now: float,
+    per_hour: float = 0.0,
+    gpu_share: float = 0.0,
+    steps: Mapping[str, int] | None = None,
+) -> dict[str, GameTime]:
+    """`account` over the ledger in `conn` (read-only is enough): its events, its evaluations
+    summed by SQLite, the host's GPU count."""
+    return account(
+        load_events(conn, games), games, now, per_hour, steps, load_eval_seconds(conn),
+        gpu_share, host_gpus(conn),
+    )  # fmt: skip

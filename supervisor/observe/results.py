@@ -198,8 +198,7 @@ def collect(cfg: Config, only: Sequence[str] = ()) -> Results:
         states = _run_state(conn)
         names = [g.name for g in cfg.games]
         rate = float(cfg.cost_per_hour or 0.0)
-        times = accounting.account(accounting.load_events(conn, names), names, time.time(),
-                                   rate, None, accounting.load_eval_seconds(conn))  # fmt: skip
+        times = accounting.account_db(conn, names, time.time(), rate, cfg.gpu_cost_share)
     runs = []
     for spec in cfg.games:
         if only and not _selected(spec.name, only):

@@ -89,9 +89,9 @@ def _times(
     """Each game's time split (and money, with a price) from the ledger: `games[].time`."""
     names = [g["name"] for g in games]
     steps = {g["name"]: g["global_step"] for g in games}
-    times = accounting.account(accounting.load_events(conn, names), names, now,
-                               float(cfg.cost_per_hour or 0.0), steps,
-                               accounting.load_eval_seconds(conn))  # fmt: skip
+    times = accounting.account_db(
+        conn, names, now, float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share, steps
+    )
     priced = (cfg.cost_per_hour or 0.0) > 0
     for g in games:
         t = times.get(g["name"])

@@ -125,3 +125,28 @@ def test_buckets_get_the_seconds_and_money_that_fall_in_them() -> None:
     total = sum(sum(t.money.values()) for t in times.values())
     assert total == pytest.approx(sum(sum(b.money.values()) for b in days))
     assert two.money["down"] == pytest.approx(1.8)  # 1800 s down shared by both games
+
+
+def test_the_gpus_share_is_paid_by_the_games_on_each_gpu_and_idle_gpus_by_all() -> None:
+    """2 GPUs, 80 % of 3.6/h theirs: a on GPU 0 and b on GPU 1 for an hour, c on the CPU."""
+    gpu = lambda i: {"gpu": {"index": i, "uuid": f"GPU-{i}"}}  # noqa: E731
+    events = [
+        ev(0, "supervisor_start", None, after="first"),
+        ev(0, "worker_start", "a", **gpu(0)),
+        ev(0, "worker_training", "a"),
+        ev(0, "worker_start", "b", **gpu(1)),
+        ev(0, "worker_training", "b"),
+        ev(0, "worker_start", "c"),
+        ev(0, "worker_training", "c"),
+        # b ends at 30 min: GPU 1 idle for the second half hour, paid by a and c
+        ev(1800, "worker_exit", "b", exit="done", global_step=1, last_checkpoint_step=1),
+        ev(1800, "game_done", "b"),
+    ]
+    out = account(events, ["a", "b", "c"], now=3600.0, per_hour=3.6, gpu_share=0.8, gpus=2)
+    money = {n: sum(t.money.values()) for n, t in out.items()}
+    assert sum(money.values()) == pytest.approx(3.6)  # the whole bill, no more, no less
+    # first half hour: rest 0.36 / 3 each; GPU 0 (0.72) to a, GPU 1 (0.72) to b
+    # second: rest 0.36 / 2 each; GPU 0 to a; idle GPU 1's 0.72 shared by a and c
+    assert money["b"] == pytest.approx(0.12 + 0.72)
+    assert money["a"] == pytest.approx(0.12 + 0.72 + 0.18 + 0.72 + 0.36)
+    assert money["c"] == pytest.approx(0.12 + 0.18 + 0.36)
