@@ -307,24 +307,53 @@ def price(
                     bucket.money[c] += part * r
 
 
+# The detail fields this accounting reads, extracted by SQLite (no JSON parsed in Python:
+# `rlsup status` reads a week of 30 games' events within its budget).
+_FIELDS = {
+    "downtime_s": "$.downtime_s",
+    "global_step": "$.global_step",
+    "last_checkpoint_step": "$.last_checkpoint_step",
+    "exit": "$.exit",
+    "returncode": "$.returncode",
+    "gpu_index": "$.gpu.index",
+}
+
+
 def load_events(conn: sqlite3.Connection | None, games: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The ledger's events this accounting reads, oldest first (one indexed query), but the
-    evaluations (`load_eval_seconds`)."""
+    evaluations (`load_eval_seconds`), each with the detail fields it reads."""
     if conn is None:
         return []
     kinds = [k for k in KINDS if k != "evaluation"]  # summed by load_eval_seconds
     marks = ",".join("?" * len(kinds))
-    # Only these kinds' details are read: the others' JSON is not parsed (status's budget).
-    sql = (
-        "SELECT ts, kind, game, CASE WHEN kind IN ('worker_exit', 'supervisor_start', "
-        "'worker_start', 'restart') THEN detail END FROM events "
-        f"WHERE kind IN ({marks}) ORDER BY id"
-    )
-    rows = conn.execute(sql, kinds).fetchall()
+    cols = ", ".join(f"json_extract(detail, '{path}')" for path in _FIELDS.values())
+    sql = f"SELECT ts, kind, game, {cols} FROM events WHERE kind IN ({marks}) ORDER BY id"
+    try:
+        rows = conn.execute(sql, kinds).fetchall()
+    except sqlite3.Error:  # a detail that is not JSON: read them one by one, leniently
+        return _load_events_leniently(conn, kinds, games)
+    wanted = set(games)
+    names = list(_FIELDS)
+    out = []
+    for r in rows:
+        if r[2] is not None and wanted and r[2] not in wanted:
+            continue
+        detail = {k: v for k, v in zip(names, r[3:], strict=True) if v is not None}
+        if "gpu_index" in detail:
+            detail["gpu"] = {"index": detail.pop("gpu_index")}
+        out.append({"ts": r[0], "kind": r[1], "game": r[2], "detail": detail})
+    return out
+
+
+def _load_events_leniently(
+    conn: sqlite3.Connection, kinds: Sequence[str], games: Sequence[str]
+) -> list[dict[str, Any]]:
+    marks = ",".join("?" * len(kinds))
+    sql = f"SELECT ts, kind, game, detail FROM events WHERE kind IN ({marks}) ORDER BY id"
     wanted = set(games)
     return [
         {"ts": r[0], "kind": r[1], "game": r[2], "detail": _detail(r[3])}
-        for r in rows
+        for r in conn.execute(sql, list(kinds))
         if r[2] is None or not wanted or r[2] in wanted
     ]
 
@@ -347,6 +376,8 @@ def load_eval_seconds(conn: sqlite3.Connection | None) -> dict[str, float]:
 
 
 def _detail(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
     try:
         d = json.loads(text or "{}")
     except ValueError:

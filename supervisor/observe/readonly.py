@@ -127,7 +127,34 @@ def parse_json(text: str | None) -> Any:
         return {"raw": text}
 
 
-def read_progress_tail(run_dir: Path, max_bytes: int = 96 * 1024) -> list[dict[str, str]]:
+class ProgressRows(Sequence[dict[str, str]]):
+    """The rows of a progress.csv tail, each made a dict only when asked for (`rlsup status`
+    reads 30 games' tails: building ~20,000 dicts it never looks at was most of its time)."""
+
+    def __init__(self, names: list[str], lines: list[str]) -> None:
+        self.names, self.lines = names, lines
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [dict(zip(self.names, line.split(","), strict=False)) for line in self.lines[i]]
+        return dict(zip(self.names, self.lines[i].split(","), strict=False))
+
+    def column_pairs(self, a: str, b: str) -> Iterator[tuple[str, str]]:
+        """(row[a], row[b]) for each row, newest first, without making the rows."""
+        try:
+            ia, ib = self.names.index(a), self.names.index(b)
+        except ValueError:
+            return
+        for line in reversed(self.lines):
+            cells = line.split(",")
+            if len(cells) > max(ia, ib):
+                yield cells[ia], cells[ib]
+
+
+def read_progress_tail(run_dir: Path, max_bytes: int = 96 * 1024) -> ProgressRows:
     """The last rows of `progress.csv` (about 20-40 min of 2 s rows), reading at most
     `max_bytes` from its end: status must not slow down as the file grows for weeks."""
     path = run_dir / PROGRESS_FILE
@@ -139,13 +166,13 @@ def read_progress_tail(run_dir: Path, max_bytes: int = 96 * 1024) -> list[dict[s
             f.seek(start)
             chunk = f.read().decode("utf-8", "replace")
     except OSError:
-        return []
+        return ProgressRows([], [])
     lines = chunk.splitlines()
     if start > len(header_bytes) and lines:
         lines = lines[1:]  # the first line read may be partial
     names = header_bytes.decode("utf-8", "replace").strip().split(",")
     # The worker writes plain numbers (no quoting), so a split is a faithful CSV parse.
-    return [dict(zip(names, line.split(","), strict=False)) for line in lines if line]
+    return ProgressRows(names, [line for line in lines if line])
 
 
 def read_progress(run_dir: Path) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -339,13 +340,18 @@ def _fresher(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, An
     return a if (a.get("time") or 0) >= (b.get("time") or 0) else b
 
 
-def episodes_per_hour(rows: list[dict[str, str]], now: float) -> float | None:
+def episodes_per_hour(rows: Sequence[dict[str, str]], now: float) -> float | None:
     """Episodes per hour over the last hour of progress rows (one resume segment), walking
     back from the newest row only as far as it needs to."""
     newest: tuple[float, float] | None = None
     t0 = e0 = 0.0
-    for r in reversed(rows):
-        t, e = readonly.to_float(r.get("time")), readonly.to_float(r.get("episodes"))
+    pairs = (
+        rows.column_pairs("time", "episodes")
+        if isinstance(rows, readonly.ProgressRows)
+        else ((r.get("time"), r.get("episodes")) for r in reversed(rows))
+    )
+    for tt, ee in pairs:
+        t, e = readonly.to_float(tt), readonly.to_float(ee)
         if t is None or e is None:
             continue
         if newest is None:
