@@ -67,6 +67,7 @@ from supervisor.participants import (
     MirrorUploads,
     Participant,
     SpareTending,
+    TimeLedger,
 )
 from supervisor.sdnotify import Notifier
 from supervisor.stability import modes, scaling, vitals
@@ -242,7 +243,9 @@ class Supervisor:
         )  # fmt: skip
         # On several hosts each host mirrors its own games: events from mirror.json only.
         uploads = MirrorUploads(self.cfg, recorder, local=self.launcher.local)
-        parts: list[Participant] = [spare, uploads, hooks, MetricsExport(self.cfg, recorder)]
+        parts: list[Participant] = [
+            spare, uploads, hooks, MetricsExport(self.cfg, recorder), TimeLedger(self.cfg),
+        ]  # fmt: skip
         self._started = Started(conn, journal, recorder, view, parts, spare, hooks, uploads)
         self.life.queue_new()
         self._apply()

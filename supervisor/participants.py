@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import psutil  # type: ignore[import-untyped]
+import structlog
 
 from supervisor.config import Config
 from supervisor.launch.launcher import LauncherSeam
 from supervisor.launch.spare import SpareWant, decide, spare_device
-from supervisor.ledger import db
+from supervisor.ledger import accounting, db
 from supervisor.ledger.recorder import Recorder
 from supervisor.lifecycle.runtime import GameRuntime
 from supervisor.lifecycle.states import TERMINAL
 from supervisor.mirror.uploader import Uploader
+from supervisor.observe import readonly
 from supervisor.observe.hooks import HookRunner
 from supervisor.observe.metrics import MetricsExporter
 from supervisor.stability import modes
 from supervisor.stability.policy import Vitals
+
+log = structlog.get_logger("rlsup.supervisor")
 
 HOOKS_CLOSE_WAIT_S = 5.0  # at shutdown, for the alerts of the last events to go out
 
@@ -73,6 +79,63 @@ class HookAlerts:
         if self.runner is not None:
             # Alerts of the last events (supervisor_stop, a FATAL) get a moment to go out.
             self.runner.close(wait_s=HOOKS_CLOSE_WAIT_S)
+
+
+class TimeLedger:
+    """Each game's time split and money (ledger/accounting.py), written to
+    `<state_dir>/accounting.json` every SNAPSHOT_EVERY_S by its own thread (a replay of the
+    ledger, read-only) and once more at the supervisor's exit: `rlsup status` reads it and
+    carries each game's current part on to now, instead of replaying a week of events."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rlsup-accounting", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(accounting.SNAPSHOT_EVERY_S):
+            self.write()
+
+    def write(self) -> None:
+        from checkpoints import write_json_atomic
+        from training.protocol import read_heartbeat
+
+        cfg = self.cfg
+        conn = readonly.connect_readonly(cfg.db_path)
+        if conn is None:
+            return
+        try:
+            names = [g.name for g in cfg.games]
+            steps = {}
+            for name in names:
+                hb = read_heartbeat(cfg.run_dir(name))
+                if hb is not None:
+                    steps[name] = hb.global_step
+            now = time.time()
+            rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
+            times = accounting.account_db(conn, names, now, rate, share, steps)
+            snap = accounting.snapshot(times, now, rate, share, accounting.host_gpus(conn))
+            write_json_atomic(cfg.state_dir / accounting.SNAPSHOT_FILE, snap, durable=False)
+        except (sqlite3.Error, OSError) as exc:  # status replays the ledger meanwhile
+            log.warning("accounting_snapshot_failed", error=str(exc))
+        finally:
+            conn.close()
+
+    def tick(self, now: float, stopping: bool) -> None:
+        pass
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+        self.write()  # the split up to the stop: status carries it on as "down"
 
 
 class MetricsExport:

@@ -12,6 +12,7 @@ progress yet gets an empty panel saying so), 2 for an unknown game or a bad conf
 from __future__ import annotations
 
 import argparse
+import bisect
 import sqlite3
 import sys
 import time
@@ -125,7 +126,7 @@ def seed_band(
         pts = [(x, y) for x, y in zip(s["step"], s["ret"], strict=False)
                if x is not None and y is not None]  # fmt: skip
         if len(pts) >= 2:
-            curves.append(pts)
+            curves.append(sorted(pts))  # a resume steps back: keep x ordered
     if not curves:
         return None
     lo = max(c[0][0] for c in curves)
@@ -133,12 +134,23 @@ def seed_band(
     if hi <= lo:
         return None
     grid = [lo + (hi - lo) * k / (points - 1) for k in range(points)]
-    import numpy as np  # lazily, as matplotlib
+    ys = [[_interp(x, c) for x in grid] for c in curves]
+    cols = list(zip(*ys, strict=True))
+    return (
+        grid, [sum(c) / len(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols],
+        len(curves),
+    )  # fmt: skip
 
-    ys = np.array(
-        [np.interp(grid, [p[0] for p in c], [p[1] for p in c]) for c in curves], dtype=float
-    )
-    return (grid, ys.mean(0).tolist(), ys.min(0).tolist(), ys.max(0).tolist(), len(curves))
+
+def _interp(x: float, pts: list[tuple[float, float]]) -> float:
+    """Linear interpolation of the curve `pts` (sorted by x) at x (no numpy in the CLI)."""
+    i = bisect.bisect_left(pts, (x, float("-inf")))
+    if i <= 0:
+        return pts[0][1]
+    if i >= len(pts):
+        return pts[-1][1]
+    (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def draw_seeds(groups: dict[str, dict[str, dict[str, list[float | None]]]], out: Path) -> None:

@@ -37,6 +37,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 CATEGORIES = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",
@@ -67,6 +68,7 @@ class GameTime:
     end: float | None = None  # its game_done / fatal, or now
     redone_steps: int = 0
     segments: list[Segment] = field(default_factory=list)
+    open: str | None = None  # the part it is in at `now` (None: not started, or ended)
 
     @property
     def wall_s(self) -> float:
@@ -149,9 +151,11 @@ def _segments(
             end = ts
         elif kind == "evaluation":
             exits.append({"evaluation": detail})
+    still = cat
     if cat is not None:
         switch(max(now, since), None)
         end = max(now, since)
+    exits.append({"open": still})
     return segs, exits, first, end
 
 
@@ -178,6 +182,9 @@ def split_game(
     evals: dict[tuple[Any, Any], float] = {}
     newest = 0
     for d in notes:
+        if "open" in d:
+            out.open = d["open"]
+            continue
         if "evaluation" in d:
             ev = d["evaluation"]
             if isinstance(ev.get("seconds"), int | float):
@@ -440,3 +447,85 @@ def account_db(
         load_events(conn, games), games, now, per_hour, steps, load_eval_seconds(conn),
         gpu_share, host_gpus(conn),
     )  # fmt: skip
+
+
+# ---- the supervisor's snapshot, for `rlsup status` ---------------------------------------
+#
+# A replay of the whole ledger costs what the ledger holds (a week of 30 games on a host that
+# reboots every 20 minutes: ~70,000 events, a third of a second). The supervisor writes each
+# game's split to <state_dir>/accounting.json every SNAPSHOT_EVERY_S (and at its exit);
+# `rlsup status` reads it and carries each game's current part on to now.
+
+SNAPSHOT_FILE = "accounting.json"
+SNAPSHOT_EVERY_S = 30.0
+SNAPSHOT_STALE_S = 4 * SNAPSHOT_EVERY_S  # older while the supervisor runs: replay instead
+
+
+def rates_now(
+    times: Mapping[str, GameTime], per_hour: float, gpu_share: float = 0.0, gpus: int = 0
+) -> dict[str, float]:
+    """Each open game's money per second at the end of the replay (`price`'s rule)."""
+    open_ = {n: t for n, t in times.items() if t.open is not None}
+    if per_hour <= 0 or not open_:
+        return dict.fromkeys(open_, 0.0)
+    placed = {n: (t.segments[-1].gpu if t.segments else None) for n, t in open_.items()}
+    indices = {i for i in placed.values() if i is not None}
+    n_gpus = max(gpus, len(indices)) if gpu_share > 0 else 0
+    share = min(1.0, max(0.0, gpu_share)) if n_gpus else 0.0
+    rate = per_hour / 3600.0
+    rest, per_gpu = rate * (1 - share), (rate * share / n_gpus if n_gpus else 0.0)
+    on = {i: sum(1 for g in placed.values() if g == i) for i in indices}
+    idle = n_gpus - len(indices)
+    n = len(open_)
+    return {
+        name: rest / n + per_gpu * idle / n + (per_gpu / on[g] if g is not None else 0.0)
+        for name, g in placed.items()
+    }
+
+
+def snapshot(
+    times: Mapping[str, GameTime], now: float, per_hour: float, gpu_share: float, gpus: int
+) -> dict[str, Any]:
+    rates = rates_now(times, per_hour, gpu_share, gpus)
+    return {
+        "upto": now,
+        "per_hour": per_hour,
+        "gpu_share": gpu_share,
+        "games": {
+            name: {"time": t.as_json(per_hour > 0), "open": t.open, "rate": rates.get(name, 0.0)}
+            for name, t in times.items()
+            if t.first is not None
+        },
+    }
+
+
+def read_snapshot(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((state_dir / SNAPSHOT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("games"), dict)
+    return data if ok and isinstance(data.get("upto"), int | float) else None
+
+
+def carried(entry: Mapping[str, Any], dt: float, part: str | None) -> dict[str, Any]:
+    """A snapshot's game split carried `dt` seconds on in `part` (its open part; "down" when
+    the supervisor is not running; None: ended, nothing added)."""
+    t = dict(entry["time"])
+    if part is None or dt <= 0:
+        return t
+    key = "training" if part == "running" else part
+    if f"{key}_s" not in t:
+        return t
+    t[f"{key}_s"] = round(t[f"{key}_s"] + dt, 3)
+    t["wall_s"] = round(t["wall_s"] + dt, 3)
+    if key in DOWNTIME:
+        t["downtime_s"] = round(t["downtime_s"] + dt, 3)
+    if key in LOST:
+        t["lost_s"] = round(t["lost_s"] + dt, 3)
+    if t.get("money") is not None:
+        extra = float(entry.get("rate") or 0.0) * dt
+        t["money"] = round(t["money"] + extra, 4)
+        if key in LOST:
+            t["money_lost"] = round(t["money_lost"] + extra, 4)
+    return t

@@ -67,7 +67,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         nodes = _nodes(conn, games)
         spare = _spare(conn, supervisor)
         first_seen = db.first_boot_seen(conn)
-        times = _times(conn, cfg, games, now)
+        lost = _times(conn, cfg, games, now, supervisor["state"] == "running")
     return {
         "schema": SCHEMA,
         "generated_at": now,
@@ -80,24 +80,46 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "games": games,
         "nodes": nodes,
         "spare": spare,
-        "cost": _cost(cfg, games, first_seen, supervisor, now, times),
+        "cost": _cost(cfg, games, first_seen, supervisor, now, lost),
     }
 
 
 def _times(
-    conn: sqlite3.Connection | None, cfg: Config, games: list[GameDoc], now: float
-) -> dict[str, accounting.GameTime]:
-    """Each game's time split (and money, with a price) from the ledger: `games[].time`."""
+    conn: sqlite3.Connection | None,
+    cfg: Config,
+    games: list[GameDoc],
+    now: float,
+    running: bool = True,
+) -> float:
+    """Each game's time split (and money, with a price) into `games[].time`; returns the
+    money lost to instability (`cost.lost`). From the supervisor's snapshot (`accounting.json`,
+    at most SNAPSHOT_EVERY_S old while it runs) with each game's current part carried on to
+    now ("down" while the supervisor is not running); else a replay of the ledger."""
+    rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
+    snap = accounting.read_snapshot(cfg.state_dir)
+    usable = (
+        snap is not None
+        and (not running or now - snap["upto"] <= accounting.SNAPSHOT_STALE_S)
+        and snap.get("per_hour") == rate
+        and snap.get("gpu_share") == share
+    )
+    if snap is not None and usable:
+        dt = now - float(snap["upto"])
+        for g in games:
+            entry = snap["games"].get(g["name"])
+            if entry is None:
+                g["time"] = None
+                continue
+            part = entry.get("open")
+            g["time"] = accounting.carried(entry, dt, part if running or part is None else "down")
+        return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
     names = [g["name"] for g in games]
     steps = {g["name"]: g["global_step"] for g in games}
-    times = accounting.account_db(
-        conn, names, now, float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share, steps
-    )
-    priced = (cfg.cost_per_hour or 0.0) > 0
+    times = accounting.account_db(conn, names, now, rate, share, steps)
     for g in games:
         t = times.get(g["name"])
-        g["time"] = t.as_json(priced) if t is not None and t.first is not None else None
-    return times
+        g["time"] = t.as_json(rate > 0) if t is not None and t.first is not None else None
+    return sum(t.money[c] for t in times.values() for c in accounting.LOST)
 
 
 NODE_EVENTS = ["node_joined", "node_lost", "node_reboot"]
@@ -538,17 +560,13 @@ def _last_eval(run_dir: Path, hb: dict[str, Any]) -> tuple[float | None, int | N
     return mean, int(step) if isinstance(step, int | float) and mean is not None else None
 
 
-def _lost_money(times: dict[str, accounting.GameTime]) -> float:
-    return sum(t.money[c] for t in times.values() for c in accounting.LOST)
-
-
 def _cost(
     cfg: Config,
     games: list[GameDoc],
     first_seen: float | None,
     supervisor: SupervisorDoc,
     now: float,
-    times: dict[str, accounting.GameTime] | None = None,
+    lost: float = 0.0,
 ) -> CostDoc | None:
     rate = float(cfg.cost_per_hour or 0.0)
     if rate <= 0:
@@ -573,5 +591,5 @@ def _cost(
         "projected_total": None if projected is None else round(projected, 2),
         # What the games' time lost to instability (redone work, restarts, backoff, the
         # supervisor or host down) cost: each instant's price shared among the games alive.
-        "lost": round(_lost_money(times or {}), 2),
+        "lost": round(lost, 2),
     }

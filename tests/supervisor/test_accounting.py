@@ -150,3 +150,36 @@ def test_the_gpus_share_is_paid_by_the_games_on_each_gpu_and_idle_gpus_by_all() 
     assert money["b"] == pytest.approx(0.12 + 0.72)
     assert money["a"] == pytest.approx(0.12 + 0.72 + 0.18 + 0.72 + 0.36)
     assert money["c"] == pytest.approx(0.12 + 0.18 + 0.36)
+
+
+def test_a_snapshot_carried_on_to_now_is_the_replay_at_now() -> None:
+    """`rlsup status` reads the supervisor's snapshot and carries each game's current part on:
+    with no event in between, that is what a replay at `now` gives."""
+    from supervisor.ledger.accounting import carried, snapshot
+
+    events = [
+        ev(0, "supervisor_start", None, after="first"),
+        ev(0, "worker_start", "a"),
+        ev(5, "worker_training", "a"),
+        ev(0, "worker_start", "b"),
+        ev(3, "worker_training", "b"),
+        ev(100, "worker_exit", "b", exit="killed_by_signal", global_step=500,
+           last_checkpoint_step=400),  # fmt: skip
+        ev(100, "backoff", "b"),
+    ]
+    then = account(events, ["a", "b"], now=200.0, per_hour=7.2)
+    snap = snapshot(then, 200.0, 7.2, 0.0, 0)
+    assert snap["games"]["a"]["open"] == "running" and snap["games"]["b"]["open"] == "backoff"
+    later = account(events, ["a", "b"], now=260.0, per_hour=7.2)
+    for name in ("a", "b"):
+        entry = snap["games"][name]
+        got = carried(entry, 60.0, entry["open"])
+        want = later[name].as_json(True)
+        for key in ("wall_s", "setup_s", "backoff_s", "lost_s", "money", "money_lost"):
+            assert got[key] == pytest.approx(want[key], abs=0.05), (name, key)
+    # a has trained on: its redone/training split moves with the speed; their sum does not
+    a = carried(snap["games"]["a"], 60.0, "running")
+    assert a["training_s"] == pytest.approx(later["a"].seconds["training"], abs=0.05)
+    # the supervisor stopped: the open parts go on as "down"
+    down = carried(snap["games"]["a"], 60.0, "down")
+    assert down["down_s"] == pytest.approx(60.0) and down["lost_s"] == pytest.approx(60.0)

@@ -55,6 +55,11 @@ def test_a_lifes_time_splits_into_parts_that_sum_to_its_wall_time(tmp_path: Path
         if sup.poll() is None:
             sup.send_signal(signal.SIGTERM)
         stop_supervisor(sup)
+    # The supervisor's snapshot (written at its exit) is what status read: the same split a
+    # replay of the ledger gives (`rlsup report` below replays it).
+    snap = json.loads((state / "accounting.json").read_text())
+    assert snap["games"]["cart"]["open"] is None  # done: nothing carried on
+    assert (state / "accounting.json").stat().st_mode & 0o007 == 0  # nobody else's
     out = rlsup("status", "--json", "--config", str(config), env=env)
     doc = json.loads(out.stdout)
     [game] = doc["games"]
