@@ -226,6 +226,13 @@ def build_state(
     fx = StateFixture(root, config, state_dir, now, games, boot_id_path)
     if with_db:
         _write_db(fx, n_events, rng, supervisor_alive)
+        if supervisor_alive:
+            # What a running supervisor keeps beside the database: each game's time split
+            # (its TimeLedger writes it every 30 s), as status reads it.
+            from supervisor.config import load_config
+            from supervisor.participants import TimeLedger
+
+            TimeLedger(load_config(config)).write()
     return fx
 
 
