@@ -1185,7 +1185,7 @@ def check_runs_match(cfg: Config) -> None:
             if trained is not None and trained != have:
                 raise ctx.fail(
                     ["games", game.table, key],
-                    f"{game.name}: got {have!r}, but {root} holds a run of this game trained with "
+                    f"got {have!r}, but {root} holds a run of this game trained with "
                     f"{key} = {trained!r} (newest: {ref.path.name}); a checkpoint of one game "
                     f"or algorithm is never loaded for another. Set {key} back to {trained!r} "
                     f"to continue that run, or move {root} aside (or give the game a new name) "
