@@ -52,12 +52,14 @@ from supervisor.lifecycle.game import Lifecycle, Record, Release, Signal, WriteR
 from supervisor.lifecycle.restart import ExitInfo, ExitKind, classify_exit
 from supervisor.lifecycle.runtime import GameRuntime, summary
 from supervisor.lifecycle.startup import (
+    preemption_of,
     reboot_event,
     restore_states,
     start_event,
     stop_leftover_workers,
     supervisor_row,
     unrecorded_reports,
+    with_preemption,
 )
 from supervisor.lifecycle.states import WorkerState
 from supervisor.lock import LockHeld, acquire_lock
@@ -66,6 +68,7 @@ from supervisor.participants import (
     MetricsExport,
     MirrorUploads,
     Participant,
+    PreemptionWatch,
     SpareTending,
 )
 from supervisor.sdnotify import Notifier
@@ -106,6 +109,7 @@ class Started:
     spare: SpareTending
     hooks: HookAlerts
     uploads: MirrorUploads
+    preemption: PreemptionWatch
 
 
 class Supervisor:
@@ -235,15 +239,26 @@ class Supervisor:
             recorder.close()  # says what could not be written
             raise
         # The participants, in the order they tick (and close in reverse).
+        preemption = PreemptionWatch(
+            self.cfg, recorder, conn, boot_id=lambda: self.boot_id, wall=self.wall
+        )
         spare = SpareTending(
             self.cfg, recorder, self.launcher, conn,
             games=lambda: self.games.values(), view=lambda: self.view,
-            latest=self.sampler.latest, wall=self.wall,
+            latest=self.sampler.latest, wall=self.wall, held=preemption.holding,
         )  # fmt: skip
         # On several hosts each host mirrors its own games: events from mirror.json only.
         uploads = MirrorUploads(self.cfg, recorder, local=self.launcher.local)
-        parts: list[Participant] = [spare, uploads, hooks, MetricsExport(self.cfg, recorder)]
-        self._started = Started(conn, journal, recorder, view, parts, spare, hooks, uploads)
+        parts: list[Participant] = [
+            preemption,
+            spare,
+            uploads,
+            hooks,
+            MetricsExport(self.cfg, recorder),
+        ]
+        self._started = Started(
+            conn, journal, recorder, view, parts, spare, hooks, uploads, preemption
+        )
         self.life.queue_new()
         self._apply()
         for part in parts:
@@ -256,12 +271,14 @@ class Supervisor:
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
         outcome = db.classify_boot(conn, self.boot_id, now_wall)
+        notice = preemption_of(conn, outcome, now_wall)
+        outcome = with_preemption(outcome, notice)  # the machine was taken: no crash
         recorder.drop_stale_stop_request()  # before the supervisor row says running
         boot_time = psutil.boot_time()
         # The boot and its verdict in one transaction: a start that dies after recording the
         # boot (a backend down at boot, a kill) must not leave the next start to call it a crash.
         journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time), flush=False)
-        if (reboot := reboot_event(outcome)) is not None:
+        if (reboot := reboot_event(outcome, notice)) is not None:
             recorder.event(*reboot)
         journal.flush()
         leftovers = []
@@ -378,6 +395,7 @@ class Supervisor:
     # ---- exits, heartbeats and hangs ----------------------------------------------------------
 
     def reap(self, now: float) -> None:
+        self.life.preempting = self.on.preemption.excuses_deaths()
         for rt in self.life.all():
             life = rt.life
             if life is None or (rc := life.proc.poll()) is None:
@@ -468,6 +486,8 @@ class Supervisor:
             self._apply()
 
     def schedule(self, now: float) -> None:
+        if self.on.preemption.holding():
+            return  # the machine goes soon: a start now is work lost at the deadline
         gated = []
         for rt in self.life.candidates(self.view.host.max_concurrent, now):
             name, current = rt.spec.name, self.view.game(rt.spec.name)
@@ -506,8 +526,11 @@ class Supervisor:
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         name, mode = rt.spec.name, self.view.game(rt.spec.name)
         spawning_at = time.monotonic()
+        env = self.gpus.env_for(name)
+        if (notice := self.on.preemption.standing) is not None:
+            env = {**(env or {}), protocol.PREEMPTION_DEADLINE_ENV: f"{notice.deadline:.3f}"}
         try:
-            proc = self._launch(rt, mode, threads, now, self.gpus.env_for(name))
+            proc = self._launch(rt, mode, threads, now, env)
         except NoRoom as exc:
             # Several hosts, all full (or none joined): the game waits for room, no failure.
             self.gpus.unassign(name)

@@ -41,6 +41,7 @@ from supervisor.observe.schema import (
     HostDoc,
     ModeDoc,
     NodeDoc,
+    PreemptionDoc,
     SpareDoc,
     StatusDoc,
 )
@@ -123,6 +124,8 @@ def exit_code(doc: StatusDoc) -> int:
 def render_human(doc: StatusDoc) -> str:
     now = doc["generated_at"]
     lines = [_supervisor_line(doc, now), _host_line(doc["host"], now)]
+    if (pre := doc["preemption"]) is not None:
+        lines.append(_preemption_line(pre, now))
     lines += _mode_lines(doc["mode"], now)
     lines += ["", _games_table(doc["games"], now)]
     mirrored = [
@@ -312,6 +315,22 @@ def _eval_cell(g: GameDoc) -> str:
         return "-"
     at = f"@{render.fmt_count(g['eval_step'])}" if g["eval_step"] is not None else ""
     return f"{render.fmt_num(g['eval_return'], 1)}{at}"
+
+
+def _preemption_line(pre: PreemptionDoc, now: float) -> str:
+    """`PREEMPTION  aws terminate in 1m 32s: every game asked to checkpoint, no new start`."""
+    left = pre["deadline"] - now if pre["deadline"] is not None else None
+    when = (
+        "deadline unknown"
+        if left is None
+        else f"in {render.fmt_duration(left)}"
+        if left > 0
+        else f"{render.fmt_duration(-left)} past"
+    )
+    return (
+        f"PREEMPTION  {pre['provider']} {pre['action'] or ''} {when}: every game asked to "
+        "checkpoint, no new start"
+    )
 
 
 def _spare_line(sp: SpareDoc, now: float) -> str:

@@ -82,6 +82,9 @@ class Lifecycle:
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}  # no longer configured, worker still stops
         self.outbox: list[Effect] = []
+        # A preemption notice stands (within the day's budget): a worker that dies now died
+        # of the machine's end, not of its game. Set by the tick before it reads exits.
+        self.preempting = False
 
     def drain(self) -> list[Effect]:
         out, self.outbox = self.outbox, []
@@ -305,6 +308,13 @@ class Lifecycle:
             self.set(rt, *settled)
             return False
         why, failure = ex.failure(life.stop_reason)
+        if self.preempting:
+            # Killed at (or around) the preemption's deadline: requeued, resumed from its
+            # newest checkpoint once the notice lapses or on the next boot; neither the
+            # restart budget nor the stability policy's crash count sees it.
+            self.record("worker_preempted", rt.spec.name, {**ex.detail(), "why": why})
+            self.set(rt, S.WAITING, f"preempted: {why}")
+            return False
         if failure is not None:
             # The full traceback is in the worker's log (and the event); the journal gets
             # one line saying what and where (in `<game>.log.1` if the next start rotates it).
