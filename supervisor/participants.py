@@ -11,6 +11,7 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from supervisor.config import Config
 from supervisor.launch.launcher import LauncherSeam
 from supervisor.launch.spare import SpareWant, decide, spare_device
 from supervisor.ledger import db
+from supervisor.ledger.journal import Journal
 from supervisor.ledger.recorder import Recorder
 from supervisor.lifecycle.runtime import GameRuntime
 from supervisor.lifecycle.states import TERMINAL
@@ -46,6 +48,22 @@ class Participant(Protocol):
     def reconfigure(self, cfg: Config) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class Started:
+    """What exists from `start()` on, made there in one piece: the state database, its
+    journal and recorder, the modes last read and the participants, in their order."""
+
+    conn: sqlite3.Connection
+    journal: Journal
+    recorder: Recorder
+    mode_view: modes.ModeView
+    participants: list[Participant]
+    spare: SpareTending
+    hooks: HookAlerts
+    uploads: MirrorUploads
+    preemption: PreemptionWatch
 
 
 class HookAlerts:
@@ -254,7 +272,6 @@ class PreemptionWatch:
         cfg: Config,
         recorder: Recorder,
         conn: sqlite3.Connection,
-        *,
         boot_id: Callable[[], str],
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -276,6 +293,12 @@ class PreemptionWatch:
 
     def close(self) -> None:
         self.watcher.stop()
+
+    def worker_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
+        """A new worker's environment, with the deadline while a notice stands."""
+        if self.standing is None:
+            return env
+        return {**(env or {}), protocol.PREEMPTION_DEADLINE_ENV: f"{self.standing.deadline:.3f}"}
 
     def holding(self) -> bool:
         return self.standing is not None

@@ -85,6 +85,7 @@ class Lifecycle:
         # A preemption notice stands (within the day's budget): a worker that dies now died
         # of the machine's end, not of its game. Set by the tick before it reads exits.
         self.preempting = False
+        self.held = False  # the machine goes soon: a start now is work lost at the deadline
 
     def drain(self) -> list[Effect]:
         out, self.outbox = self.outbox, []
@@ -122,7 +123,9 @@ class Lifecycle:
 
     def candidates(self, cap: int, now: float) -> list[GameRuntime]:
         """The games that may start this tick, before the GPU gate: those whose backoff is
-        over, then the waiting ones while slots are free."""
+        over, then the waiting ones while slots are free (none while a preemption stands)."""
+        if self.held:
+            return []
         games = self.games.values()
         active = sum(1 for rt in games if rt.state in ACTIVE)
         due = [rt for rt in games if rt.state is S.BACKOFF and now >= rt.backoff_until]

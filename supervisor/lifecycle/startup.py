@@ -74,6 +74,16 @@ def with_preemption(outcome: BootOutcome, notice: dict[str, Any] | None) -> Boot
     return dataclasses.replace(outcome, kind="preempted")
 
 
+def boot_outcome(
+    conn: sqlite3.Connection, boot_id: str, now: float
+) -> tuple[BootOutcome, tuple[str, None, dict[str, Any]] | None]:
+    """This start's verdict (`preempted` after a standing notice) and its boot event."""
+    outcome = db.classify_boot(conn, boot_id, now)
+    notice = preemption_of(conn, outcome, now)
+    outcome = with_preemption(outcome, notice)
+    return outcome, reboot_event(outcome, notice)
+
+
 def reboot_event(
     outcome: BootOutcome, notice: dict[str, Any] | None = None
 ) -> tuple[str, None, dict[str, Any]] | None:

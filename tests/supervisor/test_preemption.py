@@ -320,3 +320,29 @@ def test_beyond_max_preemptions_a_lost_boot_is_an_unexpected_reboot(
     assert kinds(sup2, "preempted") == []
     [ev] = kinds(sup2, "host_reboot")
     assert ev.detail["over_max_preemptions"] is True
+
+
+def test_a_checkpoint_plus_upload_longer_than_the_grace_is_a_warning_naming_the_knobs(
+    tmp_path: Path,
+) -> None:
+    from supervisor.mirror.state import GameMirror, MirrorState
+    from supervisor.observe.preemption_fit import fit_warnings
+
+    path = tmp_path / "rlsup.toml"
+    path.write_text(
+        "[modes.light]\nnum_envs = 1\nbatch_size = 1\nmax_concurrent = 1\n"
+        '[[games]]\nname = "a"\nenv_id = "CartPole-v1"\ntotal_steps = 10\n'
+        '[mirror]\nurl = "s3://bucket/x"\n[preemption]\nprovider = "gcp"\n'
+    )
+    cfg = load_config(path, check_devices=False)
+    cfg.logs_dir.mkdir(parents=True)
+    line = {"event": "checkpoint", "step": 5, "seconds": 20.0}
+    (cfg.logs_dir / "a.log").write_text('{"event": "x"}\n' + json.dumps(line) + "\n")
+    assert fit_warnings(cfg) == []  # 20 s < gcp's 30 s, nothing uploaded yet
+    MirrorState(url="s3://bucket/x", games={"a": GameMirror(step=5, seconds=15.0)}).write(
+        cfg.state_dir
+    )
+    [warning] = fit_warnings(cfg)
+    assert "game a's checkpoint 20 s + upload 15 s = 35 s exceeds gcp's 30 s" in warning
+    assert 'flush = "local"' in warning and "checkpoint_every_s" in warning
+    assert fit_warnings(cfg, "aws") == []  # 120 s
