@@ -179,6 +179,31 @@ class SpareConfig:
         return dataclasses.asdict(self)
 
 
+# [preemption]: each provider's metadata service and the warning it gives before it takes a
+# spot machine (AWS: the spot instance-action, 2 min; GCE: `preempted`, then an ACPI soft off
+# ~30 s later; Azure: a `Preempt` scheduled event, >= 30 s). All three answer on the
+# link-local address (GCE also as metadata.google.internal; the address needs no DNS).
+PREEMPTION_PROVIDERS = ("aws", "gcp", "azure")
+PREEMPTION_GRACE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+METADATA_ENDPOINT = "http://169.254.169.254"
+
+
+@dataclass(frozen=True)
+class PreemptionConfig:
+    """[preemption]: watch the cloud's metadata service for a preemption notice; on one, every
+    game checkpoints now, nothing new starts, and the machine's loss is no crash."""
+
+    provider: str = "auto"  # "auto" | "aws" | "gcp" | "azure" | "none"
+    poll_s: float = 5.0  # AWS recommends every 5 s
+    endpoint: str = METADATA_ENDPOINT  # the metadata service's base URL
+    timeout_s: float = 1.0  # per request: a hung metadata service costs the watcher this
+    max_preemptions: int = 10  # per 24 h: beyond, deaths under a notice count as crashes
+    flush: str = "upload"  # "upload": the mirror takes preemption checkpoints first; "local"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
     """[metrics]: operator metrics in Prometheus' text format (names prefixed `rlsup_`)."""
@@ -228,6 +253,7 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()  # added table: [metrics]
     hooks: tuple[HookSpec, ...] = ()  # added tables: [[hooks]]
     gpu_cost_share: float = 0.0  # added key: the part of cost_per_hour that is the GPUs'
+    preemption: PreemptionConfig = PreemptionConfig()  # added table: [preemption]
 
     @property
     def logs_dir(self) -> Path:
@@ -327,7 +353,7 @@ _TOP: dict[str, Field] = {
 }
 _TABLES = (
     "modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster", "spare",
-    "metrics", "hooks",
+    "metrics", "hooks", "preemption",
 )  # fmt: skip
 DEFAULT_METRICS_PORT = 9469
 _METRICS: dict[str, Field] = {
@@ -396,6 +422,24 @@ _SPARE: dict[str, Field] = {
         'true, false or "auto"',
     ),
     "min_ram_available_pct": (_NUM, 20.0, lambda v: 0 <= v < 100, "a percentage in 0..100"),
+}
+_PREEMPTION: dict[str, Field] = {
+    "provider": (
+        (str,),
+        "auto",
+        lambda v: v in ("auto", "none", *PREEMPTION_PROVIDERS),
+        '"auto", "aws", "gcp", "azure" or "none"',
+    ),
+    "poll_s": (_NUM, 5.0, lambda v: 0.05 <= v <= 600, "seconds in 0.05..600"),
+    "endpoint": (
+        (str,),
+        METADATA_ENDPOINT,
+        lambda v: re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", v) is not None,
+        'an http(s) base URL, e.g. "http://169.254.169.254"',
+    ),
+    "timeout_s": (_NUM, 1.0, lambda v: 0 < v <= 30, "seconds in (0, 30]"),
+    "max_preemptions": ((int,), 10, _non_negative, "an integer >= 0 (per 24 hours)"),
+    "flush": ((str,), "upload", lambda v: v in ("upload", "local"), '"upload" or "local"'),
 }
 _ADDRESS_RE = r"[A-Za-z0-9.\[\]:-]+:[0-9]+"
 _CLUSTER: dict[str, Field] = {
@@ -745,6 +789,7 @@ def parse_config(
     cluster = ClusterConfig(**_values(ctx, ["cluster"], data.get("cluster", {}), _CLUSTER))
     spare = SpareConfig(**_values(ctx, ["spare"], data.get("spare", {}), _SPARE))
     metrics = _parse_metrics(ctx, data.get("metrics", {}), path)
+    preemption = _parse_preemption(ctx, data.get("preemption", {}))
     hooks = _parse_hooks(ctx, data.get("hooks", []), games)
     if cluster.backend == "ray" and mirror is None:
         raise ctx.fail(
@@ -784,7 +829,13 @@ def parse_config(
         spare=spare,
         metrics=metrics,
         hooks=hooks,
+        preemption=preemption,
     )
+
+
+def _parse_preemption(ctx: _Ctx, data: Any) -> PreemptionConfig:
+    v = _values(ctx, ["preemption"], data, _PREEMPTION)
+    return PreemptionConfig(**{**v, "endpoint": v["endpoint"].rstrip("/")})
 
 
 def _parse_metrics(ctx: _Ctx, data: Any, path: Path) -> MetricsConfig:

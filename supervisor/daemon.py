@@ -20,7 +20,6 @@ import signal
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -52,7 +51,7 @@ from supervisor.lifecycle.game import Lifecycle, Record, Release, Signal, WriteR
 from supervisor.lifecycle.restart import ExitInfo, ExitKind, classify_exit
 from supervisor.lifecycle.runtime import GameRuntime, summary
 from supervisor.lifecycle.startup import (
-    reboot_event,
+    boot_outcome,
     restore_states,
     start_event,
     stop_leftover_workers,
@@ -66,7 +65,9 @@ from supervisor.participants import (
     MetricsExport,
     MirrorUploads,
     Participant,
+    PreemptionWatch,
     SpareTending,
+    Started,
     TimeLedger,
 )
 from supervisor.sdnotify import Notifier
@@ -92,21 +93,6 @@ class StartFailed(RuntimeError):
 # Default: scaling.StabilityPolicy. An optional `request()` makes it run at its next call.
 PolicyStep = Callable[[sqlite3.Connection, Config, float], None]
 _DEFAULT = "default"
-
-
-@dataclass
-class Started:
-    """What exists from `start()` on, made there in one piece: the state database, its
-    journal and recorder, the modes last read and the participants, in their order."""
-
-    conn: sqlite3.Connection
-    journal: Journal
-    recorder: Recorder
-    mode_view: modes.ModeView
-    participants: list[Participant]
-    spare: SpareTending
-    hooks: HookAlerts
-    uploads: MirrorUploads
 
 
 class Supervisor:
@@ -236,17 +222,18 @@ class Supervisor:
             recorder.close()  # says what could not be written
             raise
         # The participants, in the order they tick (and close in reverse).
+        pre = PreemptionWatch(self.cfg, recorder, conn, lambda: self.boot_id, self.wall)
         spare = SpareTending(
             self.cfg, recorder, self.launcher, conn,
             games=lambda: self.games.values(), view=lambda: self.view,
-            latest=self.sampler.latest, wall=self.wall,
+            latest=self.sampler.latest, wall=self.wall, held=pre.holding,
         )  # fmt: skip
         # On several hosts each host mirrors its own games: events from mirror.json only.
         uploads = MirrorUploads(self.cfg, recorder, local=self.launcher.local)
         parts: list[Participant] = [
-            spare, uploads, hooks, MetricsExport(self.cfg, recorder), TimeLedger(self.cfg),
+            pre, spare, uploads, hooks, MetricsExport(self.cfg, recorder), TimeLedger(self.cfg),
         ]  # fmt: skip
-        self._started = Started(conn, journal, recorder, view, parts, spare, hooks, uploads)
+        self._started = Started(conn, journal, recorder, view, parts, spare, hooks, uploads, pre)
         self.life.queue_new()
         self._apply()
         for part in parts:
@@ -258,13 +245,13 @@ class Supervisor:
         restored: everything before the first tick that reads or writes the database."""
         now_wall = self.wall()
         self.boot_id = db.read_boot_id()
-        outcome = db.classify_boot(conn, self.boot_id, now_wall)
+        outcome, reboot = boot_outcome(conn, self.boot_id, now_wall)  # a preemption: no crash
         recorder.drop_stale_stop_request()  # before the supervisor row says running
         boot_time = psutil.boot_time()
         # The boot and its verdict in one transaction: a start that dies after recording the
         # boot (a backend down at boot, a kill) must not leave the next start to call it a crash.
         journal.write(lambda c: db.apply_boot(c, outcome, now_wall, boot_time), flush=False)
-        if (reboot := reboot_event(outcome)) is not None:
+        if reboot is not None:
             recorder.event(*reboot)
         journal.flush()
         leftovers = []
@@ -381,6 +368,8 @@ class Supervisor:
     # ---- exits, heartbeats and hangs ----------------------------------------------------------
 
     def reap(self, now: float) -> None:
+        pre = self.on.preemption  # a notice: no start, and a death is no failure
+        self.life.held, self.life.preempting = pre.holding(), pre.excuses_deaths()
         for rt in self.life.all():
             life = rt.life
             if life is None or (rc := life.proc.poll()) is None:
@@ -509,8 +498,9 @@ class Supervisor:
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         name, mode = rt.spec.name, self.view.game(rt.spec.name)
         spawning_at = time.monotonic()
+        env = self.on.preemption.worker_env(self.gpus.env_for(name))
         try:
-            proc = self._launch(rt, mode, threads, now, self.gpus.env_for(name))
+            proc = self._launch(rt, mode, threads, now, env)
         except NoRoom as exc:
             # Several hosts, all full (or none joined): the game waits for room, no failure.
             self.gpus.unassign(name)

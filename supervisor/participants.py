@@ -1,6 +1,7 @@
 """The tick's participants: the parts beside the games' lives that start with the supervisor,
-act once a tick, follow a configuration reload and close at its exit. The alert hooks, the
-metrics export, the mirror's uploader and this host's spare worker are each one; the daemon
+act once a tick, follow a configuration reload and close at its exit. The preemption watch,
+the alert hooks, the metrics export, the mirror's uploader and this host's spare worker are
+each one; the daemon
 lists them in one place (`Supervisor._participants`) and calls them in that order.
 """
 
@@ -11,15 +12,19 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import psutil  # type: ignore[import-untyped]
 import structlog
 
+from checkpoints.atomic import write_json_atomic
 from supervisor.config import Config
 from supervisor.launch.launcher import LauncherSeam
 from supervisor.launch.spare import SpareWant, decide, spare_device
 from supervisor.ledger import accounting, db
+from supervisor.ledger.journal import Journal
 from supervisor.ledger.recorder import Recorder
 from supervisor.lifecycle.runtime import GameRuntime
 from supervisor.lifecycle.states import TERMINAL
@@ -29,6 +34,10 @@ from supervisor.observe.hooks import HookRunner
 from supervisor.observe.metrics import MetricsExporter
 from supervisor.stability import modes
 from supervisor.stability.policy import Vitals
+from supervisor.stability.preemption import Notice, PreemptionWatcher
+from training import protocol
+
+log = structlog.get_logger("rlsup.supervisor")
 
 log = structlog.get_logger("rlsup.supervisor")
 
@@ -43,6 +52,22 @@ class Participant(Protocol):
     def reconfigure(self, cfg: Config) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class Started:
+    """What exists from `start()` on, made there in one piece: the state database, its
+    journal and recorder, the modes last read and the participants, in their order."""
+
+    conn: sqlite3.Connection
+    journal: Journal
+    recorder: Recorder
+    mode_view: modes.ModeView
+    participants: list[Participant]
+    spare: SpareTending
+    hooks: HookAlerts
+    uploads: MirrorUploads
+    preemption: PreemptionWatch
 
 
 class HookAlerts:
@@ -207,9 +232,11 @@ class SpareTending:
         view: Callable[[], modes.ModeView],
         latest: Callable[[], Vitals | None],
         wall: Callable[[], float],
+        held: Callable[[], bool] = lambda: False,
     ) -> None:
         self.cfg, self.recorder, self.launcher, self.conn = cfg, recorder, launcher, conn
         self.games, self.view, self.latest, self.wall = games, view, latest, wall
+        self.held = held  # a preemption notice stands: nothing new is warmed
         self._row: dict[str, Any] | None = None  # the spare's row last written
         self._ram_total_mb = psutil.virtual_memory().total / 2**20
         self._host_mode_reason = ""  # why the host runs its mode (modes.reason), last read
@@ -245,6 +272,8 @@ class SpareTending:
         # A spare is rlsup's own worker, pre-warmed: it never serves a command game.
         if all(rt.state in TERMINAL or rt.spec.command is not None for rt in self.games()):
             return SpareWant(False, "no game left to start", device, log_path, cwd)
+        if self.held():
+            return SpareWant(False, "a preemption notice stands", device, log_path, cwd)
         row = self.launcher.spare_row() or {}
         latest = self.latest()
         want, reason = decide(
@@ -270,3 +299,118 @@ class SpareTending:
             row = db.get_mode(self.conn, modes.HOST)
             self._host_mode_reason = str(row[2] or "") if row else ""
         return self._host_mode_reason != "initial_mode"
+
+
+# A notice whose deadline passed this long ago while this supervisor still runs was not carried
+# out (or the machine came back): starts resume.
+PREEMPTION_LAPSE_S = 300.0
+PREEMPTION_BUDGET_WINDOW_S = 86400.0
+
+
+def write_checkpoint_request(run_dir: Path, notice: Notice) -> bool:
+    """`<run_dir>/checkpoint.request` replaced atomically by the notice's JSON (a fresh
+    mtime for readers that look only at that); False when the game has no run dir yet."""
+    if not run_dir.is_dir():
+        return False
+    body = {
+        "reason": protocol.PREEMPTION_REASON,
+        "deadline": notice.deadline,
+        "provider": notice.provider,
+    }
+    write_json_atomic(run_dir / protocol.CHECKPOINT_REQUEST_FILE, body, durable=False)
+    return True
+
+
+class PreemptionWatch:
+    """`[preemption]`: the cloud's notice that it takes this machine. On one: a
+    `preemption_notice` event (and its alerts), every game asked to checkpoint now (its run
+    dir's checkpoint.request), and `holding()` true: no game starts, no spare is warmed, and a
+    worker that dies meanwhile is requeued without counting against its restart budget (as
+    long as the day's notices stay within `max_preemptions`)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        recorder: Recorder,
+        conn: sqlite3.Connection,
+        boot_id: Callable[[], str],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg, self.recorder, self.conn = cfg, recorder, conn
+        self.boot_id, self.wall = boot_id, wall
+        self.watcher = PreemptionWatcher(cfg.preemption, wall=wall)
+        self.standing: Notice | None = None
+        self.counted = False  # the standing notice is within the day's max_preemptions
+
+    def start(self) -> None:
+        self.watcher.start()
+
+    def reconfigure(self, cfg: Config) -> None:
+        old, self.cfg = self.cfg.preemption, cfg
+        if cfg.preemption != old:
+            self.watcher.stop()
+            self.watcher = PreemptionWatcher(cfg.preemption, wall=self.wall)
+            self.watcher.start()
+
+    def close(self) -> None:
+        self.watcher.stop()
+
+    def worker_env(self, env: dict[str, str] | None) -> dict[str, str] | None:
+        """A new worker's environment, with the deadline while a notice stands."""
+        if self.standing is None:
+            return env
+        return {**(env or {}), protocol.PREEMPTION_DEADLINE_ENV: f"{self.standing.deadline:.3f}"}
+
+    def holding(self) -> bool:
+        return self.standing is not None
+
+    def excuses_deaths(self) -> bool:
+        """Deaths now are the preemption's, not the game's (within the day's budget)."""
+        return self.standing is not None and self.counted
+
+    def tick(self, now: float, stopping: bool) -> None:
+        for report in self.watcher.drain():
+            if report.kind == "notice" and report.notice is not None:
+                self.notice(report.notice)
+            elif report.kind == "cleared" and self.standing is not None:
+                self.clear("the metadata service no longer posts it")
+            elif report.kind == "failed":
+                self.recorder.event("preemption_watch_failed", None, report.detail or {})
+            elif report.kind == "recovered":
+                log.info("preemption_watch_recovered", **(report.detail or {}))
+            elif report.kind == "detected":
+                log.info("preemption_watch", **(report.detail or {}))
+        notice = self.standing
+        if notice is not None and self.wall() > notice.deadline + PREEMPTION_LAPSE_S:
+            self.clear(f"its deadline passed {PREEMPTION_LAPSE_S:g} s ago and this host runs on")
+
+    def notice(self, notice: Notice) -> None:
+        if self.standing is not None and self.standing.deadline == notice.deadline:
+            return
+        self.standing = notice
+        since, earlier = self.wall() - PREEMPTION_BUDGET_WINDOW_S, 0
+        with contextlib.suppress(sqlite3.Error):
+            earlier = len(db.events(self.conn, since=since, kind="preemption_notice"))
+        self.counted = earlier < self.cfg.preemption.max_preemptions
+        asked, failed = [], {}
+        for g in self.cfg.games:
+            try:
+                if write_checkpoint_request(self.cfg.run_dir(g.name), notice):
+                    asked.append(g.name)
+            except OSError as exc:  # a full disk: the others are still asked
+                failed[g.name] = str(exc)
+        detail = {
+            **notice.as_dict(),
+            "boot_id": self.boot_id(),
+            "in_s": round(notice.deadline - self.wall(), 3),
+            "checkpoint_requested": asked,
+            **({"request_failed": failed} if failed else {}),
+            "counted": self.counted,
+            "max_preemptions": self.cfg.preemption.max_preemptions,
+        }
+        self.recorder.event("preemption_notice", None, detail)
+
+    def clear(self, why: str) -> None:
+        notice, self.standing = self.standing, None
+        detail = {**(notice.as_dict() if notice else {}), "boot_id": self.boot_id(), "why": why}
+        self.recorder.event("preemption_cleared", None, detail)

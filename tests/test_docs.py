@@ -237,6 +237,7 @@ FULL_CONFIG: dict[str, Any] = {
     "cluster": {},
     "spare": {},
     "metrics": {},
+    "preemption": {},
     "hooks": [{"on": ["fatal"], "command": ["/bin/true"]}],
 }
 PROBE = "zz_not_a_key"

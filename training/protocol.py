@@ -239,6 +239,14 @@ THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are se
 # A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's
 # request, a preemption notice): `run.should_checkpoint()` is True until a newer one commits.
 CHECKPOINT_REQUEST_FILE = "checkpoint.request"
+# On a cloud's preemption notice the supervisor (atomically) replaces that file with one JSON
+# object, {"reason": "preemption", "deadline": <Unix seconds>, "provider": "aws"|"gcp"|"azure"};
+# a reader that only looks at the file's existence or mtime (the SDK) sees a fresh request. An
+# operator's request may be an empty file: readers must accept both.
+PREEMPTION_REASON = "preemption"
+# A command game started while a preemption notice stands gets the deadline (Unix seconds) in
+# this variable: checkpoint early, the machine goes at that time.
+PREEMPTION_DEADLINE_ENV = "RLSUP_PREEMPTION_DEADLINE"
 
 
 class RunDirBusy(OSError):

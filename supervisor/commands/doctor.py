@@ -26,6 +26,7 @@ from typing import Any
 import supervisor
 from supervisor.commands._common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_config_argument
 from supervisor.config import Config, ConfigError, GameSpec, load_config, resolve_config_path
+from supervisor.observe.preemption_fit import fit_warnings
 from training import torchbuild
 from training.tasks import is_atari
 
@@ -193,6 +194,8 @@ def diagnose(
             problems.append(f"game {g['name']}: {g['note']}")
         elif g["note"]:
             warnings.append(f"game {g['name']}: {g['note']}")
+    if config is not None:
+        warnings += fit_warnings(config)
     if config is not None and config.cluster.backend == "ray":
         warnings.append("[cluster] backend = ray: this report is of this host only")
     return {

@@ -36,11 +36,13 @@ from supervisor.commands._common import (
     load_config_or_exit,
 )
 from supervisor.config import Config
+from supervisor.observe.preemption_fit import fit_warnings
 from supervisor.observe.schema import (
     GameDoc,
     HostDoc,
     ModeDoc,
     NodeDoc,
+    PreemptionDoc,
     SpareDoc,
     StatusDoc,
 )
@@ -93,6 +95,9 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
         print(f"rlsup: cannot read {cfg.db_path}: {exc}", file=sys.stderr)
         return EXIT_FAIL
     text = json.dumps(doc, indent=2) if as_json else render_human(doc)
+    if not as_json:
+        standing = doc["preemption"]["provider"] if doc["preemption"] else None
+        text += "".join(f"\nwarning: {w}" for w in fit_warnings(cfg, standing))
     if clear:
         text = "\033[H\033[2J" + text
     try:
@@ -123,6 +128,8 @@ def exit_code(doc: StatusDoc) -> int:
 def render_human(doc: StatusDoc) -> str:
     now = doc["generated_at"]
     lines = [_supervisor_line(doc, now), _host_line(doc["host"], now)]
+    if (pre := doc["preemption"]) is not None:
+        lines.append(_preemption_line(pre, now))
     lines += _mode_lines(doc["mode"], now)
     lines += ["", _games_table(doc["games"], now)]
     mirrored = [
@@ -312,6 +319,22 @@ def _eval_cell(g: GameDoc) -> str:
         return "-"
     at = f"@{render.fmt_count(g['eval_step'])}" if g["eval_step"] is not None else ""
     return f"{render.fmt_num(g['eval_return'], 1)}{at}"
+
+
+def _preemption_line(pre: PreemptionDoc, now: float) -> str:
+    """`PREEMPTION  aws terminate in 1m 32s: every game asked to checkpoint, no new start`."""
+    left = pre["deadline"] - now if pre["deadline"] is not None else None
+    when = (
+        "deadline unknown"
+        if left is None
+        else f"in {render.fmt_duration(left)}"
+        if left > 0
+        else f"{render.fmt_duration(-left)} past"
+    )
+    return (
+        f"PREEMPTION  {pre['provider']} {pre['action'] or ''} {when}: every game asked to "
+        "checkpoint, no new start"
+    )
 
 
 def _spare_line(sp: SpareDoc, now: float) -> str:

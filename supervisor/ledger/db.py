@@ -82,6 +82,13 @@ EVENT_KINDS = frozenset(
         # A worker's evaluation as its heartbeat reported it (step, mean, episodes, seconds):
         # the curves' evaluation points and the evaluation time of each game's time split.
         "evaluation",
+        # A cloud's preemption notice ([preemption]): seen, lapsed, its watcher failing, a
+        # worker that died under it, and the next boot's verdict (the machine was taken).
+        "preemption_notice",
+        "preemption_cleared",
+        "preemption_watch_failed",
+        "worker_preempted",
+        "preempted",
     }
 )
 
@@ -330,6 +337,18 @@ def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 BOOT_ID_ENV = manifest.BOOT_ID_ENV
 
 
+def boot_event(conn: sqlite3.Connection, kind: str, boot_id: str) -> Event | None:
+    """The newest event of `kind` whose detail names `boot_id` (the preemption notices)."""
+    r = conn.execute(
+        "SELECT id, ts, kind, game, detail FROM events WHERE kind = ? "
+        "AND json_extract(detail, '$.boot_id') = ? ORDER BY id DESC LIMIT 1",
+        (kind, boot_id),
+    ).fetchone()
+    if r is None:
+        return None
+    return Event(r["id"], r["ts"], r["kind"], r["game"], json.loads(r["detail"] or "{}"))
+
+
 def read_boot_id() -> str:
     """This boot's identity (never empty); see checkpoints.manifest.read_boot_id."""
     return manifest.read_boot_id()
@@ -341,7 +360,8 @@ class BootOutcome:
 
     kind: 'first' (empty ledger), 'reboot' (new boot id after a clean stop), 'host_reboot'
     (new boot id, previous boot not stopped cleanly: unexpected), 'supervisor_restart' (same
-    boot, after a clean stop), 'supervisor_crash' (same boot, no clean stop: leftovers may live).
+    boot, after a clean stop), 'supervisor_crash' (same boot, no clean stop: leftovers may live);
+    the start turns a new boot after a standing preemption notice into 'preempted'.
     """
 
     kind: str

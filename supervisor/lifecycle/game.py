@@ -82,6 +82,10 @@ class Lifecycle:
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}  # no longer configured, worker still stops
         self.outbox: list[Effect] = []
+        # A preemption notice stands (within the day's budget): a worker that dies now died
+        # of the machine's end, not of its game. Set by the tick before it reads exits.
+        self.preempting = False
+        self.held = False  # the machine goes soon: a start now is work lost at the deadline
 
     def drain(self) -> list[Effect]:
         out, self.outbox = self.outbox, []
@@ -119,7 +123,9 @@ class Lifecycle:
 
     def candidates(self, cap: int, now: float) -> list[GameRuntime]:
         """The games that may start this tick, before the GPU gate: those whose backoff is
-        over, then the waiting ones while slots are free."""
+        over, then the waiting ones while slots are free (none while a preemption stands)."""
+        if self.held:
+            return []
         games = self.games.values()
         active = sum(1 for rt in games if rt.state in ACTIVE)
         due = [rt for rt in games if rt.state is S.BACKOFF and now >= rt.backoff_until]
@@ -305,6 +311,13 @@ class Lifecycle:
             self.set(rt, *settled)
             return False
         why, failure = ex.failure(life.stop_reason)
+        if self.preempting:
+            # Killed at (or around) the preemption's deadline: requeued, resumed from its
+            # newest checkpoint once the notice lapses or on the next boot; neither the
+            # restart budget nor the stability policy's crash count sees it.
+            self.record("worker_preempted", rt.spec.name, {**ex.detail(), "why": why})
+            self.set(rt, S.WAITING, f"preempted: {why}")
+            return False
         if failure is not None:
             # The full traceback is in the worker's log (and the event); the journal gets
             # one line saying what and where (in `<game>.log.1` if the next start rotates it).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from collections.abc import Callable
@@ -41,16 +42,65 @@ def supervisor_row(boot_id: str, now_wall: float, config: Path) -> dict[str, Any
     }
 
 
-def reboot_event(outcome: BootOutcome) -> tuple[str, None, dict[str, Any]] | None:
-    """`host_reboot` after an unexpected one (recorded with the boot itself), else None."""
-    if outcome.kind != "host_reboot":
+# A preemption notice this close to the previous boot's last sign of life explains its end.
+PREEMPTED_LOOKBACK_S = 900.0
+
+
+def preemption_of(
+    conn: sqlite3.Connection, outcome: BootOutcome, now: float
+) -> dict[str, Any] | None:
+    """The previous boot's standing preemption notice when this start follows that boot's
+    end (its detail, with `notice_ts`), else None: no notice, one that lapsed (a later
+    `preemption_cleared`), or one long before the boot's last sign of life."""
+    prev = outcome.previous_boot_id
+    if outcome.same_boot or prev is None:
         return None
-    return "host_reboot", None, {
+    notice = db.boot_event(conn, "preemption_notice", prev)
+    if notice is None:
+        return None
+    cleared = db.boot_event(conn, "preemption_cleared", prev)
+    if cleared is not None and cleared.id > notice.id:
+        return None
+    last_seen = now - (outcome.downtime_s or 0.0)
+    if notice.ts < last_seen - PREEMPTED_LOOKBACK_S:
+        return None
+    return {**notice.detail, "notice_ts": notice.ts}
+
+
+def with_preemption(outcome: BootOutcome, notice: dict[str, Any] | None) -> BootOutcome:
+    """A new boot after a counted preemption notice: `preempted`, not an unexpected reboot."""
+    if notice is None or not notice.get("counted", True):
+        return outcome
+    return dataclasses.replace(outcome, kind="preempted")
+
+
+def boot_outcome(
+    conn: sqlite3.Connection, boot_id: str, now: float
+) -> tuple[BootOutcome, tuple[str, None, dict[str, Any]] | None]:
+    """This start's verdict (`preempted` after a standing notice) and its boot event."""
+    outcome = db.classify_boot(conn, boot_id, now)
+    notice = preemption_of(conn, outcome, now)
+    outcome = with_preemption(outcome, notice)
+    return outcome, reboot_event(outcome, notice)
+
+
+def reboot_event(
+    outcome: BootOutcome, notice: dict[str, Any] | None = None
+) -> tuple[str, None, dict[str, Any]] | None:
+    """`preempted` after a preemption (recorded with the boot itself), `host_reboot` after an
+    unexpected reboot (a preemption beyond `max_preemptions` a day is one too), else None."""
+    base = {
         "boot_id": outcome.boot_id,
         "previous_boot_id": outcome.previous_boot_id,
         "downtime_s": outcome.downtime_s,
-        "unexpected": True,
-    }  # fmt: skip
+    }
+    if outcome.kind == "preempted" and notice is not None:
+        keys = ("provider", "action", "deadline", "notice_at", "notice_ts")
+        return "preempted", None, {**base, **{k: notice.get(k) for k in keys}}
+    if outcome.kind != "host_reboot":
+        return None
+    over = {"preemption_notice": True, "over_max_preemptions": True} if notice else {}
+    return "host_reboot", None, {**base, "unexpected": True, **over}
 
 
 def start_event(

@@ -87,6 +87,9 @@ class UploadPlan:
     # (game, keep_best, keep_every_steps) of the games that keep more than the newest: the
     # mirror keeps those too (the pins are read from each run dir when garbage is collected).
     retention: tuple[tuple[str, int, int | None], ...] = ()
+    # [preemption] flush = "upload": a game asked to checkpoint for a preemption is mirrored
+    # first, its newest checkpoint at once (mirror.every_s and a retry's wait do not hold it).
+    preempt_first: bool = True
 
     @classmethod
     def of(cls, cfg: Config) -> UploadPlan:
@@ -99,7 +102,8 @@ class UploadPlan:
             best, every = args.get("keep_best", 0), args.get("keep_every_steps")
             if best or every:
                 retention.append((g.name, int(best), int(every) if every else None))
-        return cls(cfg.state_dir, cfg.mirror, runs, tuple(retention))
+        first = cfg.preemption.flush == "upload"
+        return cls(cfg.state_dir, cfg.mirror, runs, tuple(retention), first)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +111,7 @@ class UploadPlan:
             "mirror": self.mirror.as_dict(),
             "runs": [[name, str(path)] for name, path in self.runs],
             "retention": [list(r) for r in self.retention],
+            "preempt_first": self.preempt_first,
         }
 
     @classmethod
@@ -118,7 +123,9 @@ class UploadPlan:
                 (str(name), int(best), None if every is None else int(every))
                 for name, best, every in data.get("retention", [])
             )
-            return cls(Path(data["state_dir"]), MirrorConfig(**data["mirror"]), runs, retention)
+            first = bool(data.get("preempt_first", True))
+            mirror = MirrorConfig(**data["mirror"])
+            return cls(Path(data["state_dir"]), mirror, runs, retention, first)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not an uploader plan: {exc!r}") from None
 
@@ -180,13 +187,14 @@ class _Pass:
         log.warning("mirror_failed", game=game, error=gm.last_error, retry_s=delay)
         self.save()
 
-    def game(self, game: str, run_dir: Path, now: float) -> bool:
-        """One attempt at `game`'s newest checkpoint; True when one was mirrored."""
+    def game(self, game: str, run_dir: Path, now: float, urgent: bool = False) -> bool:
+        """One attempt at `game`'s newest checkpoint; True when one was mirrored. `urgent`
+        (a preemption): neither mirror.every_s nor a retry's wait holds it back."""
         from checkpoints.mirror import upload_checkpoint
         from checkpoints.remote import RemoteError
 
         gm = self.state.games.setdefault(game, GameMirror())
-        if now < self.retry_at.get(game, 0.0):
+        if now < self.retry_at.get(game, 0.0) and not urgent:
             return False
         folder = run_dir / protocol.CHECKPOINT_DIR
         try:
@@ -197,7 +205,7 @@ class _Pass:
         if ref is None or (gm.step is not None and ref.step <= gm.step):
             return False
         every_s = self.plan.mirror.every_s
-        if every_s and gm.uploaded_at and time.time() - gm.uploaded_at < every_s:
+        if every_s and gm.uploaded_at and time.time() - gm.uploaded_at < every_s and not urgent:
             return False
         try:
             if not self.bucket_ok:
@@ -279,12 +287,36 @@ def run_uploader(plan: UploadPlan, stop: threading.Event, poll_s: float = 1.0) -
     while not stop.is_set() and os.getppid() == parent:
         now = time.monotonic()
         uploaded = False
-        for game, run_dir in plan.runs:
-            uploaded = one.game(game, run_dir, now) or uploaded
+        urgent = preemption_requests(plan) if plan.preempt_first else set()
+        # The games a preemption notice asked to checkpoint go first: the machine may go
+        # before a pass over every game ends.
+        for game, run_dir in sorted(plan.runs, key=lambda r: r[0] not in urgent):
+            uploaded = one.game(game, run_dir, now, game in urgent) or uploaded
         if uploaded and time.monotonic() >= next_gc:
             next_gc = time.monotonic() + GC_EVERY_S
             one.collect_garbage()
         stop.wait(poll_s)
+
+
+PREEMPTION_URGENT_S = 600.0  # a request this long past its deadline is history
+
+
+def preemption_requests(plan: UploadPlan) -> set[str]:
+    """The games whose run dir holds a preemption's checkpoint request, deadline not long
+    past (the supervisor writes it; see training/protocol.py)."""
+    out = set()
+    for game, run_dir in plan.runs:
+        try:
+            path = run_dir / protocol.CHECKPOINT_REQUEST_FILE
+            data = json.loads(protocol.read_regular_file(path))
+            deadline = float(data["deadline"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if data.get("reason") == protocol.PREEMPTION_REASON and (
+            time.time() < deadline + PREEMPTION_URGENT_S
+        ):
+            out.add(game)
+    return out
 
 
 def _plan_of(args: argparse.Namespace) -> UploadPlan | str:

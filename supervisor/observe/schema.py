@@ -167,6 +167,16 @@ class SpareDoc(TypedDict):
     reason: str | None  # why there is (or is not) one
 
 
+class PreemptionDoc(TypedDict):
+    """The cloud's preemption notice standing on this host's boot ([preemption])."""
+
+    provider: str  # aws | gcp | azure
+    action: str | None  # aws: terminate | stop | hibernate; gcp: terminate; azure: preempt
+    deadline: float | None  # when the machine goes (Unix seconds)
+    notice_at: float | None  # when the supervisor saw the notice
+    remaining_s: float | None  # deadline - now (negative: past it)
+
+
 class StatusDoc(TypedDict):
     schema: int
     generated_at: float
@@ -180,3 +190,4 @@ class StatusDoc(TypedDict):
     nodes: list[NodeDoc]  # several hosts only; [] on a single host
     spare: SpareDoc | None  # None: no spare was ever kept (several hosts, an old database)
     cost: CostDoc | None
+    preemption: PreemptionDoc | None  # None: no notice stands on this boot

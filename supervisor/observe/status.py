@@ -31,6 +31,7 @@ from supervisor.observe.schema import (
     HostDoc,
     ModeDoc,
     NodeDoc,
+    PreemptionDoc,
     ScopeDoc,
     SpareDoc,
     StatusDoc,
@@ -66,6 +67,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         games = _games(conn, cfg, now)
         nodes = _nodes(conn, games)
         spare = _spare(conn, supervisor)
+        preemption = _preemption(conn, supervisor, now)
         first_seen = db.first_boot_seen(conn)
         lost = _times(conn, cfg, games, now, supervisor["state"] == "running")
     return {
@@ -81,6 +83,33 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "nodes": nodes,
         "spare": spare,
         "cost": _cost(cfg, games, first_seen, supervisor, now, lost),
+        "preemption": preemption,
+    }
+
+
+def _preemption(
+    conn: sqlite3.Connection | None, supervisor: SupervisorDoc, now: float
+) -> PreemptionDoc | None:
+    """The notice standing on the supervisor's boot: the newest `preemption_notice` naming it
+    and no later `preemption_cleared`; None once the host booted again."""
+    boot = supervisor["boot_id"]
+    if conn is None or not boot or (current_boot_id() or boot) != boot:
+        return None
+    try:
+        notice = db.boot_event(conn, "preemption_notice", boot)
+        cleared = db.boot_event(conn, "preemption_cleared", boot)
+    except sqlite3.Error:  # a database from before (read-only, no json1): no notice known
+        return None
+    if notice is None or (cleared is not None and cleared.id > notice.id):
+        return None
+    d = notice.detail
+    deadline = d.get("deadline")
+    return {
+        "provider": str(d.get("provider")),
+        "action": d.get("action"),
+        "deadline": deadline,
+        "notice_at": d.get("notice_at"),
+        "remaining_s": round(deadline - now, 1) if isinstance(deadline, int | float) else None,
     }
 
 

@@ -163,8 +163,14 @@ def test_a_snapshot_carried_on_to_now_is_the_replay_at_now() -> None:
         ev(5, "worker_training", "a"),
         ev(0, "worker_start", "b"),
         ev(3, "worker_training", "b"),
-        ev(100, "worker_exit", "b", exit="killed_by_signal", global_step=500,
-           last_checkpoint_step=400),  # fmt: skip
+        ev(
+            100,
+            "worker_exit",
+            "b",
+            exit="killed_by_signal",
+            global_step=500,
+            last_checkpoint_step=400,
+        ),
         ev(100, "backoff", "b"),
     ]
     then = account(events, ["a", "b"], now=200.0, per_hour=7.2)
