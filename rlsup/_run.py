@@ -522,6 +522,15 @@ class Run:
             return step - since >= self.checkpoint_every_steps
         return False
 
+    @property
+    def preemption_deadline(self) -> float | None:
+        """When this machine may be taken away (Unix seconds), or None when no notice is known:
+        the `deadline` of the standing `checkpoint.request` (the supervisor writes it on a
+        preemption notice), else `RLSUP_PREEMPTION_DEADLINE`. Read afresh at each call (a
+        stat, and a small read while a request stands). With a deadline, checkpoint at once
+        and keep each step short: `time.time()` is the clock to compare it with."""
+        return P.preemption_deadline(self.run_dir)
+
     def _requested(self) -> bool:
         try:
             asked = os.stat(self.run_dir / P.CHECKPOINT_REQUEST_FILE).st_mtime

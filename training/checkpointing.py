@@ -45,6 +45,7 @@ class CheckpointResult:
     # Base files that no longer matched their bytes when about to be linked (rewritten).
     bad_bases: tuple[str, ...] = ()
     fenced: bool = False  # refused: the game was placed on another host since
+    captured_at: float = 0.0  # when the state was captured (Unix seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Capture:
     replay_snapshot: Any
     started: float
     evaluation: dict[str, Any] | None = None  # the evaluation of this very step, if any
+    captured_at: float = 0.0  # Unix seconds: what a checkpoint request is compared with
 
 
 def serialise_learner(learner: Learner) -> bytes:
@@ -117,14 +119,14 @@ class Checkpointer:
         return self._thread is not None and self._thread.is_alive()
 
     def capture(self, learner: Learner, counters: dict[str, Any]) -> Capture:
-        started = time.monotonic()
+        started, captured_at = time.monotonic(), time.time()
         blob = serialise_learner(learner)
         replay = getattr(learner, "replay", None)
         snapshot = replay.begin_snapshot() if replay is not None else None
         step = learner.global_step
         ev = self.evaluation
         at_step = dict(ev) if ev is not None and ev.get("step") == step else None
-        return Capture(step, blob, dict(counters), replay, snapshot, started, at_step)
+        return Capture(step, blob, dict(counters), replay, snapshot, started, at_step, captured_at)
 
     def save_async(self, learner: Learner, counters: dict[str, Any]) -> bool:
         if self.in_flight:
@@ -173,6 +175,7 @@ class Checkpointer:
                 bytes_written=writer.stats.bytes_written,
                 bytes_linked=writer.stats.bytes_linked,
                 bad_bases=tuple(writer.stats.bad_bases),
+                captured_at=cap.captured_at,
             )
         except PlacementFenced as exc:
             result = dataclasses.replace(self._failed(cap, pause_s, exc), fenced=True)
@@ -197,4 +200,5 @@ class Checkpointer:
             pause_s=seconds if pause_s is None else pause_s,
             seconds=seconds,
             error=reason,
+            captured_at=cap.captured_at,
         )

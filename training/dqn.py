@@ -19,6 +19,7 @@ iterate() begins by resetting all envs and calling `replay.add_reset` for all of
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from training.optim import (
     default_lr,
     load_adam_state,
     make_adam,
+    never_interrupt,
     restore_rng,
     rng_state,
     warmup_adam,
@@ -125,6 +127,9 @@ class DQNLearner:
         self._losses = Means(("td_loss", "q_values", "grad_norm"))
         self._obs: np.ndarray | None = None
         self._done = np.zeros(cfg.num_envs, dtype=bool)
+        # Asked between env steps and gradient steps (training/learner.py: cut short).
+        self.interrupt: Callable[[], bool] = never_interrupt
+        self.interrupted: str | None = None
 
         if cfg.is_atari:
             frame_shape, frame_dtype, stack = self.obs_shape[1:], np.dtype(np.uint8), 4
@@ -180,8 +185,12 @@ class DQNLearner:
         obs = self._reset_envs() if self._obs is None else self._obs
         replay = self._replay
         assert replay is not None
-        for _ in range(self.env_steps_per_iterate):
+        self.interrupted = None
+        for i in range(self.env_steps_per_iterate):
             if self.global_step >= cfg.total_steps:
+                break
+            if i and self.interrupt():
+                self.interrupted = "env_steps"
                 break
             # Act and step
             actions = self._actions(obs)
@@ -205,10 +214,18 @@ class DQNLearner:
             self._done = terminated | truncated
             obs = next_obs
 
-            # Learn and sync
+            # Learn and sync. Cut short between two gradient steps, the ones due are taken
+            # after the next env step (the loop catches up), before the sync they precede.
             due = self._updates_due(self.global_step)
+            taken = 0
             while self.updates < due and len(replay) >= self.batch:
+                if taken and self.interrupt():
+                    self.interrupted = "gradient_steps"
+                    break
                 self._train_step(replay)
+                taken += 1
+            if self.interrupted:
+                break
             if self.global_step // cfg.target_update_interval > self.target_syncs:
                 self.target_syncs = self.global_step // cfg.target_update_interval
                 self._sync_target()

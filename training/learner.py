@@ -11,6 +11,25 @@ Lifecycle (the worker's side):
         learner.iterate()
     learner.close()
 
+Cut short on request: `learner.interrupt` (a callable, by default never true; the worker sets
+training/checkpoint_request.py's) is asked between two rollout steps, two minibatches, two env
+steps or two gradient steps; when it says yes, iterate() returns at once with the learner in a
+state that a checkpoint may take and a resume (or the next iterate()) continues from, and
+`learner.interrupted` says what was given up:
+
+- "rollout" (PPO, PQN): the partial rollout is abandoned. Its agent steps are not counted and
+  its finished episodes are forgotten (global_step and the episode tracker are back where the
+  iteration began: nothing was learned from them); the envs restart at the next iterate().
+  The RNG streams it drew from stay advanced.
+- "update" (PPO, PQN): the update stops after the minibatch in progress. The rollout's steps
+  count (the params learned from them), the remaining minibatches and epochs over it are lost.
+  Counters, optimizer, LR schedule and RNG are those of the last minibatch taken.
+- "env_steps" / "gradient_steps" (DQN): nothing is lost. Every env step taken is in the replay
+  buffer and counted; gradient steps that fell due and were not taken are taken after the next
+  env step (the loop catches up on `updates`), before the target sync they precede.
+
+None: the iteration ran to its end.
+
 Envs are (re)started lazily: the first iterate() after construction, after `restart_envs()` or
 after a replay buffer is assigned resets every env (and, for DQN, calls `replay.add_reset` for
 all of them) before it steps. A checkpoint therefore never needs the envs' state.
@@ -18,6 +37,7 @@ all of them) before it steps. A checkpoint therefore never needs the envs' state
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -39,6 +59,8 @@ class Learner(Protocol):
     tracker: EpisodeTracker
     replay: ReplayBuffer | None
     precision: Precision  # the networks' arithmetic (--precision, resolved)
+    interrupt: Callable[[], bool]  # asked between minibatches and env steps: stop here?
+    interrupted: str | None  # what the last iterate() gave up when cut short (see above)
 
     def iterate(self) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...

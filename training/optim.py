@@ -138,6 +138,12 @@ class LRSchedule:
             self.scheduler.load_state_dict(state)
 
 
+def never_interrupt() -> bool:
+    """A learner's default `interrupt` (training/learner.py): outside the worker, never cut
+    short."""
+    return False
+
+
 def make_adam(params: Any, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
     """Adam with the fused kernel (one call updates every parameter). torch's default on a CPU
     is a Python loop over the parameters, several ops each: for DQN's batch-32 update on the

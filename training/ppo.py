@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from training.optim import (
     iterations_for,
     load_adam_state,
     make_adam,
+    never_interrupt,
     restore_rng,
     rng_state,
     warmup_adam,
@@ -157,6 +159,9 @@ class PPOLearner:
         self._explained = Means(("explained_variance",))
         self._next_obs: torch.Tensor | None = None
         self._next_done = torch.zeros(cfg.num_envs, device=device)
+        # Asked between rollout steps and minibatches (training/learner.py: cut short).
+        self.interrupt: Callable[[], bool] = never_interrupt
+        self.interrupted: str | None = None
         # Seconds spent per phase of iterate(), summed (benchmarks/worker_throughput.py reads
         # them): env stepping, the network acting, copies into the rollout buffers and between
         # numpy and torch, the update (advantages and the minibatch epochs). On a GPU the
@@ -192,8 +197,11 @@ class PPOLearner:
     # ---- training --------------------------------------------------------------------------
     def iterate(self) -> None:
         cfg = self.cfg
+        self.interrupted = None
         next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
         next_done = self._next_done
+        # Where an abandoned rollout goes back to (training/learner.py: cut short).
+        start_step, tracker_state = self.global_step, self.tracker.state_dict()
 
         # Rollout. One autocast region for all of it: its cache casts the weights to the low
         # precision once per rollout instead of on every step (they change only in updates).
@@ -202,6 +210,9 @@ class PPOLearner:
         clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
+                if self.interrupt():
+                    self._abandon_rollout(step, next_obs, start_step, tracker_state)
+                    return
                 t0 = clock()
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
@@ -255,9 +266,16 @@ class PPOLearner:
         ret = returns.reshape(-1)
         valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
         size = cfg.rollout_size()
+        taken = 0
         for _ in range(cfg.epochs):
+            if self.interrupted:
+                break
             order = torch.as_tensor(self.rng.permutation(size), device=self.device)
             for start in range(0, size, self.minibatch):
+                if taken and self.interrupt():
+                    self.interrupted = "update"  # after at least one: the steps count
+                    break
+                taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
                     logits, new_value = self.net(obs[mb])
@@ -285,6 +303,23 @@ class PPOLearner:
                 self.schedule.after_update()
         # How much of the returns' variance the rollout's value estimates explained.
         self._explained.add(explained_variance(values, ret, valid))
+
+    def _abandon_rollout(
+        self,
+        step: int,
+        next_obs: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> None:
+        """Cut short mid-rollout: as if it never began, but for the RNG draws (the envs restart
+        at the next iterate()); at its first step nothing was taken and the envs stay."""
+        self.interrupted = "rollout"
+        if step == 0:
+            self._next_obs = next_obs
+            return
+        self.global_step = start_step
+        self.tracker.load_state_dict(tracker_state)
+        self._next_obs = None
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync), and the current

@@ -24,6 +24,7 @@ the game.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from training.optim import (
     Precision,
     default_lr,
     iterations_for,
+    never_interrupt,
     restore_rng,
     rng_state,
     warmup_adam,
@@ -120,6 +122,9 @@ class PQNLearner:
         self._losses = Means(("td_loss", "q_values", "grad_norm"))
         self._next_obs: torch.Tensor | None = None
         self._next_done = torch.zeros(cfg.num_envs, device=device)
+        # Asked between rollout steps and minibatches (training/learner.py: cut short).
+        self.interrupt: Callable[[], bool] = never_interrupt
+        self.interrupted: str | None = None
         # Seconds per phase of iterate(), summed, as PPOLearner.phase_s.
         self.phase_s = {"env": 0.0, "inference": 0.0, "copies": 0.0, "update": 0.0}
 
@@ -155,13 +160,19 @@ class PQNLearner:
 
     def iterate(self) -> None:
         cfg = self.cfg
+        self.interrupted = None
         next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
         next_done = self._next_done
+        # Where an abandoned rollout goes back to (training/learner.py: cut short).
+        start_step, tracker_state = self.global_step, self.tracker.state_dict()
 
         # Rollout: epsilon-greedy on the current Q, one autocast region (weights cast once).
         clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
+                if self.interrupt():
+                    self._abandon_rollout(step, next_obs, start_step, tracker_state)
+                    return
                 t0 = clock()
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
@@ -211,9 +222,16 @@ class PQNLearner:
         ret = returns.reshape(-1)
         valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
         size = cfg.rollout_size()
+        taken = 0
         for _ in range(cfg.epochs):
+            if self.interrupted:
+                break
             order = torch.as_tensor(self.rng.permutation(size), device=self.device)
             for start in range(0, size, self.minibatch):
+                if taken and self.interrupt():
+                    self.interrupted = "update"  # after at least one: the steps count
+                    break
+                taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
                     q = self.q(obs[mb])
@@ -225,6 +243,23 @@ class PQNLearner:
                 self._losses.add(loss, masked_mean(q_taken.detach(), valid[mb]), grad_norm)
                 self.updates += 1
                 self.schedule.after_update()
+
+    def _abandon_rollout(
+        self,
+        step: int,
+        next_obs: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> None:
+        """Cut short mid-rollout: as if it never began, but for the RNG draws (the envs restart
+        at the next iterate()); at its first step nothing was taken and the envs stay."""
+        self.interrupted = "rollout"
+        if step == 0:
+            self._next_obs = next_obs
+            return
+        self.global_step = start_step
+        self.tracker.load_state_dict(tracker_state)
+        self._next_obs = None
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync; the loss entries are

@@ -14,9 +14,11 @@ import enum
 import errno
 import fcntl
 import json
+import math
 import os
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +169,13 @@ class Heartbeat:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     # Who wrote it: "worker" (rlsup's own learners) or "sdk" (a user's script through `rlsup`).
     writer: str = "worker"
+    # The latest `checkpoint.request` the built-in worker saw, from notice to commit, all times
+    # Unix seconds: "requested" (the file's mtime), "seen", "reason", "deadline", "provider"
+    # (from its JSON; null when absent), "cut" (what the iteration in progress gave up:
+    # "rollout", "update", "env_steps", "gradient_steps", or null at an iteration's end),
+    # then once a checkpoint captured after it commits: "committed", "committed_step" and
+    # "latency_s" (committed - requested). `committed_step` null: not served yet.
+    checkpoint_request: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -238,15 +247,74 @@ HEARTBEAT_ENV = "RLSUP_HEARTBEAT"  # "1": the config promises heartbeats (`games
 THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are set to it too)
 # A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's
 # request, a preemption notice): `run.should_checkpoint()` is True until a newer one commits.
+# Any file there is a request, made at its mtime, whatever it holds (an operator may just
+# `touch` it); the supervisor writes it atomically with a JSON object, every key optional:
+# {"reason": "preemption", "deadline": <Unix seconds the machine may be taken at>,
+#  "provider": "gcp"}. A request is satisfied by a checkpoint whose state was captured after
+# it was made; the built-in worker serves it within about one minibatch (docs).
 CHECKPOINT_REQUEST_FILE = "checkpoint.request"
-# On a cloud's preemption notice the supervisor (atomically) replaces that file with one JSON
-# object, {"reason": "preemption", "deadline": <Unix seconds>, "provider": "aws"|"gcp"|"azure"};
-# a reader that only looks at the file's existence or mtime (the SDK) sees a fresh request. An
-# operator's request may be an empty file: readers must accept both.
-PREEMPTION_REASON = "preemption"
-# A command game started while a preemption notice stands gets the deadline (Unix seconds) in
-# this variable: checkpoint early, the machine goes at that time.
+PREEMPTION_REASON = "preemption"  # the request's "reason" on a cloud's preemption notice
+# When the machine may be taken (Unix seconds), for a process started while a preemption
+# notice stands; a request file's own "deadline" wins over it.
 PREEMPTION_DEADLINE_ENV = "RLSUP_PREEMPTION_DEADLINE"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRequest:
+    """A standing `checkpoint.request`: when it was made (its mtime, Unix seconds) and what
+    its JSON said, each None when absent, of the wrong type or the file is not JSON."""
+
+    mtime: float
+    reason: str | None = None
+    deadline: float | None = None
+    provider: str | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {"reason": self.reason, "deadline": self.deadline, "provider": self.provider}
+
+
+def read_checkpoint_request(run_dir: str | os.PathLike[str]) -> CheckpointRequest | None:
+    """The request standing in `run_dir`, or None when there is no file (one stat(); the
+    content is read only when the file is there)."""
+    path = Path(run_dir) / CHECKPOINT_REQUEST_FILE
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return None
+    data = read_json_file(path) or {}
+    return CheckpointRequest(
+        mtime=mtime,
+        reason=_short_text(data.get("reason")),
+        deadline=unix_time(data.get("deadline")),
+        provider=_short_text(data.get("provider")),
+    )
+
+
+def unix_time(value: Any) -> float | None:
+    """A finite positive number of seconds (a JSON number or a numeric string), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def preemption_deadline(
+    run_dir: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> float | None:
+    """When the machine may be taken: the standing request's "deadline", else
+    RLSUP_PREEMPTION_DEADLINE, else None (no notice known)."""
+    request = read_checkpoint_request(run_dir)
+    if request is not None and request.deadline is not None:
+        return request.deadline
+    env = os.environ if environ is None else environ
+    return unix_time(env.get(PREEMPTION_DEADLINE_ENV))
+
+
+def _short_text(value: Any) -> str | None:
+    return value[:200] if isinstance(value, str) else None
 
 
 class RunDirBusy(OSError):

@@ -28,6 +28,7 @@ from checkpoints import (
 )
 from training import rng, torchbuild
 from training.args import ConfigError, WorkerConfig
+from training.checkpoint_request import CheckpointRequestWatch
 from training.checkpointing import (
     Checkpointer,
     CheckpointResult,
@@ -171,6 +172,7 @@ class TrainingSession:
         self.mirror = Mirror(cfg, run_dir, log, self.hb)  # used only with --mirror-url
         self.fenced: str | None = None  # why a commit was refused by the placement fence
         self.evaluation: dict[str, Any] | None = None  # the latest: step, mean, std, episodes
+        self.requests: CheckpointRequestWatch | None = None  # checkpoint.request, once training
 
     @property
     def trained(self) -> Learner:
@@ -377,6 +379,9 @@ class TrainingSession:
             "resume_count": resume_count,
             "wall_time_s": float(prior.get("wall_time_s", 0.0)),
             "session_started": time.monotonic(),
+            # When the loaded checkpoint's state was captured: a checkpoint.request older
+            # than that is already satisfied.
+            "loaded_time": _float_or_none(prior.get("time")) if loaded is not None else None,
         }
 
     # ---- training ------------------------------------------------------------------------
@@ -399,6 +404,10 @@ class TrainingSession:
                 log=self.log,
             )
         self._episodes_seen = learner.tracker.episodes
+        requests = self.requests = CheckpointRequestWatch(
+            self.run_dir, stop, counters.get("loaded_time"), self._on_request_report
+        )
+        learner.interrupt = requests.interrupt
         last_ckpt_t = time.monotonic()
         last_ckpt_step = learner.global_step
         last_progress_t = 0.0
@@ -410,10 +419,17 @@ class TrainingSession:
             learner.iterate()
             now = time.monotonic()
             longest_iter_s = max(longest_iter_s, now - t0)
-            if "first_step" not in self.start:
+            if "first_step" not in self.start and learner.interrupted is None:
                 self._mark_start("first_step", now)
             self.step = learner.global_step
             self._publish_progress(max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
+            # A checkpoint request (a preemption notice) first: before an evaluation, which
+            # can take a minute.
+            if requests.due() and self._serve_request(
+                requests, checkpointer, counters, last_saved_step
+            ):
+                last_ckpt_t, last_ckpt_step = time.monotonic(), self.step
+                self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
             if now - last_progress_t >= PROGRESS_EVERY_S:
                 last_progress_t = now
                 self._record(counters)
@@ -467,6 +483,41 @@ class TrainingSession:
                     f"{committed} and redoes {self.step - max(committed, 0)} steps"
                 )
         return ExitCode.STOPPED
+
+    def _serve_request(
+        self,
+        requests: CheckpointRequestWatch,
+        checkpointer: Checkpointer,
+        counters: dict[str, Any],
+        saved: int,
+    ) -> bool:
+        """Checkpoint now for the standing request (training/checkpoint_request.py); True when
+        a checkpoint was taken (committed or not)."""
+        learner = self.trained
+        requests.note_cut(learner.interrupted)
+        checkpointer.wait()  # one in flight may have been captured after the request
+        if not requests.due():
+            return False
+        committed = max(saved, self.hb.current.last_checkpoint_step or -1)
+        if self.step <= committed:
+            # Nothing learned since the newest checkpoint (a rollout abandoned right after
+            # one, a request found at start): that checkpoint is this state.
+            requests.committed(time.time(), committed)
+            return False
+        self.log.info("checkpoint_requested", step=self.step, cut=learner.interrupted)
+        self.hb.set_phase(Phase.CHECKPOINTING, STOPPING_DEADLINE_S + self._replay_bytes() / 20e6)
+        result = checkpointer.save_sync(learner, self._counters(counters))
+        if not result.ok and not result.fenced:
+            requests.failed()  # retried later; training goes on meanwhile
+        return True
+
+    def _on_request_report(self, report: dict[str, Any]) -> None:
+        """A checkpoint request seen, or served: in the heartbeat at once (the supervisor
+        measures notice -> committed checkpoint from it)."""
+        self.hb.update(checkpoint_request=report)
+        self.hb.publish()
+        event = "checkpoint_request_served" if report.get("committed") else "checkpoint_request"
+        self.log.info(event, **report)
 
     def _finish(self, checkpointer: Checkpointer, counters: dict[str, Any], saved: int) -> int:
         deadline_s = STOPPING_DEADLINE_S + self._replay_bytes() / 20e6
@@ -630,6 +681,8 @@ class TrainingSession:
         if result.ok:
             self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())
             self.log.info("checkpoint", **fields)
+            if self.requests is not None:
+                self.requests.committed(result.captured_at, result.step)
         elif result.fenced:
             self.fenced = result.error
             self.log.warning("checkpoint_fenced", error=result.error, **fields)
@@ -647,6 +700,10 @@ class TrainingSession:
 
 def _batch_size(cfg: WorkerConfig) -> int:
     return cfg.train_batch_size()
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _scored(evaluation: dict[str, Any] | None) -> bool:
