@@ -17,6 +17,7 @@ from tests.supervisor.helpers import (
     committed_step,
     env_for,
     events,
+    heartbeat,
     kill_quietly,
     query,
     rlsup,
@@ -61,6 +62,19 @@ def test_a_notice_then_the_machines_loss_is_a_preemption_and_the_game_resumes(
         }  # fmt: skip
         [notice] = events(state, "preemption_notice")
         assert notice["detail"]["checkpoint_requested"] == ["cart"]
+        # The worker serves it within about a minibatch, far inside a GCE-sized 30 s window.
+        served = wait_for(
+            lambda: (
+                ((heartbeat(state, "cart") or {}).get("checkpoint_request") or {}).get("committed")
+                and heartbeat(state, "cart")["checkpoint_request"]
+            ),  # type: ignore[index]
+            30,
+            "the checkpoint request served",
+        )
+        inside = served["committed"] - notice["ts"]
+        print(f"notice recorded -> checkpoint committed: {inside:.2f} s (window 30 s)")
+        assert inside < 30 and served["latency_s"] < 30
+        assert committed_step(state, "cart") >= served["committed_step"]
         status = json.loads(rlsup("status", "--json", "--config", str(config), env=env).stdout)
         assert status["preemption"]["deadline"] == deadline
         text = rlsup("status", "--config", str(config), env=env).stdout
@@ -85,6 +99,7 @@ def test_a_notice_then_the_machines_loss_is_a_preemption_and_the_game_resumes(
         pid = wait_for(lambda: training_pid(state, "cart"), 120, "the game trains again")
         hb = json.loads((state / "runs" / "cart" / "heartbeat.json").read_text())
         assert hb["pid"] == pid and (hb["resumed_from_step"] or 0) >= resumed_from
+        assert hb["resumed_from_step"] >= served["committed_step"]  # nothing before it lost
         [ev] = events(state, "preempted")
         assert ev["detail"]["previous_boot_id"] == "boot-1" and ev["detail"]["provider"] == "aws"
         assert events(state, "supervisor_start")[-1]["detail"]["after"] == "preempted"
