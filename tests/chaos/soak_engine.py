@@ -56,6 +56,7 @@ from tests.chaos.soak_services import (
     limit_descriptors,
     write_hook,
 )
+from tests.supervisor.fake_metadata import FakeMetadata
 from training import protocol
 
 __all__ = ["KINDS", "GameDef", "Soak", "SoakSettings", "clean_workdir", "default_games", "run_soak"]
@@ -79,6 +80,9 @@ class Soak(Injector, Analyst):
         self.hook_mark = uuid.uuid4().hex
         self.metrics_port = 0
         self.mirror = Mirror(self.dir / "weed")
+        # A loopback GCE metadata service the supervisor polls all along: `preemption` posts a
+        # notice on it (calm otherwise: no notice, no event).
+        self.metadata: FakeMetadata | None = None
         self.boot_n = 1
         self.game_names = [g.name for g in settings.games]
         self.env = self._env()
@@ -160,7 +164,13 @@ class Soak(Injector, Analyst):
         return (
             f'[metrics]\nlisten = "127.0.0.1:{self.metrics_port}"\n'
             f'[[hooks]]\non = ["worker_crash", "restart"]\ncommand = ["{self.hook_program}"]\n'
-            f"timeout_s = {HOOK_TIMEOUT_S:g}\npass_env = {pass_env}\n" + self.mirror.config()
+            f"timeout_s = {HOOK_TIMEOUT_S:g}\npass_env = {pass_env}\n"
+            + self.mirror.config()
+            + (
+                f'[preemption]\nprovider = "gcp"\nendpoint = "{self.metadata.url}"\npoll_s = 0.5\n'
+                if self.metadata is not None
+                else ""
+            )
         )
 
     def setup(self) -> None:
@@ -170,6 +180,7 @@ class Soak(Injector, Analyst):
         self.read_faults.write_text("")
         write_hook(self.hook_program, self.hook_storm_flag, self.hook_runs)
         self.metrics_port = free_port()
+        self.metadata = FakeMetadata("gcp")
         self._start_mirror()
         self.write_config()
         for g in self.game_names:
@@ -248,6 +259,9 @@ class Soak(Injector, Analyst):
             self.tmpfs = None
         self._step_clock(-self.clock_offset_s)
         self.mirror.stop()
+        if self.metadata is not None:
+            self.metadata.close()
+            self.metadata = None
         with self._disk_lock:
             for name in (".soak-ballast", ".soak-ballast-tail"):
                 with contextlib.suppress(OSError):

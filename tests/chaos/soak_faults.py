@@ -41,6 +41,7 @@ from tests.chaos.soak_services import (
     open_descriptors,
     scrape,
 )
+from tests.supervisor.fake_metadata import FakeMetadata
 from training.protocol import read_heartbeat
 
 
@@ -121,6 +122,16 @@ class Filler:
                 f.flush()
 
 
+def _checkpoint_request(run_dir: Path) -> dict[str, Any]:
+    """The heartbeat's `checkpoint_request` (how the worker served one), {} when none."""
+    try:
+        hb = json.loads((run_dir / "heartbeat.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    req = hb.get("checkpoint_request") if isinstance(hb, dict) else None
+    return req if isinstance(req, dict) else {}
+
+
 class Injector:
     """Every injection, `_f_<kind>`; each returns the Fault it made, or None when no game was
     in a state to take it (it is then not counted)."""
@@ -154,6 +165,7 @@ class Injector:
     hook_mark: str
     hook_runs: Path
     mirror: Mirror
+    metadata: FakeMetadata | None
     faults: list[Fault]
 
     if TYPE_CHECKING:  # the engine's own
@@ -831,6 +843,43 @@ class Injector:
         return Fault(
             "host_reboot", list(victims), t, victims, note=f"boot id soak-boot-{self.boot_n}"
         )
+
+    def _f_preemption(self) -> Fault | None:
+        """A GCE notice (30 s), each game's checkpoint asked for and served, then the machine
+        is taken before the deadline (everything SIGKILLed) and boots again: `preempted`, not
+        a `host_reboot`; every game resumes from the checkpoint the notice made."""
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        assert self.sup is not None and self.metadata is not None
+        victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        t = time.monotonic()
+        posted = time.time()
+        self.metadata.post_notice(30.0)
+        deadline = time.monotonic() + 25.0
+        served: dict[str, float] = {}
+        while time.monotonic() < deadline and len(served) < len(victims):
+            for g in victims:
+                req = _checkpoint_request(self.monitor.run_dir(g))
+                if g not in served and req.get("committed"):
+                    served[g] = float(req["committed"]) - posted
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.sup.pid, signal.SIGKILL)
+        _, pids = self.monitor.worker_processes()
+        for plist in pids.values():
+            for pid in plist:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._mark_killed(self.sup)
+        self.sup.wait(10)
+        for pid in [p for plist in pids.values() for p in plist]:
+            self._wait_gone(pid)
+        self.metadata.mode = "calm"  # the new machine has no notice
+        self.boot_n += 1
+        self.boot_file.write_text(f"soak-boot-{self.boot_n}\n")
+        self.start_supervisor()
+        note = ", ".join(f"{g} {s:.1f} s" for g, s in sorted(served.items())) or "none served"
+        return Fault("preemption", list(victims), t, victims, note=f"notice -> commit: {note}")
 
     def _f_scale_light(self) -> Fault | None:
         return self._scale("light")

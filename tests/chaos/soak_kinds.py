@@ -116,6 +116,17 @@ KINDS: dict[str, FaultKind] = {
         lambda ev: [("host_reboot", ev.has("host_reboot", None))],
         long_filler=1,
     ),
+    # A cloud's preemption notice: each game checkpoints now, then the machine is taken and
+    # boots again. Recorded as `preempted`, never as an unexpected `host_reboot`.
+    "preemption": FaultKind(
+        Injector._f_preemption,
+        lambda ev: [
+            ("preemption_notice", ev.has("preemption_notice", None)),
+            ("preempted", ev.has("preempted", None)),
+        ],
+        long_filler=1,
+        forbid=("host_reboot",),
+    ),
     # The newest checkpoint's learner truncated / one bit flipped before the replacement loads.
     "corrupt_truncate": FaultKind(
         Injector._f_corrupt_truncate,
