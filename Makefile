@@ -50,6 +50,8 @@ bench: $(VENV)/.installed-run
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/supervision_overhead.py
 	$(PY) benchmarks/status_latency.py
+	$(PY) benchmarks/status_latency.py --games 30
+	$(PY) benchmarks/preemption.py
 	$(PY) benchmarks/peers.py $(if $(PEER_DIR),--peer-dir '$(PEER_DIR)')
 
 # What this host gives the workers (torch, CUDA, driver, GPUs) and whether the config fits.
