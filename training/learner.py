@@ -51,6 +51,32 @@ if TYPE_CHECKING:
     from training.replay import ReplayBuffer
 
 
+class RolloutCut:
+    """What the rollout learners (PPO, PQN) share to cut an iteration short mid-rollout."""
+
+    global_step: int
+    tracker: EpisodeTracker
+    interrupted: str | None
+    _next_obs: torch.Tensor | None
+
+    def _abandon_rollout(
+        self,
+        step: int,
+        next_obs: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> None:
+        """Cut short mid-rollout: as if it never began, but for the RNG draws (the envs restart
+        at the next iterate()); at its first step nothing was taken and the envs stay."""
+        self.interrupted = "rollout"
+        if step == 0:
+            self._next_obs = next_obs
+            return
+        self.global_step = start_step
+        self.tracker.load_state_dict(tracker_state)
+        self._next_obs = None
+
+
 class Learner(Protocol):
     cfg: WorkerConfig
     device: torch.device

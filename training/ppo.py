@@ -23,6 +23,7 @@ from torch.distributions import Categorical
 
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
+from training.learner import RolloutCut
 from training.metrics import Means, explained_variance
 from training.networks import ActorCritic
 from training.optim import (
@@ -123,7 +124,7 @@ def ppo_loss(
 # ---- the learner -----------------------------------------------------------------------------
 
 
-class PPOLearner:
+class PPOLearner(RolloutCut):
     def __init__(self, cfg: WorkerConfig, device: torch.device, env_seed: int) -> None:
         self.cfg = cfg
         self.device = device
@@ -303,23 +304,6 @@ class PPOLearner:
                 self.schedule.after_update()
         # How much of the returns' variance the rollout's value estimates explained.
         self._explained.add(explained_variance(values, ret, valid))
-
-    def _abandon_rollout(
-        self,
-        step: int,
-        next_obs: torch.Tensor,
-        start_step: int,
-        tracker_state: dict[str, Any],
-    ) -> None:
-        """Cut short mid-rollout: as if it never began, but for the RNG draws (the envs restart
-        at the next iterate()); at its first step nothing was taken and the envs stay."""
-        self.interrupted = "rollout"
-        if step == 0:
-            self._next_obs = next_obs
-            return
-        self.global_step = start_step
-        self.tracker.load_state_dict(tracker_state)
-        self._next_obs = None
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync), and the current

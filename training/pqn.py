@@ -33,6 +33,7 @@ import torch
 from training.args import WorkerConfig
 from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
+from training.learner import RolloutCut
 from training.metrics import Means
 from training.networks import PQNetwork
 from training.optim import (
@@ -85,7 +86,7 @@ def q_loss(q_taken: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> 
 # ---- the learner -----------------------------------------------------------------------------
 
 
-class PQNLearner:
+class PQNLearner(RolloutCut):
     def __init__(self, cfg: WorkerConfig, device: torch.device, env_seed: int) -> None:
         self.cfg = cfg
         self.device = device
@@ -243,23 +244,6 @@ class PQNLearner:
                 self._losses.add(loss, masked_mean(q_taken.detach(), valid[mb]), grad_norm)
                 self.updates += 1
                 self.schedule.after_update()
-
-    def _abandon_rollout(
-        self,
-        step: int,
-        next_obs: torch.Tensor,
-        start_step: int,
-        tracker_state: dict[str, Any],
-    ) -> None:
-        """Cut short mid-rollout: as if it never began, but for the RNG draws (the envs restart
-        at the next iterate()); at its first step nothing was taken and the envs stay."""
-        self.interrupted = "rollout"
-        if step == 0:
-            self._next_obs = next_obs
-            return
-        self.global_step = start_step
-        self.tracker.load_state_dict(tracker_state)
-        self._next_obs = None
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync; the loss entries are

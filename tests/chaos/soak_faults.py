@@ -826,6 +826,15 @@ class Injector:
         assert self.sup is not None
         victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
         t = time.monotonic()
+        self._take_machine()
+        self._boot_again()
+        return Fault(
+            "host_reboot", list(victims), t, victims, note=f"boot id soak-boot-{self.boot_n}"
+        )
+
+    def _take_machine(self) -> None:
+        """The machine goes: the supervisor's group and every worker SIGKILLed at once."""
+        assert self.sup is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.sup.pid, signal.SIGKILL)
         _, pids = self.monitor.worker_processes()
@@ -837,12 +846,12 @@ class Injector:
         self.sup.wait(10)
         for pid in [p for plist in pids.values() for p in plist]:
             self._wait_gone(pid)
+
+    def _boot_again(self) -> None:
+        """A new boot id, and the supervisor started as systemd would at boot."""
         self.boot_n += 1
         self.boot_file.write_text(f"soak-boot-{self.boot_n}\n")
         self.start_supervisor()
-        return Fault(
-            "host_reboot", list(victims), t, victims, note=f"boot id soak-boot-{self.boot_n}"
-        )
 
     def _f_preemption(self) -> Fault | None:
         """A GCE notice (30 s), each game's checkpoint asked for and served, then the machine
@@ -863,21 +872,9 @@ class Injector:
                 if g not in served and req.get("committed"):
                     served[g] = float(req["committed"]) - posted
             time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.sup.pid, signal.SIGKILL)
-        _, pids = self.monitor.worker_processes()
-        for plist in pids.values():
-            for pid in plist:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self._mark_killed(self.sup)
-        self.sup.wait(10)
-        for pid in [p for plist in pids.values() for p in plist]:
-            self._wait_gone(pid)
+        self._take_machine()
         self.metadata.mode = "calm"  # the new machine has no notice
-        self.boot_n += 1
-        self.boot_file.write_text(f"soak-boot-{self.boot_n}\n")
-        self.start_supervisor()
+        self._boot_again()
         note = ", ".join(f"{g} {s:.1f} s" for g, s in sorted(served.items())) or "none served"
         return Fault("preemption", list(victims), t, victims, note=f"notice -> commit: {note}")
 
