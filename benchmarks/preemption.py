@@ -65,10 +65,8 @@ def config_text(endpoint: str, provider: str, device: str) -> str:
     text = text.replace('device = "auto"', f'device = "{device}"')
     for total in ("200_000", "1_000_000"):  # none may finish before the machine is taken
         text = text.replace(f"total_steps = {total}", "total_steps = 1_000_000_000")
-    return text + (
-        f'\n[spare]\nenabled = false\n[preemption]\nprovider = "{provider}"\n'
-        f'endpoint = "{endpoint}"\npoll_s = 1\n'
-    )
+    text = text.replace('enabled = "auto"', "enabled = false", 1)  # [spare]: no third process
+    return text + f'\n[preemption]\nprovider = "{provider}"\nendpoint = "{endpoint}"\npoll_s = 1\n'
 
 
 def variant(provider: str, warm_s: float, window_s: float, device: str) -> dict[str, Any]:
