@@ -201,9 +201,9 @@ def prepare_worker(
     starts)."""
     # A matrix run's name has folders (`pong/lr3/s1`): each level is made private too.
     parts = spec.name.split("/")
-    run_dir = cfg.run_dir(parts[0])
-    for part in ["", *parts[1:]]:
-        run_dir = make_private_dir(run_dir / part if part else run_dir)
+    run_dir = make_private_dir(cfg.run_dir(parts[0]))
+    for part in parts[1:]:
+        run_dir = make_private_dir(run_dir / part)
     logs_dir = make_private_dir(cfg.logs_dir)
     for part in parts[:-1]:
         logs_dir = make_private_dir(logs_dir / part)
