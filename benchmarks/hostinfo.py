@@ -48,6 +48,22 @@ def cpu_bf16_flags() -> list[str]:
     return []
 
 
+def gpu_models() -> list[str]:
+    """Each NVIDIA GPU as `nvidia-smi` names it, with its driver; empty where there is none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
 def _torch_isas() -> tuple[str | None, str | None]:
     """(oneDNN's ISA, ATen's CPU capability), or None each where torch cannot say."""
     try:
@@ -79,15 +95,17 @@ def host_facts() -> dict[str, Any]:
         "onednn_isa": isa,
         "torch_cpu_capability": capability,
         "machine": platform.machine(),
+        "gpus": gpu_models(),
     }
 
 
 def host_line() -> str:
     h = host_facts()
     bf16 = ", ".join(h["cpu_bf16_flags"]) or "no native bf16"
+    gpus = "; GPU " + " + ".join(h["gpus"]) if h["gpus"] else ""
     return (
         f"host: {h['cpu_model']}, {h['cpu_count']} cores; oneDNN ISA {h['onednn_isa']}, "
-        f"ATen {h['torch_cpu_capability']}; {bf16}"
+        f"ATen {h['torch_cpu_capability']}; {bf16}{gpus}"
     )
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py [--algos ppo,dqn,pqn] [--steps N] [--peer-dir PATH]
         [--seeds 1] [--threads N] [--repeats 1] [--venv DIR] [--buffer-size 100000]
+        [--device cpu|cuda] [--peer-python PATH]
 
 Per algorithm, for each seed and `--repeats` times (the order alternated, so that drifting load
 hits both alike), back to back on this machine's CPU with `--threads` each:
@@ -38,6 +39,11 @@ Settings (CPU, `--seed`, Breakout):
 
 `--rlsup-dir` runs the worker of another rlsup tree (a branch's `git archive`, say) with this
 venv; its algorithms and flags are asked of that tree.
+
+`--device cuda` runs both sides on the GPU (the peers' `--cuda`, rlsup's `--device cuda`); the
+host line then names the GPU. `--peer-python` takes an interpreter that already holds the peers'
+packages (a machine with no package index, where the scratch venv cannot be made); the versions
+it has are printed as the venv's are.
 
 Measured the same way for both: agent steps per second after a warm-up (the first rollout and
 update for ppo/pqn, learning_starts for dqn), (last step - first step after the warm-up) / the
@@ -169,8 +175,24 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venv(venv: Path) -> dict[str, str]:
-    """Make (or reuse) the scratch venv; the versions it resolved."""
+def peer_versions(python: Path) -> dict[str, str | None]:
+    """The versions of what the peers import, as `python` finds them (None: not there)."""
+    probe = (
+        "import importlib.metadata as m, json\n"
+        "def v(p):\n"
+        "    try:\n"
+        "        return m.version(p)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return None\n"
+        f"print(json.dumps({{p: v(p) for p in {list(REPORTED)!r}}}))"
+    )
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True)
+    versions: dict[str, str | None] = json.loads(out.stdout)
+    return versions
+
+
+def ensure_venv(venv: Path) -> None:
+    """Make (or reuse) the scratch venv."""
     pins = [CLEANRL, *PEER_PINS, *project_pins()]
     marker = venv / "rlsup-bench.json"
     py = venv_python(venv)
@@ -200,20 +222,11 @@ def ensure_venv(venv: Path) -> dict[str, str]:
                     tail = log.read_text()[-3000:]
                     raise SystemExit(f"scratch venv: {cmd[2:5]} failed (log {log}):\n{tail}")
         marker.write_text(json.dumps({"pins": pins}))
-    probe = (
-        "import importlib.metadata as m, json\n"
-        f"print(json.dumps({{p: m.version(p) for p in {list(REPORTED)!r}}}))"
-    )
-    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, check=True)
-    versions: dict[str, str] = json.loads(out.stdout)
-    return versions
 
 
-def cleanrl_script(venv: Path, name: str) -> Path:
+def cleanrl_script(python: Path, name: str) -> Path:
     where = "import cleanrl; print(list(cleanrl.__path__)[0])"  # a namespace package
-    out = subprocess.run(
-        [str(venv_python(venv)), "-c", where], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([str(python), "-c", where], capture_output=True, text=True, check=True)
     return Path(out.stdout.strip()) / name
 
 
@@ -282,7 +295,7 @@ def lr_note(worker: Worker) -> str:
     return "(CleanRL anneals it linearly to 0; this rlsup has no linear schedule: constant)"
 
 
-def ppo_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
+def ppo_row(args: argparse.Namespace, python: Path, worker: Worker) -> Row:
     envs, n_steps, minibatches, epochs = 8, 128, 4, 4
     rollout = envs * n_steps
     steps = round_up(args.steps or DEFAULT_STEPS["ppo"], rollout)
@@ -290,12 +303,12 @@ def ppo_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
         algo="ppo",
         steps=steps,
         warmup=rollout,
-        peer_script=cleanrl_script(venv, "ppo_atari_envpool.py"),
+        peer_script=cleanrl_script(python, "ppo_atari_envpool.py"),
         peer_argv=[
             "--env-id", PPO_GAME, "--total-timesteps", str(steps), "--num-envs", str(envs),
             "--num-steps", str(n_steps), "--num-minibatches", str(minibatches),
             "--update-epochs", str(epochs), "--learning-rate", "2.5e-4",
-            "--cuda", "False", "--track", "False", "--capture-video", "False",
+            "--cuda", str(args.device == "cuda"), "--track", "False", "--capture-video", "False",
         ],
         peer_step_of=iteration_steps(rollout),
         rlsup_argv=[
@@ -319,7 +332,7 @@ def vectorized_ratio(figures: dict[str, Any]) -> float | None:
     return round(float(rates[0]) / float(rates[1]), 3)
 
 
-def dqn_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
+def dqn_row(args: argparse.Namespace, python: Path, worker: Worker) -> Row:
     starts, freq, target, batch = 1_000, 4, 1_000, 32
     steps = args.steps or DEFAULT_STEPS["dqn"]
     eps = ["--start-e", "1", "--end-e", "0.01", "--exploration-fraction", "0.1"]
@@ -330,13 +343,13 @@ def dqn_row(args: argparse.Namespace, venv: Path, worker: Worker) -> Row:
         algo="dqn",
         steps=steps,
         warmup=starts + 1,
-        peer_script=cleanrl_script(venv, "dqn_atari.py"),
+        peer_script=cleanrl_script(python, "dqn_atari.py"),
         peer_argv=[
             "--env-id", DQN_PEER_GAME, "--total-timesteps", str(steps), "--num-envs", "1",
             "--batch-size", str(batch), "--train-frequency", str(freq),
             "--learning-starts", str(starts), "--target-network-frequency", str(target),
             "--buffer-size", str(args.buffer_size), "--learning-rate", "1e-4", *eps,
-            "--cuda", "False", "--track", "False", "--capture-video", "False",
+            "--cuda", str(args.device == "cuda"), "--track", "False", "--capture-video", "False",
         ],
         peer_step_of=dqn_steps(starts, freq),
         rlsup_argv=[
@@ -378,7 +391,8 @@ def pqn_row(args: argparse.Namespace, worker: Worker) -> Row:
             "--env-id", PPO_GAME, "--total-timesteps", str(steps), "--num-envs", str(envs),
             "--num-steps", str(n_steps), "--num-minibatches", str(rollout // minibatch),
             "--update-epochs", str(epochs), "--q-lambda", str(lam),
-            "--learning-rate", "2.5e-4", *eps, "--no-cuda", "--no-track", "--no-capture-video",
+            "--learning-rate", "2.5e-4", *eps, "--cuda" if args.device == "cuda" else "--no-cuda",
+            "--no-track", "--no-capture-video",
         ],
         peer_step_of=iteration_steps(rollout),
         rlsup_argv=rlsup_argv,
@@ -403,7 +417,7 @@ def _pump(stream: TextIO, sink: list[tuple[float, str]]) -> None:
         sink.append((time.monotonic(), line.rstrip("\n")))
 
 
-def run_peer(row: Row, seed: int, venv: Path, threads: int, timeout_s: float) -> dict[str, Any]:
+def run_peer(row: Row, seed: int, python: Path, threads: int, timeout_s: float) -> dict[str, Any]:
     assert row.peer_script is not None
     lines: list[tuple[float, str]] = []
     env = {
@@ -413,7 +427,7 @@ def run_peer(row: Row, seed: int, venv: Path, threads: int, timeout_s: float) ->
         "MKL_NUM_THREADS": str(threads),
         "WANDB_MODE": "disabled",
     }
-    cmd = [str(venv_python(venv)), "-W", "ignore", str(SHIM), str(row.peer_script),
+    cmd = [str(python), "-W", "ignore", str(SHIM), str(row.peer_script),
            *row.peer_argv, "--seed", str(seed)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rlsup-peer-") as tmp:  # its runs/ (TensorBoard)
         t0 = time.monotonic()
@@ -448,14 +462,16 @@ def run_peer(row: Row, seed: int, venv: Path, threads: int, timeout_s: float) ->
     }
 
 
-def run_rlsup(row: Row, seed: int, tree: Path, threads: int, timeout_s: float) -> dict[str, Any]:
+def run_rlsup(
+    row: Row, seed: int, tree: Path, threads: int, timeout_s: float, device: str = "cpu"
+) -> dict[str, Any]:
     assert row.rlsup_argv is not None
     with tempfile.TemporaryDirectory(prefix="rlsup-peers-") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [
             sys.executable, "-m", "training.worker", *row.rlsup_argv,
             "--run-dir", str(run_dir), "--total-steps", str(row.steps), "--seed", str(seed),
-            "--threads", str(threads), "--device", "cpu", "--checkpoint-every-s", "600",
+            "--threads", str(threads), "--device", device, "--checkpoint-every-s", "600",
             "--eval-episodes", "0",
         ]  # fmt: skip
         t0 = time.monotonic()
@@ -480,6 +496,7 @@ def run_rlsup(row: Row, seed: int, tree: Path, threads: int, timeout_s: float) -
         "episodes": hb.get("episodes"),
         "steps": hb.get("global_step"),
         "precision": hb.get("precision"),
+        "device": hb.get("device"),
         "wall_s": round(wall, 1),
     }
 
@@ -540,6 +557,11 @@ def main() -> None:
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="the peers' scratch venv")
     parser.add_argument("--buffer-size", type=int, default=100_000, help="dqn replay, both sides")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="both sides")
+    parser.add_argument(
+        "--peer-python", type=Path, default=None,
+        help="an interpreter that holds the peers' packages (no scratch venv is made)",
+    )  # fmt: skip
     parser.add_argument(
         "--rlsup-dir", type=Path, default=REPO,
         help="the rlsup tree whose worker runs (default: this one; the same venv runs it)",
@@ -553,20 +575,27 @@ def main() -> None:
     venv = args.venv.expanduser()
 
     print(host_line(), flush=True)
-    versions = ensure_venv(venv)
+    if args.peer_python is None:
+        ensure_venv(venv)
+        python = venv_python(venv)
+        peers_from = f"{CLEANRL} from PyPI in {venv}"
+    else:
+        python = args.peer_python
+        peers_from = f"the packages of {python}"
+    versions = peer_versions(python)
     worker = Worker.ask(args.rlsup_dir.resolve())
     peer_commit = git_commit(Path(args.peer_dir)) if args.peer_dir else None
     rlsup_commit = git_commit(worker.tree)
-    print(f"peers: {CLEANRL} from PyPI in {venv} (" + ", ".join(f"{k} {v}" for k, v in
-          versions.items()) + ")")  # fmt: skip
+    print(f"peers: {peers_from} (" + ", ".join(f"{k} {v}" for k, v in versions.items()) + ")")
     if args.peer_dir:
         print(f"pqn peer: {Path(args.peer_dir).resolve()} at commit {peer_commit}")
     commit = rlsup_commit or "- (not a git checkout)"
-    print(f"rlsup: {worker.tree} at commit {commit}; {args.threads} thread(s) per run, CPU")
+    where = "CPU" if args.device == "cpu" else "CUDA"
+    print(f"rlsup: {worker.tree} at commit {commit}; {args.threads} thread(s) per run, {where}")
 
     builders = {
-        "ppo": lambda: ppo_row(args, venv, worker),
-        "dqn": lambda: dqn_row(args, venv, worker),
+        "ppo": lambda: ppo_row(args, python, worker),
+        "dqn": lambda: dqn_row(args, python, worker),
         "pqn": lambda: pqn_row(args, worker),
     }
     rows = [builders[a]() for a in algos]
@@ -582,9 +611,11 @@ def main() -> None:
                 run: dict[str, Any] = {"seed": seed, "repeat": rep}
                 for side in sides:
                     if side == "peer":
-                        run[side] = run_peer(row, seed, venv, args.threads, args.timeout_s)
+                        run[side] = run_peer(row, seed, python, args.threads, args.timeout_s)
                     elif row.rlsup_argv is not None:
-                        run[side] = run_rlsup(row, seed, worker.tree, args.threads, args.timeout_s)
+                        run[side] = run_rlsup(
+                            row, seed, worker.tree, args.threads, args.timeout_s, args.device
+                        )
                     else:
                         continue
                     r = run[side]
@@ -600,7 +631,7 @@ def main() -> None:
                 row.runs.append(run)
 
     figures = {row.algo: summarize(row) for row in rows}
-    print(f"\n{host_line()}; {args.threads} thread(s); seeds {args.seeds}, "
+    print(f"\n{host_line()}; {args.device}; {args.threads} thread(s); seeds {args.seeds}, "
           f"{max(1, args.repeats)} run(s) per side per seed")  # fmt: skip
     head = f"{'algo':<5}{'steps':>8}{'peer steps/s':>14}{'rlsup steps/s':>15}{'rlsup/peer':>12}"
     print(head + f"{'peer last-100':>15}{'rlsup last-100':>16}")
@@ -631,9 +662,11 @@ def main() -> None:
             {
                 "benchmark": "peers",
                 "threads": args.threads,
+                "device": args.device,
                 "seeds": seeds,
                 "repeats": max(1, args.repeats),
-                "peer_venv": str(venv),
+                "peer_venv": str(venv) if args.peer_python is None else None,
+                "peer_python": str(python),
                 "peer_versions": versions,
                 "pqn_peer_dir": str(Path(args.peer_dir).resolve()) if args.peer_dir else None,
                 "pqn_peer_commit": peer_commit,

@@ -77,7 +77,12 @@ PROGRESS_EVERY_S = 2.0
 
 
 _OOM_TEXTS = (
-    "CUDA out of memory",
+    "CUDA out of memory",  # the caching allocator (torch.cuda.OutOfMemoryError's text)
+    # The driver or a CUDA library, not torch's allocator: a context, cuBLAS's workspace or a
+    # cuDNN plan that finds the GPU full (another process holds it) fails with these.
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
     "DefaultCPUAllocator: can't allocate memory",
     "DefaultCPUAllocator: not enough memory",
 )
