@@ -231,10 +231,14 @@ def cleanrl_script(python: Path, name: str) -> Path:
 
 
 def git_commit(path: Path) -> str | None:
-    proc = subprocess.run(
-        ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    )
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    """The commit of the checkout whose top is `path`; None where `path` is no checkout's top
+    (a copy of the scripts inside another repository is not that repository's commit)."""
+    ask = ["git", "-C", str(path), "rev-parse", "--show-toplevel", "HEAD"]
+    proc = subprocess.run(ask, capture_output=True, text=True, check=False)
+    lines = proc.stdout.split()
+    if proc.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != path.resolve():
+        return None
+    return lines[1]
 
 
 # ---- the rows -------------------------------------------------------------------------------

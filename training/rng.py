@@ -32,13 +32,16 @@ def capture() -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
+    """`state` as `capture` made it, its tensors wherever `torch.load(map_location=...)` put
+    them: a checkpoint resumed on a GPU loads with the GPU as its map location, and the RNG
+    states are host data (numpy and `torch.set_rng_state` take CPU tensors only)."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
     npy = state["numpy"]
-    keys = npy["keys"].numpy().astype(np.uint32)
+    keys = npy["keys"].cpu().numpy().astype(np.uint32)
     np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
-    torch.set_rng_state(state["torch"])
-    cuda_states = state.get("cuda") or []
+    torch.set_rng_state(state["torch"].cpu())
+    cuda_states = [s.cpu() for s in state.get("cuda") or []]
     if cuda_states and torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda_states)
 
