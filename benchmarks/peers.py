@@ -405,7 +405,7 @@ def pqn_row(args: argparse.Namespace, worker: Worker) -> Row:
     if args.peer_dir is None:
         row.skipped = "skipped: no --peer-dir"
     else:
-        script = Path(args.peer_dir) / "cleanrl" / "pqn_atari_envpool.py"
+        script = Path(args.peer_dir).resolve() / "cleanrl" / "pqn_atari_envpool.py"
         if script.exists():
             row.peer_script = script
         else:
