@@ -199,6 +199,9 @@ class PreemptionConfig:
     timeout_s: float = 1.0  # per request: a hung metadata service costs the watcher this
     max_preemptions: int = 10  # per 24 h: beyond, deaths under a notice count as crashes
     flush: str = "upload"  # "upload": the mirror takes preemption checkpoints first; "local"
+    # Seconds before the deadline that every game is asked for one last checkpoint (the work
+    # since the notice's checkpoint is kept too); 0 = the notice's checkpoint is the last.
+    final_checkpoint_s: float = 15.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -440,6 +443,7 @@ _PREEMPTION: dict[str, Field] = {
     "timeout_s": (_NUM, 1.0, lambda v: 0 < v <= 30, "seconds in (0, 30]"),
     "max_preemptions": ((int,), 10, _non_negative, "an integer >= 0 (per 24 hours)"),
     "flush": ((str,), "upload", lambda v: v in ("upload", "local"), '"upload" or "local"'),
+    "final_checkpoint_s": (_NUM, 15.0, lambda v: 0 <= v <= 3600, "seconds in 0..3600 (0: off)"),
 }
 _ADDRESS_RE = r"[A-Za-z0-9.\[\]:-]+:[0-9]+"
 _CLUSTER: dict[str, Field] = {

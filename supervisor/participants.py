@@ -305,18 +305,23 @@ class SpareTending:
 # out (or the machine came back): starts resume.
 PREEMPTION_LAPSE_S = 300.0
 PREEMPTION_BUDGET_WINDOW_S = 86400.0
+# A final checkpoint is asked for only where it comes at least this long after the notice's.
+FINAL_CHECKPOINT_MIN_GAP_S = 5.0
 
 
-def write_checkpoint_request(run_dir: Path, notice: Notice) -> bool:
+def write_checkpoint_request(run_dir: Path, notice: Notice, *, final: bool = False) -> bool:
     """`<run_dir>/checkpoint.request` replaced atomically by the notice's JSON (a fresh
-    mtime for readers that look only at that); False when the game has no run dir yet."""
+    mtime: a new request, for readers that look only at that); False when the game has no
+    run dir yet. `final`: the last one before the deadline (`"final": true`)."""
     if not run_dir.is_dir():
         return False
-    body = {
+    body: dict[str, Any] = {
         "reason": protocol.PREEMPTION_REASON,
         "deadline": notice.deadline,
         "provider": notice.provider,
     }
+    if final:
+        body["final"] = True
     write_json_atomic(run_dir / protocol.CHECKPOINT_REQUEST_FILE, body, durable=False)
     return True
 
@@ -341,6 +346,7 @@ class PreemptionWatch:
         self.watcher = PreemptionWatcher(cfg.preemption, wall=wall)
         self.standing: Notice | None = None
         self.counted = False  # the standing notice is within the day's max_preemptions
+        self.final_due: float | None = None  # when the final checkpoint is asked for (Unix s)
 
     def start(self) -> None:
         self.watcher.start()
@@ -381,6 +387,9 @@ class PreemptionWatch:
             elif report.kind == "detected":
                 log.info("preemption_watch", **(report.detail or {}))
         notice = self.standing
+        if notice is not None and self.final_due is not None and self.wall() >= self.final_due:
+            self.final_due = None
+            self.ask_final(notice)
         if notice is not None and self.wall() > notice.deadline + PREEMPTION_LAPSE_S:
             self.clear(f"its deadline passed {PREEMPTION_LAPSE_S:g} s ago and this host runs on")
 
@@ -409,8 +418,31 @@ class PreemptionWatch:
             "max_preemptions": self.cfg.preemption.max_preemptions,
         }
         self.recorder.event("preemption_notice", None, detail)
+        # One more checkpoint just before the deadline, unless the notice came too late for
+        # a second one to be worth it (its own checkpoint is then the last).
+        lead = self.cfg.preemption.final_checkpoint_s
+        due = notice.deadline - lead
+        worth_it = lead > 0 and due - self.wall() >= FINAL_CHECKPOINT_MIN_GAP_S
+        self.final_due = due if worth_it else None
+
+    def ask_final(self, notice: Notice) -> None:
+        asked, failed = [], {}
+        for g in self.cfg.games:
+            try:
+                if write_checkpoint_request(self.cfg.run_dir(g.name), notice, final=True):
+                    asked.append(g.name)
+            except OSError as exc:
+                failed[g.name] = str(exc)
+        detail = {
+            **notice.as_dict(),
+            "boot_id": self.boot_id(),
+            "in_s": round(notice.deadline - self.wall(), 3),
+            "checkpoint_requested": asked,
+            **({"request_failed": failed} if failed else {}),
+        }
+        self.recorder.event("preemption_final_checkpoint", None, detail)
 
     def clear(self, why: str) -> None:
-        notice, self.standing = self.standing, None
+        notice, self.standing, self.final_due = self.standing, None, None
         detail = {**(notice.as_dict() if notice else {}), "boot_id": self.boot_id(), "why": why}
         self.recorder.event("preemption_cleared", None, detail)

@@ -36,7 +36,6 @@ from supervisor.commands._common import (
     load_config_or_exit,
 )
 from supervisor.config import Config
-from supervisor.observe.preemption_fit import fit_warnings
 from supervisor.observe.schema import (
     GameDoc,
     HostDoc,
@@ -96,8 +95,7 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
         return EXIT_FAIL
     text = json.dumps(doc, indent=2) if as_json else render_human(doc)
     if not as_json:
-        standing = doc["preemption"]["provider"] if doc["preemption"] else None
-        text += "".join(f"\nwarning: {w}" for w in fit_warnings(cfg, standing))
+        text += "".join(f"\nwarning: {w}" for w in doc["preemption_fit"])
     if clear:
         text = "\033[H\033[2J" + text
     try:

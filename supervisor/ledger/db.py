@@ -85,6 +85,7 @@ EVENT_KINDS = frozenset(
         # A cloud's preemption notice ([preemption]): seen, lapsed, its watcher failing, a
         # worker that died under it, and the next boot's verdict (the machine was taken).
         "preemption_notice",
+        "preemption_final_checkpoint",
         "preemption_cleared",
         "preemption_watch_failed",
         "worker_preempted",

@@ -1,7 +1,9 @@
-"""Will a preemption's checkpoint fit in the provider's warning? Each game's newest checkpoint
-time (its worker log's last `checkpoint` line, `seconds`) plus, unless `[preemption] flush =
-"local"`, its newest upload time (mirror.json), against the grace window (aws 120 s, gcp and
-azure 30 s). `rlsup status` and `rlsup doctor` print the warnings."""
+"""Will a preemption's checkpoint fit in the provider's warning? Each game's slowest recent
+checkpoint (the `seconds` of the `checkpoint` lines in its worker log's last 256 KiB: a
+replay buffer's full rewrite counts, not only the cheap incremental one that happened last)
+plus, unless `[preemption] flush = "local"`, its newest upload time (mirror.json), against the
+grace window (aws 120 s, gcp and azure 30 s). `rlsup status` (its `preemption_fit` in --json)
+and `rlsup doctor` print the warnings."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from supervisor.mirror.state import MirrorState
 LOG_TAIL_BYTES = 256 * 1024
 
 
-def last_checkpoint_s(log: Path) -> float | None:
-    """`seconds` of the newest `checkpoint` line in the tail of a worker's JSON log."""
+def slowest_checkpoint_s(log: Path) -> float | None:
+    """The largest `seconds` of the `checkpoint` lines in the tail of a worker's JSON log."""
     try:
         with open(log, "rb") as f:
             f.seek(0, 2)
@@ -24,14 +26,16 @@ def last_checkpoint_s(log: Path) -> float | None:
             tail = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return None
-    for line in reversed(tail):
+    slowest: float | None = None
+    for line in tail:
         if '"checkpoint"' not in line:
             continue
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             entry = json.loads(line)
             if entry.get("event") == "checkpoint" and entry.get("seconds") is not None:
-                return float(entry["seconds"])
-    return None
+                seconds = float(entry["seconds"])
+                slowest = seconds if slowest is None else max(slowest, seconds)
+    return slowest
 
 
 def fit_warnings(cfg: Config, provider: str | None = None) -> list[str]:
@@ -45,7 +49,7 @@ def fit_warnings(cfg: Config, provider: str | None = None) -> list[str]:
     upload = cfg.preemption.flush == "upload"
     worst: tuple[float, str, float, float | None] | None = None
     for g in cfg.games:
-        ckpt = last_checkpoint_s(cfg.logs_dir / f"{g.name}.log")
+        ckpt = slowest_checkpoint_s(cfg.logs_dir / f"{g.name}.log")
         if ckpt is None:
             continue
         gm = mirror.games.get(g.name) if mirror is not None else None

@@ -191,3 +191,6 @@ class StatusDoc(TypedDict):
     spare: SpareDoc | None  # None: no spare was ever kept (several hosts, an old database)
     cost: CostDoc | None
     preemption: PreemptionDoc | None  # None: no notice stands on this boot
+    # Will a preemption's checkpoint (+ upload) fit its window? One warning for the slowest
+    # game, naming the knobs; [] when it fits or the provider (so its window) is unknown.
+    preemption_fit: list[str]

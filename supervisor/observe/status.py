@@ -23,6 +23,7 @@ from supervisor.ledger import accounting, db
 from supervisor.lifecycle.states import ALIVE
 from supervisor.mirror.state import MirrorState
 from supervisor.observe import readonly
+from supervisor.observe.preemption_fit import fit_warnings
 from supervisor.observe.schema import (
     SCHEMA,
     CostDoc,
@@ -84,6 +85,7 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "spare": spare,
         "cost": _cost(cfg, games, first_seen, supervisor, now, lost),
         "preemption": preemption,
+        "preemption_fit": fit_warnings(cfg, preemption["provider"] if preemption else None),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -280,6 +281,48 @@ def test_a_notice_asks_every_game_to_checkpoint_holds_starts_and_shows_in_status
     assert collect(sup.cfg, time.time())["preemption"] is None
 
 
+def test_a_final_checkpoint_is_asked_for_just_before_the_deadline(
+    make: Callable[[], Supervisor], fake: FakeMetadata, tmp_path: Path
+) -> None:
+    path = tmp_path / "rlsup.toml"
+    path.write_text(path.read_text() + "final_checkpoint_s = 3\n")
+    sup = make()
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    request = sup.cfg.run_dir("a") / protocol.CHECKPOINT_REQUEST_FILE
+    deadline = fake.post_notice(10)  # whole seconds: 9-10 s away, the final one 3 s before
+    spin(sup, lambda: kinds(sup, "preemption_notice"))
+    first = request.stat().st_mtime
+    assert "final" not in json.loads(request.read_text())
+    spin(sup, lambda: kinds(sup, "preemption_final_checkpoint"), timeout=15)
+    asked_at = time.time()
+    [ev] = kinds(sup, "preemption_final_checkpoint")
+    assert ev.detail["checkpoint_requested"] == ["a"] and ev.detail["deadline"] == deadline
+    assert 2 <= ev.detail["in_s"] <= 3.5 and deadline - asked_at <= 3.5
+    # A fresh request (a newer mtime), so a worker that served the first owes one more.
+    assert request.stat().st_mtime > first
+    assert json.loads(request.read_text()) == {
+        "reason": "preemption", "deadline": deadline, "provider": "aws", "final": True,
+    }  # fmt: skip
+    for _ in range(20):  # asked once
+        sup.safe_tick()
+        sup.wait(0.02)
+    assert len(kinds(sup, "preemption_final_checkpoint")) == 1
+
+
+def test_a_notice_too_late_for_a_second_checkpoint_asks_for_one(
+    make: Callable[[], Supervisor], fake: FakeMetadata
+) -> None:
+    sup = make()  # final_checkpoint_s = 15 (the default): a 10 s notice leaves no room
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    fake.post_notice(10)
+    spin(sup, lambda: kinds(sup, "preemption_notice"))
+    assert sup.on.preemption.final_due is None
+    for _ in range(20):
+        sup.safe_tick()
+        sup.wait(0.02)
+    assert kinds(sup, "preemption_final_checkpoint") == []
+
+
 def test_a_new_boot_after_a_notice_is_preempted_not_an_unexpected_reboot(
     make: Callable[[], Supervisor], fake: FakeMetadata, tmp_path: Path
 ) -> None:
@@ -346,3 +389,37 @@ def test_a_checkpoint_plus_upload_longer_than_the_grace_is_a_warning_naming_the_
     assert "game a's checkpoint 20 s + upload 15 s = 35 s exceeds gcp's 30 s" in warning
     assert 'flush = "local"' in warning and "checkpoint_every_s" in warning
     assert fit_warnings(cfg, "aws") == []  # 120 s
+
+
+def test_the_fit_counts_the_slowest_recent_checkpoint_and_status_json_carries_it(
+    tmp_path: Path,
+) -> None:
+    """A replay buffer's full rewrite (40 s) followed by cheap incremental ones (2 s): the
+    window must hold the slow one, which is what a notice can land on."""
+    from supervisor.observe.preemption_fit import fit_warnings
+
+    path = tmp_path / "rlsup.toml"
+    path.write_text(
+        'state_dir = "s"\n[modes.light]\nnum_envs = 1\nbatch_size = 1\nmax_concurrent = 1\n'
+        '[[games]]\nname = "a"\nenv_id = "CartPole-v1"\ntotal_steps = 10\n'
+        '[preemption]\nprovider = "gcp"\n'
+    )
+    cfg = load_config(path, check_devices=False)
+    cfg.logs_dir.mkdir(parents=True)
+    lines = [{"event": "checkpoint", "step": s, "seconds": t} for s, t in ((5, 40.0), (6, 2.0))]
+    (cfg.logs_dir / "a.log").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    [warning] = fit_warnings(cfg)
+    assert "game a's checkpoint 40 s = 40 s exceeds gcp's 30 s" in warning
+    doc = collect(cfg, time.time())
+    assert doc["preemption_fit"] == [warning]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--json", "--config", str(path)],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert json.loads(out.stdout)["preemption_fit"] == [warning]
+    human = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "status", "--config", str(path)],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert f"warning: {warning}" in human.stdout
