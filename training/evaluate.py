@@ -14,6 +14,7 @@ budget cut short (`unfinished`, left out: an unfinished game has no score).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,6 +54,7 @@ def evaluate(
     max_episode_steps: int | None = None,
     budget_s: float | None = None,
     clock: Any = time.monotonic,
+    interrupt: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Play `episodes` episodes with the learner's evaluation policy (`act_eval`); return
     mean/std/min/max over the finished ones, the counts and the protocol.
@@ -61,7 +63,8 @@ def evaluate(
     short episodes do not crowd out long ones. The actions' randomness comes from a generator
     seeded with `seed`, never from the learner's own RNG (an evaluation leaves training's
     random streams as they were). Past `budget_s` seconds the episodes still running are
-    abandoned and counted as `unfinished`.
+    abandoned and counted as `unfinished`. `interrupt` (asked every env step; a checkpoint
+    request, a preemption) abandons the evaluation at once: `interrupted` true, no figures.
     """
     proto = protocol(learner.cfg.algo, env_id, max_episode_steps)
     info: dict[str, Any] = {
@@ -69,6 +72,7 @@ def evaluate(
         "capped": 0,
         "unfinished": 0,
         "budget_hit": False,
+        "interrupted": False,
     }
     if episodes <= 0:
         return {"episodes": 0, "mean": None, "std": None, "min": None, "max": None, **info}
@@ -87,6 +91,10 @@ def evaluate(
     try:
         obs, _ = envs.reset()
         while len(returns) < episodes:
+            if interrupt is not None and interrupt():
+                info["interrupted"] = True
+                returns.clear()  # a part of the episodes says nothing of the policy
+                break
             if deadline is not None and clock() >= deadline:
                 info["budget_hit"] = True
                 info["unfinished"] = int((played < quota).sum())  # one game running in each

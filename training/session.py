@@ -442,13 +442,21 @@ class TrainingSession:
             # its result in its manifest (what keep_best ranks, across resumes and the mirror).
             due_eval = False
             if next_eval is not None and self.step >= next_eval and self.step < cfg.total_steps:
-                self._evaluate()
-                checkpointer.evaluation = self.evaluation
-                # keep_best: the evaluated policy must be in a checkpoint to be kept at all.
-                due_eval = cfg.keep_best > 0 and _scored(self.evaluation)
-                if due_eval:
-                    checkpointer.wait()  # one in flight holds an older step
-                next_eval = _next_multiple(self.step, cfg.eval_every_steps)
+                if self._evaluate(interrupt=requests.interrupt) is None:
+                    # A checkpoint request (or a stop before a deadline) cut the evaluation
+                    # short: the request first; the evaluation runs again after the next
+                    # iteration (next_eval stays).
+                    if requests.due() and self._serve_request(
+                        requests, checkpointer, counters, last_saved_step
+                    ):
+                        last_ckpt_t, last_ckpt_step = time.monotonic(), self.step
+                else:
+                    checkpointer.evaluation = self.evaluation
+                    # keep_best: the evaluated policy must be in a checkpoint to be kept.
+                    due_eval = cfg.keep_best > 0 and _scored(self.evaluation)
+                    if due_eval:
+                        checkpointer.wait()  # one in flight holds an older step
+                    next_eval = _next_multiple(self.step, cfg.eval_every_steps)
                 self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
             due_s = now - last_ckpt_t >= cfg.checkpoint_every_s
             due_steps = (
@@ -559,8 +567,9 @@ class TrainingSession:
         data = read_json_file(self.run_dir / EVAL_FILE)
         return data is not None and int(data.get("step", -1)) >= step
 
-    def _evaluate(self) -> bool:
-        """Evaluate and write eval.json; False when it could not be written (counted)."""
+    def _evaluate(self, interrupt: Callable[[], bool] | None = None) -> bool | None:
+        """Evaluate and write eval.json; False when it could not be written (counted); None
+        when `interrupt` cut it short (nothing recorded)."""
         if self.cfg.eval_episodes == 0 or self.learner is None:
             return True
         from training.evaluate import evaluate
@@ -575,7 +584,12 @@ class TrainingSession:
             seed=rng.derive_env_seed(self.cfg.seed + 1_000_003, self.step),
             threads=self.threads,
             budget_s=self.cfg.eval_budget_s,
+            interrupt=interrupt,
         )
+        if result.get("interrupted"):
+            self.log.info("evaluation_interrupted", step=self.step, seconds=round(
+                time.monotonic() - t0, 3))  # fmt: skip
+            return None
         result = {**result, "step": self.step, "time": time.time()}
         result["seconds"] = round(time.monotonic() - t0, 3)
         self.evaluation = {k: result.get(k) for k in ("step", "mean", "std", "episodes")}

@@ -316,3 +316,39 @@ def test_a_plain_stop_still_finishes_its_iteration(tmp_path: Path) -> None:
     assert committed_steps(run_dir) == [2 * PPO_ROLLOUT]
     state = _verified_state(run_dir, 2 * PPO_ROLLOUT)
     assert state["updates"] == 2 * 12 * 128  # every minibatch of both iterations
+
+
+def test_a_request_during_an_evaluation_cuts_it_and_is_served_at_once(tmp_path: Path) -> None:
+    """An evaluation can take minutes (Atari's full games): a notice landing in one abandons
+    it, checkpoints, and evaluates again after the next iteration; nothing of the cut one is
+    recorded."""
+    run_dir = tmp_path / "run"
+    args = (
+        "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "128",
+        "--batch-size", "128", "--checkpoint-every-s", "1000000", "--threads", "1",
+        "--eval-every-steps", "1024", "--eval-episodes", "200000", "--eval-budget-s", "600",
+        *FOREVER,
+    )  # fmt: skip
+    proc = start(run_dir, *args)
+    try:
+        wait_for(
+            lambda: (heartbeat(run_dir) or {}).get("phase") == P.Phase.EVALUATING.value,
+            180,
+            "an evaluation under way",
+        )
+        time.sleep(1.0)
+        made = _write_request(run_dir, reason="preemption", provider="gcp")
+        step, seen_s, report = _served(run_dir, made)
+        print(f"\nrequest during an evaluation -> committed {seen_s:.3f} s")
+        assert seen_s < 3.0, seen_s
+        assert step >= 1024 and report["committed_step"] == step
+        wait_for(
+            lambda: (heartbeat(run_dir) or {}).get("phase") == P.Phase.EVALUATING.value,
+            60,
+            "the evaluation again, after the next iteration",
+        )
+        assert not (run_dir / P.EVAL_FILE).exists()  # the cut one recorded nothing
+        assert (heartbeat(run_dir) or {}).get("eval") is None
+    finally:
+        out = kill(proc)
+    assert '"evaluation_interrupted"' in out, out[-3000:]
