@@ -10,8 +10,9 @@ the machine goes `--window-s` later, GCE's ~30 s). After `--warm-s` of training 
 posted; at the deadline every process is SIGKILLed (the machine is gone). Per game it prints:
 
 - with the watcher (`[preemption] provider = "gcp"`): notice posted -> checkpoint committed
-  (the worker's `checkpoint_request.committed`), and the steps past the newest committed
-  checkpoint at the kill (the work a resume redoes);
+  (the worker's `checkpoint_request.committed`), how long before the kill the final request's
+  checkpoint (`final_checkpoint_s`, 15 s before the deadline) committed, and the steps past
+  the newest committed checkpoint at the kill (the work a resume redoes);
 - without it (`provider = "none"`): the same steps lost, the checkpoint interval being
   `checkpoint_every_s` (300 s in the example).
 
@@ -98,11 +99,14 @@ def variant(provider: str, warm_s: float, window_s: float, device: str) -> dict[
             meta.post_notice(window_s)
             deadline = posted + window_s
             served: dict[str, float] = {}
+            final: dict[str, float] = {}  # the final request's commit, seconds before the kill
             while time.time() < deadline:
                 for name, run in runs.items():
                     req = heartbeat(run).get("checkpoint_request") or {}
                     if name not in served and req.get("committed"):
                         served[name] = float(req["committed"]) - posted
+                    if name not in final and req.get("final") and req.get("committed"):
+                        final[name] = deadline - float(req["committed"])
                 time.sleep(0.2)
             steps = {n: int(heartbeat(r).get("global_step") or 0) for n, r in runs.items()}
             newest = {n: committed(r) for n, r in runs.items()}
@@ -117,8 +121,8 @@ def variant(provider: str, warm_s: float, window_s: float, device: str) -> dict[
             meta.close()
             log.close()
     lost = {n: max(0, steps[n] - max(newest[n], 0)) for n in runs}
-    return {"provider": provider, "served_s": served, "steps": steps, "committed": newest,
-            "lost_steps": lost}  # fmt: skip
+    return {"provider": provider, "served_s": served, "final_ahead_s": final, "steps": steps,
+            "committed": newest, "lost_steps": lost}  # fmt: skip
 
 
 def main() -> None:
@@ -136,11 +140,16 @@ def main() -> None:
         f"then a GCE notice and the machine gone {args.window_s:.0f} s later; "
         f"{(time.monotonic() - t0) / 60:.1f} min in all"
     )
-    print(f"{'game':<10}{'notice->commit s':>18}{'lost with':>12}{'lost without':>14}")
+    print(
+        f"{'game':<10}{'notice->commit s':>18}{'final, s ahead':>16}{'lost with':>12}"
+        f"{'lost without':>14}"
+    )
     for name in watched["steps"]:
         s = watched["served_s"].get(name)
+        f = watched["final_ahead_s"].get(name)
         print(
             f"{name:<10}{'-' if s is None else f'{s:.2f}':>18}"
+            f"{'-' if f is None else f'{f:.2f}':>16}"
             f"{watched['lost_steps'][name]:>12}{blind['lost_steps'][name]:>14}"
         )
     times = list(watched["served_s"].values())

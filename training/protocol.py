@@ -268,9 +268,15 @@ class CheckpointRequest:
     reason: str | None = None
     deadline: float | None = None
     provider: str | None = None
+    final: bool = False  # the supervisor's last request before the deadline
 
     def details(self) -> dict[str, Any]:
-        return {"reason": self.reason, "deadline": self.deadline, "provider": self.provider}
+        return {
+            "reason": self.reason,
+            "deadline": self.deadline,
+            "provider": self.provider,
+            "final": self.final,
+        }
 
 
 def read_checkpoint_request(run_dir: str | os.PathLike[str]) -> CheckpointRequest | None:
@@ -287,6 +293,7 @@ def read_checkpoint_request(run_dir: str | os.PathLike[str]) -> CheckpointReques
         reason=_short_text(data.get("reason")),
         deadline=unix_time(data.get("deadline")),
         provider=_short_text(data.get("provider")),
+        final=data.get("final") is True,
     )
 
 
