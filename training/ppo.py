@@ -25,7 +25,7 @@ from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.metrics import Means, explained_variance
-from training.networks import ActorCritic
+from training.networks import ActorCritic, rollout_frames
 from training.optim import (
     LRSchedule,
     Precision,
@@ -267,6 +267,7 @@ class PPOLearner(RolloutCut):
         ret = returns.reshape(-1)
         valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
         size = cfg.rollout_size()
+        obs, scaled = rollout_frames(obs, self.precision.dtype)  # cast once for all epochs
         taken = 0
         for _ in range(cfg.epochs):
             if self.interrupted:
@@ -279,7 +280,7 @@ class PPOLearner(RolloutCut):
                 taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
-                    logits, new_value = self.net(obs[mb])
+                    logits, new_value = self.net(obs[mb], scaled)
                 dist = Categorical(logits=logits.float(), validate_args=False)
                 loss = ppo_loss(
                     dist.log_prob(actions[mb]),

@@ -35,7 +35,7 @@ from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.metrics import Means
-from training.networks import PQNetwork
+from training.networks import PQNetwork, rollout_frames
 from training.optim import (
     LRSchedule,
     Precision,
@@ -222,6 +222,7 @@ class PQNLearner(RolloutCut):
         actions = self.b_actions.reshape(-1, 1)
         ret = returns.reshape(-1)
         valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
+        obs, scaled = rollout_frames(obs, self.precision.dtype)  # cast once for all epochs
         size = cfg.rollout_size()
         taken = 0
         for _ in range(cfg.epochs):
@@ -235,7 +236,7 @@ class PQNLearner(RolloutCut):
                 taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
-                    q = self.q(obs[mb])
+                    q = self.q(obs[mb], scaled)
                 q_taken = q.float().gather(1, actions[mb]).squeeze(1)
                 loss = q_loss(q_taken, ret[mb], valid[mb])
                 grad_norm = self.precision.step(

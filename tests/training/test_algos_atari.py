@@ -75,3 +75,28 @@ def test_pqn_breakout_trains_and_resumes_exactly_on_either_path(precision: str) 
     assert result["episodes"] == 1 and result["protocol"]["policy"] == "epsilon-greedy"
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_the_rollouts_frames_are_cast_once_and_learn_exactly_as_per_minibatch(
+    monkeypatch: pytest.MonkeyPatch, algo: str
+) -> None:
+    """The bf16 path casts the rollout's uint8 frames once for all epochs (not once per
+    minibatch): the same values reach the first conv, so the same parameters come out."""
+    from training import networks
+
+    cfg = config(game="Breakout-v5", algo=algo, precision="bf16", **{**TINY[algo], "epochs": 2})
+    states = []
+    for limit in (networks.PRESCALE_MAX_BYTES, 0):  # cast once; per minibatch (over the limit)
+        monkeypatch.setattr(networks, "PRESCALE_MAX_BYTES", limit)
+        a = learner(cfg)
+        a.warmup_optimizer()
+        torch.manual_seed(0)
+        for _ in range(2):
+            a.iterate()
+        assert a.updates > 0
+        states.append(a.state_dict())
+        a.close()
+    key = "net" if algo == "ppo" else "q"
+    assert_same(states[0][key], states[1][key])
+    assert_same(states[0]["optimizer"], states[1]["optimizer"])
