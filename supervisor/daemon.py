@@ -227,6 +227,7 @@ class Supervisor:
             self.cfg, recorder, self.launcher, conn,
             games=lambda: self.games.values(), view=lambda: self.view,
             latest=self.sampler.latest, wall=self.wall, held=pre.holding,
+            placed=self.gpus.starts_placed,
         )  # fmt: skip
         # On several hosts each host mirrors its own games: events from mirror.json only.
         uploads = MirrorUploads(self.cfg, recorder, local=self.launcher.local)

@@ -20,7 +20,7 @@ import psutil  # type: ignore[import-untyped]
 import structlog
 
 from checkpoints.atomic import write_json_atomic
-from supervisor.config import Config
+from supervisor.config import Config, GameSpec
 from supervisor.launch.launcher import LauncherSeam
 from supervisor.launch.spare import SpareWant, decide, spare_device
 from supervisor.ledger import accounting, db
@@ -233,10 +233,12 @@ class SpareTending:
         latest: Callable[[], Vitals | None],
         wall: Callable[[], float],
         held: Callable[[], bool] = lambda: False,
+        placed: Callable[[GameSpec], bool] = lambda spec: False,
     ) -> None:
         self.cfg, self.recorder, self.launcher, self.conn = cfg, recorder, launcher, conn
         self.games, self.view, self.latest, self.wall = games, view, latest, wall
         self.held = held  # a preemption notice stands: nothing new is warmed
+        self.placed = placed  # the game's workers start placed on a GPU: never from a spare
         self._row: dict[str, Any] | None = None  # the spare's row last written
         self._ram_total_mb = psutil.virtual_memory().total / 2**20
         self._host_mode_reason = ""  # why the host runs its mode (modes.reason), last read
@@ -267,11 +269,16 @@ class SpareTending:
         pressure, not where the policy stepped the host down to its lowest mode, not when no
         game is left to start), for which device, with its log."""
         cfg = self.cfg
-        device = spare_device([g.device for g in cfg.games if g.command is None])
+        # A spare is rlsup's own worker, pre-warmed: it never serves a command game, nor a
+        # game placed on a GPU (its worker starts cold, with that GPU's CUDA_VISIBLE_DEVICES).
+        servable = [g for g in cfg.games if g.command is None and not self.placed(g)]
+        device = spare_device([g.device for g in servable] or ["cpu"])
         log_path, cwd = cfg.logs_dir / "spare.log", cfg.state_dir
-        # A spare is rlsup's own worker, pre-warmed: it never serves a command game.
         if all(rt.state in TERMINAL or rt.spec.command is not None for rt in self.games()):
             return SpareWant(False, "no game left to start", device, log_path, cwd)
+        if not servable:
+            why = "every game is placed on a GPU and starts cold: a spare could serve none"
+            return SpareWant(False, why, device, log_path, cwd)
         if self.held():
             return SpareWant(False, "a preemption notice stands", device, log_path, cwd)
         row = self.launcher.spare_row() or {}

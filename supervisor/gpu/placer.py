@@ -201,6 +201,17 @@ class GpuPlacer:
         self._cpu_fallback = (self.cfg, frozenset(name for name, _ in warnings))
         return warnings
 
+    def starts_placed(self, spec: GameSpec) -> bool:
+        """Will this game's worker start placed on a GPU (its own CUDA_VISIBLE_DEVICES, so
+        always cold: a spare warmed before the placement cannot take it)? A CUDA (or auto)
+        game where NVML answers and sees a visible GPU. Command games never are."""
+        if spec.command is not None or spec.device == "cpu" or self.trains_on_cpu(spec.name):
+            return False
+        snap = self.snapshot()
+        if snap is None or snap.ts == 0.0 or snap.hung or not snap.driver:
+            return False
+        return bool(gpuplace.visible(self.cuda_visible, _ids(snap)))
+
     def trains_on_cpu(self, name: str) -> bool:
         """Decided before the gate: an auto game rlsup said will train on the CPU."""
         if self._cpu_fallback[0] is not self.cfg:  # a reload: decide again for its games

@@ -319,3 +319,22 @@ def test_a_cuda_game_on_a_host_without_an_nvidia_driver_is_fatal_at_once(make, t
     [fatal] = events(sup, "fatal")
     assert fatal.game == "a" and fatal.detail["reason"] == reason
     assert [e.game for e in events(sup, "worker_start")] == ["c"], "a never got a worker"
+
+
+def test_no_spare_is_warmed_for_games_that_start_placed_on_a_gpu(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A placed game's worker starts cold (its own CUDA_VISIBLE_DEVICES), so a CUDA spare
+    warmed beside such games would hold a GPU context and RAM for nothing."""
+    write_scenario(tmp_path / "nvml.json", [2, 2])
+    sup = make(game("a") + game("b", device="auto"), tail="[spare]\nenabled = true\n")
+    spin(sup, running(sup, "a", "b"))
+    want = sup.on.spare.want()
+    assert want.want is False and "placed on a GPU" in want.reason, want
+    assert sup.launcher.spare_row() is None or sup.launcher.spare_row()["state"] == "stopped"
+
+
+def test_a_cpu_game_beside_placed_ones_gets_a_cpu_spare(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    write_scenario(tmp_path / "nvml.json", [2, 2])
+    sup = make(game("a") + game("c", device="cpu"), tail="[spare]\nenabled = true\n")
+    spin(sup, running(sup, "a", "c"))
+    want = sup.on.spare.want()
+    assert want.want is True and want.device == "cpu", want
