@@ -32,7 +32,7 @@ def capture() -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
-    """`state` as `capture` made it, its tensors wherever `torch.load(map_location=...)` put
+    """`state` as `capture` made it, its tensors wherever the loader's `map_location` put
     them: a checkpoint resumed on a GPU loads with the GPU as its map location, and the RNG
     states are host data (numpy and `torch.set_rng_state` take CPU tensors only)."""
     py = state["python"]
