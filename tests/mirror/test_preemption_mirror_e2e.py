@@ -123,6 +123,7 @@ def test_a_gce_notice_is_a_mirrored_checkpoint_inside_its_window_then_a_final_on
         assert ahead > 0
 
         # The machine is taken: everything dies at once.
+        old_pids = {g: (heartbeat(state, g) or {}).get("pid") for g in GAMES}
         workers = [p for g in GAMES for p in worker_pids(state, g)]
         kill_quietly(sup.pid)
         sup.wait(10)
@@ -139,7 +140,10 @@ def test_a_gce_notice_is_a_mirrored_checkpoint_inside_its_window_then_a_final_on
     try:
         wait_for(lambda: events(state, "preempted"), 60, "the preempted verdict")
         for g in GAMES:
-            wait_for(lambda g=g: training_pid(state, g), 120, f"{g} trains again")
+            # The new worker's heartbeat, not the one the killed worker left behind.
+            wait_for(
+                lambda g=g: training_pid(state, g, not_pid=old_pids[g]), 120, f"{g} trains again"
+            )
             hb = heartbeat(state, g)
             assert hb is not None and hb["resumed_from_step"] == last[g]["committed_step"]
         assert events(state, "supervisor_start")[-1]["detail"]["after"] == "preempted"

@@ -81,6 +81,7 @@ def test_a_notice_then_the_machines_loss_is_a_preemption_and_the_game_resumes(
         assert "PREEMPTION  aws terminate in" in text
 
         # The machine goes: the supervisor and its worker die at once, nothing stops cleanly.
+        old_pid = (heartbeat(state, "cart") or {}).get("pid")
         workers = worker_pids(state, "cart")
         kill_quietly(sup.pid)
         sup.wait(10)
@@ -96,7 +97,9 @@ def test_a_notice_then_the_machines_loss_is_a_preemption_and_the_game_resumes(
     sup = start_supervisor(config, env)
     try:
         wait_for(lambda: events(state, "preempted"), 60, "the preempted verdict")
-        pid = wait_for(lambda: training_pid(state, "cart"), 120, "the game trains again")
+        pid = wait_for(  # the new worker's heartbeat, not the one the killed one left
+            lambda: training_pid(state, "cart", not_pid=old_pid), 120, "the game trains again"
+        )
         hb = json.loads((state / "runs" / "cart" / "heartbeat.json").read_text())
         assert hb["pid"] == pid and (hb["resumed_from_step"] or 0) >= resumed_from
         assert hb["resumed_from_step"] >= served["committed_step"]  # nothing before it lost
