@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
     try:
-        doc = collect(cfg, time.time())
+        doc = collect(cfg, time.time(), fit=True)
     except sqlite3.Error as exc:
         print(f"rlsup: cannot read {cfg.db_path}: {exc}", file=sys.stderr)
         return EXIT_FAIL

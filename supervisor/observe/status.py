@@ -59,8 +59,10 @@ LIVE_STATES = frozenset(str(state) for state in ALIVE)  # a worker process exist
 EPH_WINDOW_S = 3600.0
 
 
-def collect(cfg: Config, now: float) -> StatusDoc:
-    """The whole status document (the JSON schema above)."""
+def collect(cfg: Config, now: float, *, fit: bool = False) -> StatusDoc:
+    """The whole status document (the JSON schema above). `fit`: also read each game's log
+    tail for `preemption_fit` (`rlsup status` asks; the metrics thread and the dashboard,
+    which recompute every few seconds, do not, and get [])."""
     with readonly.open_db_readonly(cfg.db_path) as conn:
         supervisor = _supervisor(conn, now)
         host = _host(conn, now)
@@ -85,7 +87,9 @@ def collect(cfg: Config, now: float) -> StatusDoc:
         "spare": spare,
         "cost": _cost(cfg, games, first_seen, supervisor, now, lost),
         "preemption": preemption,
-        "preemption_fit": fit_warnings(cfg, preemption["provider"] if preemption else None),
+        "preemption_fit": (
+            fit_warnings(cfg, preemption["provider"] if preemption else None) if fit else []
+        ),
     }
 
 
