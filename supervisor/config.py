@@ -170,7 +170,8 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class SpareConfig:
-    """[spare]: a pre-warmed worker process per host, handed the next start (local backend)."""
+    """[spare]: a pre-warmed worker process per host, handed the next start (on several
+    hosts: one per joined host, inside an actor of its own)."""
 
     enabled: bool | str = "auto"  # true | false | "auto" (the stability policy decides)
     min_ram_available_pct: float = 20.0  # auto: no spare below this, its own RSS counted

@@ -355,6 +355,7 @@ def _node_cell(n: NodeDoc) -> str:
     games = ", ".join(n["games"]) or "no game"
     extra = [f"lost {n['lost']}x"] if n["lost"] else []
     extra += [f"rebooted {n['reboots']}x"] if n["reboots"] else []
+    extra += [f"spare {n['spare']}"] if n.get("spare") else []
     state = "" if n["alive"] else " DOWN"
     return f"{n['host']}{state} ({games}{''.join(', ' + x for x in extra)})"
 

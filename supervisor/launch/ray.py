@@ -37,7 +37,15 @@ import structlog
 from supervisor.config import MIRROR_LOCATION_KEYS, Config
 from supervisor.launch.launcher import Launcher
 from supervisor.launch.process import HOST_LOST_RC
-from supervisor.launch.spawn import WORKER_MODULE, NoRoom, WorkerProcess, start_worker_process
+from supervisor.launch.ray_spare import HostStandby, RaySpares
+from supervisor.launch.spare import SpareWant
+from supervisor.launch.spawn import (
+    WORKER_MODULE,
+    NoRoom,
+    WorkerProcess,
+    rotate_log,
+    start_worker_process,
+)
 from supervisor.mirror.state import GameMirror, MirrorState
 from training import args as worker_args
 from training import protocol
@@ -103,6 +111,31 @@ class WorkerHost:
         self.mirror_failures = 0
         self.fenced = False
         self._remote: Any = None
+        self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
+
+    def warm(self) -> dict[str, Any]:
+        """A spare actor (not yet any game's): start the standby worker and wait until it is
+        ready (ray_spare.py); what it reported. OSError when it did not get ready."""
+        _private_dir(self.root / "logs")
+        self.standby = HostStandby(self.root / "logs" / "spare.log", self.root)
+        pid = self.standby.start()
+        ready = self.standby.wait_ready()
+        return {"pid": pid, "host": self.host, "device": ready.get("device"),
+                "warm_s": ready.get("warm_s"), "priority": ready.get("priority")}  # fmt: skip
+
+    def spare_state(self) -> str:
+        """A spare actor's standby: ready, warming or lost."""
+        return self.standby.state() if self.standby is not None else "lost"
+
+    def take(
+        self, game: str, epoch: int, mirror: dict[str, Any] | None, cfg_json: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A spare actor becomes `game`'s at `epoch`: its standby becomes the worker (a cold
+        start here when the standby cannot take it)."""
+        self.game, self.epoch, self.mirror = game, epoch, mirror
+        self.run_dir = self.root / "runs" / game
+        self.log_path = self.root / "logs" / f"{game}.log"
+        return self.start(cfg_json)
 
     def start(self, cfg_json: dict[str, Any]) -> dict[str, Any]:
         cfg = worker_args.WorkerConfig.from_json(
@@ -112,11 +145,19 @@ class WorkerHost:
         _private_dir(self.log_path.parent)
         with contextlib.suppress(FileNotFoundError):
             (self.run_dir / protocol.HEARTBEAT_FILE).unlink()
-        self.popen = start_worker_process(
-            [sys.executable, "-P", "-m", WORKER_MODULE, *cfg.to_argv()], self.log_path, self.run_dir
-        )
+        argv, served = cfg.to_argv(), "cold"
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            rotate_log(self.log_path)
+            self.popen = standby.hand_over(argv, self.run_dir, self.log_path)
+            served = "spare" if self.popen is not None else "cold"
+        if self.popen is None:
+            self.popen = start_worker_process(
+                [sys.executable, "-P", "-m", WORKER_MODULE, *argv], self.log_path, self.run_dir
+            )
         threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
-        return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root)}
+        return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root),
+                "served": served}  # fmt: skip
 
     def _watch(self) -> None:
         """Mirror the newest checkpoint while the worker runs, once more after it exits (its
@@ -170,6 +211,8 @@ class WorkerHost:
 
     def status(self) -> dict[str, Any]:
         return {
+            "game": self.game,  # "" for a spare actor not yet any game's
+            "epoch": self.epoch,
             "rc": self.rc,
             "pid": self.popen.pid if self.popen else None,
             "heartbeat": _read(self.run_dir / protocol.HEARTBEAT_FILE),
@@ -182,7 +225,13 @@ class WorkerHost:
         }
 
     def signal(self, sig: int) -> None:
-        """SIGTERM (+SIGCONT: a stopped process cannot act on it) or SIGKILL its group."""
+        """SIGTERM (+SIGCONT: a stopped process cannot act on it) or SIGKILL its group. A spare
+        actor's standby is stopped instead (it ran nothing: exit status 0)."""
+        if self.popen is None and self.standby is not None:
+            standby, self.standby = self.standby, None
+            standby.stop()
+            self.rc = 0
+            return
         if self.popen is None or self.popen.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -204,6 +253,60 @@ def _actor_class() -> Any:
 
 
 # ---- the supervisor side ------------------------------------------------------------------
+
+
+class _SpareApi:
+    """The Ray calls `RaySpares` makes (ray_spare.py), for the launcher's cluster."""
+
+    def __init__(self, launcher: RayLauncher) -> None:
+        self.launcher = launcher
+
+    def create(self, host: str, node_id: str, name: str) -> Any:
+        """A spare actor on `host`: no CPU of Ray's accounting (an idle spare is niced and
+        single-threaded; the launcher counts each host's games itself, `_choose`)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return (
+            _actor_class()
+            .options(
+                name=name,
+                namespace=self.launcher.cfg.cluster.namespace,
+                lifetime="detached",
+                max_restarts=0,
+                max_concurrency=4,
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            )
+            .remote("", 0, None)
+        )
+
+    @staticmethod
+    def warm(actor: Any) -> Any:
+        return actor.warm.remote()
+
+    @staticmethod
+    def check(actor: Any) -> Any:
+        return actor.spare_state.remote()
+
+    @staticmethod
+    def done(ref: Any) -> bool:
+        import ray
+
+        ready, _ = ray.wait([ref], timeout=0)
+        return bool(ready)
+
+    @staticmethod
+    def get(ref: Any) -> Any:
+        import ray
+
+        return ray.get(ref, timeout=5)
+
+    @staticmethod
+    def kill(actor: Any) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
 
 
 def _location(cfg: Config) -> tuple[str, ...] | None:
@@ -357,6 +460,8 @@ class RayLauncher(Launcher):
             state if state is not None and state.url == url else MirrorState(url=url)
         )
         self._failures_seen: dict[int, int] = {}  # id(proc) -> its actor's failures reported
+        self._spare_api = _SpareApi(self)
+        self.spares = RaySpares(self._spare_api)  # a spare actor on every live host
 
     def configure(self, cfg: Config) -> None:
         """A reload: the configuration now in force. The supervisor refuses a reload that
@@ -399,11 +504,29 @@ class RayLauncher(Launcher):
                     signal.signal(sig, handler)
 
     def close(self) -> None:
+        """At the supervisor's exit: no spare actor outlives it (they are detached)."""
         with contextlib.suppress(Exception):
             import ray
 
             if ray.is_initialized():
+                self.spares.close()
                 ray.shutdown()
+
+    # ---- the hosts' spares ----------------------------------------------------------------
+    def tend_spare(self, want: SpareWant, now: float) -> list[tuple[str, str | None, Any]]:
+        """Once a tick: a spare actor on every live host while the policy wants a spare
+        (ray_spare.py). None where each game takes a GPU (`gpus_per_game`): Ray places such
+        a worker with its GPU, which an actor made before the placement does not hold."""
+        if want.want and self.cfg.cluster.gpus_per_game:
+            want = dataclasses.replace(
+                want, want=False,
+                reason="each game takes a GPU ([cluster] gpus_per_game): its worker starts cold",
+            )  # fmt: skip
+        hosts = {h: seen.node_id for h, seen in self.hosts.items() if seen.alive}
+        return self.spares.tend(want, hosts, now)
+
+    def spare_row(self) -> dict[str, Any] | None:
+        return self.spares.row()
 
     def remote(self) -> Any:
         from checkpoints.remote import RemoteLocation, RemoteStore, make_client
@@ -500,7 +623,6 @@ class RayLauncher(Launcher):
         command: bool = False,  # never: the config refuses command games on Ray
     ) -> WorkerProcess:
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         cfg = worker_args.WorkerConfig.from_argv(argv)
         game = cfg.mirror_name or Path(cfg.run_dir).name
@@ -513,6 +635,62 @@ class RayLauncher(Launcher):
         m = self.cfg.mirror
         mirror = None if m is None else {"url": m.url, "endpoint_url": m.endpoint_url or None,
                                           "region": m.region or None}  # fmt: skip
+        cfg_json = cfg.to_json()
+        actor, info = None, None
+        if (spare := self.spares.take(host)) is not None:
+            try:  # the host's ready spare becomes the game's worker
+                info = ray.get(spare.actor.take.remote(game, epoch, mirror, cfg_json),
+                               timeout=START_TIMEOUT_S)  # fmt: skip
+                actor = spare.actor
+            except Exception as exc:  # gone since its last check: a cold start below
+                log.warning("spare_take_failed", game=game, host=host, error=str(exc)[:300])
+                self._spare_api.kill(spare.actor)
+                # A worker it may still have started is fenced out: the cold one gets the
+                # next epoch.
+                epoch = self._advance_fence(game, host)
+                cfg = dataclasses.replace(cfg, epoch=epoch)
+                cfg_json = cfg.to_json()
+        if actor is None or info is None:
+            actor, info = self._start_cold(game, epoch, host, node_id, mirror, cfg_json)
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        proc = RayWorkerProcess(
+            popen=None,  # type: ignore[arg-type]
+            pidfd=read_fd,
+            create_time=0.0,  # not a process of this host: never a local leftover
+            started_mono=now_mono,
+            start_ticks=None,
+            served=str(info.get("served") or "cold"),
+            game=game,
+            host=str(info.get("host") or host),
+            node_id=node_id,
+            epoch=epoch,
+            actor=actor,
+            view_dir=view_dir,
+            lost_after_s=c.host_lost_after_s,
+            remote_pid=int(info["pid"]),
+            _ok_at=time.monotonic(),
+            _write_fd=write_fd,
+            on_report=self._on_report,
+        )
+        self.placed[game] = proc
+        log.info("placed", game=game, host=proc.host, epoch=epoch, pid=proc.pid,
+                 served=proc.served)  # fmt: skip
+        return proc
+
+    def _start_cold(
+        self,
+        game: str,
+        epoch: int,
+        host: str,
+        node_id: str,
+        mirror: dict[str, Any] | None,
+        cfg_json: dict[str, Any],
+    ) -> tuple[Any, dict[str, Any]]:
+        """A new actor for `game` on `host`, its worker started there: (actor, what it said)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        c = self.cfg.cluster
         actor = (
             _actor_class()
             .options(
@@ -528,33 +706,12 @@ class RayLauncher(Launcher):
             .remote(game, epoch, mirror)
         )
         try:
-            info = ray.get(actor.start.remote(cfg.to_json()), timeout=START_TIMEOUT_S)
+            info = ray.get(actor.start.remote(cfg_json), timeout=START_TIMEOUT_S)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
             raise OSError(f"cannot start {game} on host {host}: {exc}") from exc
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        proc = RayWorkerProcess(
-            popen=None,  # type: ignore[arg-type]
-            pidfd=read_fd,
-            create_time=0.0,  # not a process of this host: never a local leftover
-            started_mono=now_mono,
-            start_ticks=None,
-            game=game,
-            host=str(info.get("host") or host),
-            node_id=node_id,
-            epoch=epoch,
-            actor=actor,
-            view_dir=view_dir,
-            lost_after_s=c.host_lost_after_s,
-            remote_pid=int(info["pid"]),
-            _ok_at=time.monotonic(),
-            _write_fd=write_fd,
-            on_report=self._on_report,
-        )
-        self.placed[game] = proc
-        log.info("placed", game=game, host=proc.host, epoch=epoch, pid=proc.pid)
-        return proc
+        return actor, info
 
     def _advance_fence(self, game: str, host: str) -> int:
         """The game's new placement epoch, within FENCE_TIMEOUT_S; OSError (a spawn failure:
@@ -622,20 +779,26 @@ class RayLauncher(Launcher):
                 actor.signal.remote(int(signal.SIGTERM))
         deadline = time.monotonic() + grace_s
         pending = dict(actors)
+        seen = {name: name for name in actors}  # a spare that became a game's: game@epoch
         while pending and time.monotonic() < deadline:
             for name, actor in list(pending.items()):
                 try:
-                    if ray.get(actor.status.remote(), timeout=5)["rc"] is not None:
-                        del pending[name]
+                    st = ray.get(actor.status.remote(), timeout=5)
                 except Exception:
                     del pending[name]  # dead already
+                    continue
+                if st.get("game"):
+                    seen[name] = actor_name(str(st["game"]), int(st.get("epoch") or 0))
+                if st["rc"] is not None:
+                    del pending[name]
             if pending:
                 time.sleep(0.5)
         for actor in actors.values():
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-        log.info("leftover_actors_stopped", actors=sorted(actors), unfinished=sorted(pending))
-        return sorted(actors)
+        log.info("leftover_actors_stopped", actors=sorted(seen.values()),
+                 unfinished=sorted(pending))  # fmt: skip
+        return sorted(seen.values())
 
     def _on_report(self, proc: RayWorkerProcess, st: dict[str, Any]) -> None:
         """mirror.json for `rlsup status` and the mirror events, from the hosts' reports."""

@@ -151,6 +151,7 @@ class NodeDoc(TypedDict):
     lost: int  # times it was lost (node_lost)
     reboots: int  # times it came back with a new boot id (node_reboot)
     boot_id: str | None
+    spare: str | None  # its spare worker: warming | ready (from the spare_* events); None
 
 
 class SpareDoc(TypedDict):

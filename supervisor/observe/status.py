@@ -68,7 +68,7 @@ def collect(cfg: Config, now: float, *, fit: bool = False) -> StatusDoc:
         host = _host(conn, now)
         mode = _mode(conn, cfg)
         games = _games(conn, cfg, now)
-        nodes = _nodes(conn, games)
+        nodes = _nodes(conn, games, running=supervisor["state"] == "running")
         spare = _spare(conn, supervisor)
         preemption = _preemption(conn, supervisor, now)
         first_seen = db.first_boot_seen(conn)
@@ -158,32 +158,47 @@ def _times(
 
 
 NODE_EVENTS = ["node_joined", "node_lost", "node_reboot"]
+# A host's spare (several hosts: these events carry a `host`; this host's own carry none).
+SPARE_STATE = {"spare_spawned": "warming", "spare_ready": "ready", "spare_lost": None,
+               "spare_stopped": None}  # fmt: skip
 
 
-def _nodes(conn: sqlite3.Connection | None, games: list[GameDoc]) -> list[NodeDoc]:
-    """Several hosts: each host in the ledger (node_* events), with the games on it now."""
+def _nodes(
+    conn: sqlite3.Connection | None, games: list[GameDoc], running: bool = True
+) -> list[NodeDoc]:
+    """Several hosts: each host in the ledger (node_* events), with the games on it now and,
+    while the supervisor runs, its spare (spare_* events that name a host)."""
     out: dict[str, NodeDoc] = {}
 
     def node(host: str) -> NodeDoc:
         return out.setdefault(host, {"host": host, "games": [], "alive": False, "joined": None,
-                                     "lost": 0, "reboots": 0, "boot_id": None})  # fmt: skip
+                                     "lost": 0, "reboots": 0, "boot_id": None,
+                                     "spare": None})  # fmt: skip
 
     if conn is not None:
         try:
-            ledger = db.events(conn, kind=NODE_EVENTS)
+            ledger = db.events(conn, kind=[*NODE_EVENTS, *SPARE_STATE])
         except sqlite3.Error:
             ledger = []
+        spares: dict[str, str | None] = {}
         for e in ledger:
             host = e.detail.get("host")
             if not isinstance(host, str):
+                continue
+            if e.kind in SPARE_STATE:
+                spares[host] = SPARE_STATE[e.kind]
                 continue
             n = node(host)
             if e.kind == "node_lost":
                 n["lost"] += 1
                 n["alive"] = False
+                spares[host] = None
                 continue
             n["reboots"] += e.kind == "node_reboot"
             n["alive"], n["joined"], n["boot_id"] = True, e.ts, e.detail.get("boot_id")
+        for host, spare in spares.items():
+            if host in out and out[host]["alive"] and running:
+                out[host]["spare"] = spare
     for g in games:
         if g["host"] and g["state"] in LIVE_STATES:
             node(g["host"])["games"].append(g["name"])

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
@@ -46,7 +47,7 @@ DQN_ARGS = (
 
 
 def write_cluster_config(
-    tmp: Path, lc: LoopbackCluster, weed: Weed, url: str, games: list[str]
+    tmp: Path, lc: LoopbackCluster, weed: Weed, url: str, games: list[str], extra: str = ""
 ) -> Path:
     text = (
         'state_dir = "state"\ncheckpoint_every_s = 1\nstop_grace_s = 30\ntick_s = 0.5\n'
@@ -60,7 +61,7 @@ def write_cluster_config(
         "budget_window_s = 600\nstable_after_s = 30\n"
         "[watchdog]\nstartup_grace_s = 120\nhang_timeout_s = 60\nkill_grace_s = 10\n"
         f'[mirror]\nurl = "{url}"\nendpoint_url = "{weed.endpoint}"\nkeep = 3\n'
-        f'[cluster]\nbackend = "ray"\naddress = "{lc.address}"\nhost_lost_after_s = 15\n'
+        f'[cluster]\nbackend = "ray"\naddress = "{lc.address}"\nhost_lost_after_s = 15\n' + extra
     )
     path = tmp / "rlsup.toml"
     path.write_text(text)
@@ -247,7 +248,10 @@ def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
 
         sup = start_supervisor(config, ray_env)
         [stopped] = wait_for(lambda: events(state, "leftovers_stopped"), 120, "leftovers")
-        assert stopped["detail"]["actors"] == [f"g1@{first['epoch']}"]
+        actors = stopped["detail"]["actors"]
+        assert [a for a in actors if not a.startswith("spare@")] == [f"g1@{first['epoch']}"]
+        # The hosts' idle spares (detached actors) were the predecessor's leftovers too.
+        assert all(a.split("#")[0] in ("spare@h1", "spare@h2") for a in actors[1:]), actors
         second = wait_for(lambda: placements(state, "g1")[1:], 120, "g1 placed again")[0]
         assert second["epoch"] == first["epoch"] + 1
         resumed = wait_for(lambda: resumed_hb(state, second["pid"]), 180, "g1 resumed")
@@ -260,3 +264,86 @@ def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
         most = watch.stop()
     assert most == 1, f"{most} workers of g1 ran at once"
     assert json.loads((state / "runs" / "g1" / "heartbeat.json").read_text())["host"]
+
+
+def ready_spare(state: Path, host: str, after: int = 0) -> dict[str, Any] | None:
+    """The newest `spare_ready` of `host` recorded after event id `after`."""
+    found = [e for e in events(state, "spare_ready") if e["detail"].get("host") == host]
+    found = [e for e in found if e["id"] > after]
+    return found[-1] if found else None
+
+
+def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(
+    two_hosts: LoopbackCluster,
+    weed: Weed,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    ray_env: dict[str, str],
+) -> None:
+    lc = two_hosts
+    url, remote = _mirror(weed, request)
+    spare_on = "[spare]\nenabled = true\n"
+    config = write_cluster_config(tmp_path, lc, weed, url, ["g1"], extra=spare_on)
+    state = tmp_path / "state"
+    sup = start_supervisor(config, ray_env)
+    watch = MaxWorkers(lc.root, "g1")
+    try:
+        [first] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed")
+        assert first["served"] == "cold", "no spare is ready at the very first start"
+        for host in ("h1", "h2"):
+            wait_for(lambda h=host: ready_spare(state, h), 180, f"a spare ready on {host}")
+        wait_for(lambda: resumed_hb(state, first["pid"]) or heartbeat(state, "g1"), 60, "hb")
+        doc = json.loads(rlsup("status", "--json", "--config", str(config), env=ray_env).stdout)
+        assert {n["host"]: n["spare"] for n in doc["nodes"]} == {"h1": "ready", "h2": "ready"}
+        assert doc["spare"]["state"] == "ready" and "ready on h1, h2" in doc["spare"]["reason"]
+
+        # A worker crash on its host: the spare of the host it is placed on next takes it.
+        [proc] = worker_processes(lc.root, "g1")
+        proc.send_signal(signal.SIGKILL)
+        again = wait_for(lambda: placements(state, "g1")[1:], 60, "g1 restarted")[0]
+        assert again["served"] == "spare", again
+        assert not events(state, "leftovers_stopped")
+        started = wait_for(
+            lambda: [e for e in events(state, "worker_training", "g1")
+                     if e["detail"]["pid"] == again["pid"]],
+            120, "the spare-served worker training",
+        )[0]["detail"]  # fmt: skip
+        assert started["served"] == "spare"
+        crash = [e for e in events(state, None, "g1") if e["detail"].get("to") == "exited"]
+        assert crash and crash[-1]["detail"]["exit"] != "host_lost"
+
+        # Its host dies: the game moves to the other host, whose spare takes it and resumes
+        # from the mirror.
+        wait_for(lambda: len(remote.manifest_steps("g1")) >= 2, 180, "mirrored checkpoints")
+        after = max(e["id"] for e in events(state, None))
+        other = "h2" if again["host"] == "h1" else "h1"
+        wait_for(lambda: ready_spare(state, other) is not None, 180, f"a spare on {other}")
+        lc.kill_host(again["host"])
+        mirrored = remote.manifest_steps("g1")[-1]
+        moved = wait_for(lambda: placements(state, "g1")[2:], 120, "g1 placed again")[0]
+        assert moved["host"] == other and moved["served"] == "spare", moved
+        resumed = wait_for(lambda: resumed_hb(state, moved["pid"]), 180, "moved worker resumed")
+        assert resumed["resumed_from_step"] >= mirrored
+        lost = [e["detail"] for e in events(state, "spare_lost") if e["id"] > after]
+        # Its spare went with it (seen as the host lost, or as its actor dead first).
+        assert [d["host"] for d in lost] == [again["host"]], lost
+        assert not events(state, "worker_crash") or all(
+            e["detail"].get("pid") != moved["pid"] for e in events(state, "worker_crash")
+        )
+    finally:
+        stop_supervisor(sup)
+        most = watch.stop()
+    assert sup.returncode == 0
+    assert most == 1, f"{most} workers of g1 ran at once"
+    assert not worker_processes(lc.root, "g1")
+
+    def standbys() -> list[int]:
+        out = []
+        for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            here = str(p.info["cwd"] or "").startswith(str(lc.root))
+            if "--standby" in cmd and here and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        return out
+
+    wait_for(lambda: not standbys(), 30, "no spare outliving the supervisor")
