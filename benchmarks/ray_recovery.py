@@ -1,17 +1,22 @@
 """Several hosts: how long from a host's death until its game trains again on another host,
-against the single-host recovery (a SIGKILLed worker restarted in place) measured in the same
+and from a worker's SIGKILL on a Ray host until it trains again, against the single-host
+recovery (a SIGKILLed worker restarted in place, cold and from the spare) measured in the same
 run on the same machine.
 
-    python benchmarks/ray_recovery.py [--rounds 5]
+    python benchmarks/ray_recovery.py [--rounds 5] [--no-spare]
 
 Ray: a loopback cluster (a head that places nothing and two hosts, each its own raylet and run
 dir; short health checks), a real SeaweedFS mirror, one CartPole DQN game under `rlsup run
---backend ray`. Each round waits until the game trains and has mirrored a checkpoint of its
-current placement, kills its host (every process of that node SIGKILLed), and times until the
-heartbeat of the moved worker says `training` (it has restored the mirrored checkpoint, built
-its learner, and is about to take its first step); then a fresh host joins for the next round.
-Single host: the same game under `rlsup run` on this host; each round SIGKILLs the worker and
-times until its replacement's heartbeat says `training`. Ends with one JSON line.
+--backend ray` with `[spare] enabled = true` (each host keeps a spare in an actor of its own;
+`--no-spare`: every start cold, the figures before the hosts' spares). Worker rounds SIGKILL the
+game's worker on its host once every host's spare is ready; host rounds wait until the game
+trains and has mirrored a checkpoint of its current placement, kill its host (every process of
+that node SIGKILLed), and time until the heartbeat of the moved worker says `training` (it has
+restored the mirrored checkpoint, built its learner, and is about to take its first step); then
+a fresh host joins for the next round. Single host: the same game under `rlsup run` on this
+host, each round SIGKILLs the worker and times until its replacement's heartbeat says
+`training`, once with `[spare] enabled = false` (cold) and once with it true. Ends with one
+JSON line.
 """
 
 from __future__ import annotations
@@ -72,13 +77,25 @@ def _training(state: Path, pid: int) -> dict[str, Any] | None:
     return hb if hb and hb["pid"] == pid and hb["phase"] == "training" else None
 
 
-def ray_rounds(tmp: Path, rounds: int) -> list[float]:
+def _spare_ready_everywhere(state: Path, hosts: list[str]) -> bool:
+    """Every host's newest spare event is its `spare_ready` (a ready spare, not yet taken)."""
+    last: dict[str, str] = {}
+    for e in events(state, None):
+        host = e["detail"].get("host")
+        if e["kind"].startswith("spare_") and isinstance(host, str):
+            last[host] = e["kind"]
+    return all(last.get(h) == "spare_ready" for h in hosts)
+
+
+def ray_rounds(tmp: Path, rounds: int, spare: bool) -> tuple[list[float], list[float]]:
+    """(worker SIGKILL rounds, host death rounds) on a loopback cluster."""
     from checkpoints.remote import RemoteLocation, RemoteStore, make_client
 
     tmp.mkdir(parents=True)
     env = env_for(tmp, **TEST_AWS_ENV, RAY_USAGE_STATS_ENABLED="0")
     os.environ.update(TEST_AWS_ENV)
-    times: list[float] = []
+    kills: list[float] = []
+    deaths: list[float] = []
     with (
         running_weed(tmp / "weed") as weed,
         loopback_cluster(tmp / "hosts", ["h1", "h2"], python_env(env)) as lc,
@@ -89,28 +106,58 @@ def ray_rounds(tmp: Path, rounds: int) -> list[float]:
         config = tmp / "ray.toml"
         config.write_text(
             COMMON
+            + _spare_table(spare)
             + f'[mirror]\nurl = "{url}"\nendpoint_url = "{weed.endpoint}"\nkeep = 3\n'
             + f'[cluster]\nbackend = "ray"\naddress = "{lc.address}"\nhost_lost_after_s = 15\n'
         )
         state = tmp / "state"
         sup = start_supervisor(config, env)
+        n = 0  # placements so far
         try:
             for i in range(rounds):
-                times.append(_one_ray_round(lc, state, remote, i))
-                print(f"ray round {i + 1}: {times[-1]:.2f} s", flush=True)
-                lc.add_host(f"h{i + 3}")  # a spare for the next round
+                kills.append(_one_worker_round(lc, state, n, spare))
+                n += 1
+                print(f"ray worker round {i + 1}: {kills[-1]:.2f} s", flush=True)
+            for i in range(rounds):
+                deaths.append(_one_ray_round(lc, state, remote, n, spare))
+                n += 1
+                print(f"ray host round {i + 1}: {deaths[-1]:.2f} s", flush=True)
+                lc.add_host(f"h{i + 3}")  # a host for the next round
         finally:
             stop_supervisor(sup)
-    return times
+    return kills, deaths
 
 
-def _one_ray_round(lc: LoopbackCluster, state: Path, remote: Any, i: int) -> float:
+def _one_worker_round(lc: LoopbackCluster, state: Path, i: int, spare: bool) -> float:
+    from tests.cluster.ray_cluster import worker_processes
+
+    placed = wait_for(lambda: _placements(state)[i:], 180, f"placement {i + 1}")[0]
+    wait_for(lambda: _training(state, placed["pid"]), 180, "training")
+    if spare:
+        wait_for(lambda: _spare_ready_everywhere(state, list(lc.nodes)), 180, "every spare")
+    time.sleep(3)  # a checkpoint or two, as in the single-host rounds
+    [proc] = worker_processes(lc.root, "g1")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGKILL)
+    again = wait_for(lambda: _placements(state)[i + 1 :], 180, "restarted")[0]
+    wait_for(lambda: _training(state, again["pid"]), 180, "training again", poll=0.05)
+    return time.monotonic() - t0
+
+
+def _spare_table(spare: bool) -> str:
+    return f"[spare]\nenabled = {'true' if spare else 'false'}\n"
+
+
+def _one_ray_round(lc: LoopbackCluster, state: Path, remote: Any, i: int, spare: bool) -> float:
     placed = wait_for(lambda: _placements(state)[i:], 180, f"placement {i + 1}")[0]
     wait_for(lambda: _training(state, placed["pid"]), 180, "training")
     start_step = heartbeat(state, "g1")["global_step"]  # type: ignore[index]
     wait_for(
         lambda: (s := remote.manifest_steps("g1")) and s[-1] > start_step, 180, "a mirrored ckpt"
     )
+    if spare:
+        others = [h for h in lc.nodes if h != placed["host"]]
+        wait_for(lambda: _spare_ready_everywhere(state, others), 180, "the other hosts' spares")
     t0 = time.monotonic()
     lc.kill_host(placed["host"])
     moved = wait_for(lambda: _placements(state)[i + 1 :], 180, "placed again")[0]
@@ -129,44 +176,67 @@ def _one_local_round(state: Path, i: int) -> float:
     return time.monotonic() - t0
 
 
-def local_rounds(tmp: Path, rounds: int) -> list[float]:
+def local_rounds(tmp: Path, rounds: int, spare: bool) -> list[float]:
     tmp.mkdir(parents=True)
     env = env_for(tmp)
     config = tmp / "local.toml"
-    config.write_text(COMMON)
+    config.write_text(COMMON + _spare_table(spare))
     state = tmp / "state"
     sup = start_supervisor(config, env)
     times: list[float] = []
     try:
         for i in range(rounds):
+            if spare:
+                wait_for(lambda: _local_spare_ready(state), 180, "the spare ready")
             times.append(_one_local_round(state, i))
-            print(f"single-host round {i + 1}: {times[-1]:.2f} s", flush=True)
+            side = "spare" if spare else "cold"
+            print(f"single-host round {i + 1} ({side}): {times[-1]:.2f} s", flush=True)
     finally:
         stop_supervisor(sup)
     return times
 
 
+def _local_spare_ready(state: Path) -> bool:
+    last = [e["kind"] for e in events(state, None) if e["kind"].startswith("spare_")]
+    return bool(last) and last[-1] == "spare_ready"
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"median_s": round(statistics.median(xs), 2), "worst_s": round(max(xs), 2)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-spare", action="store_true", help="Ray hosts keep no spare")
     args = parser.parse_args()
+    spare = not args.no_spare
     with tempfile.TemporaryDirectory(prefix="rlsup-bench-ray-") as d:
-        local = local_rounds(Path(d) / "local", args.rounds)
-        ray = ray_rounds(Path(d) / "ray", args.rounds)
+        cold = local_rounds(Path(d) / "local-cold", args.rounds, spare=False)
+        warm = local_rounds(Path(d) / "local-spare", args.rounds, spare=True)
+        kills, deaths = ray_rounds(Path(d) / "ray", args.rounds, spare)
+    med = statistics.median
     out = {
         "rounds": args.rounds,
-        "single_host_median_s": round(statistics.median(local), 2),
-        "single_host_worst_s": round(max(local), 2),
-        "host_death_median_s": round(statistics.median(ray), 2),
-        "host_death_worst_s": round(max(ray), 2),
-        "ratio_median": round(statistics.median(ray) / statistics.median(local), 2),
+        "ray_spare": spare,
+        "single_host_cold": _stats(cold),
+        "single_host_spare": _stats(warm),
+        "ray_worker_kill": _stats(kills),
+        "ray_host_death": _stats(deaths),
+        "host_death_vs_single_host_cold": round(med(deaths) / med(cold), 2),
+        "ray_worker_kill_vs_single_host_spare": round(med(kills) / med(warm), 2),
+        "ray_worker_kill_vs_single_host_cold": round(med(kills) / med(cold), 2),
     }
+    side = "with a spare on every host" if spare else "no spare on the hosts"
     print(
-        f"single host (worker SIGKILL -> training again): median {out['single_host_median_s']} "
-        f"s, worst {out['single_host_worst_s']} s\n"
-        f"several hosts (host death -> training on another host): median "
-        f"{out['host_death_median_s']} s, worst {out['host_death_worst_s']} s "
-        f"({out['ratio_median']}x the single-host median)"
+        f"single host, worker SIGKILL -> training again: cold median {med(cold):.2f} s "
+        f"(worst {max(cold):.2f}), from the spare {med(warm):.2f} s (worst {max(warm):.2f})\n"
+        f"several hosts ({side}): worker SIGKILL -> training again: median {med(kills):.2f} s "
+        f"(worst {max(kills):.2f}; {out['ray_worker_kill_vs_single_host_spare']}x the single "
+        f"host's spare, {out['ray_worker_kill_vs_single_host_cold']}x its cold restart)\n"
+        f"several hosts ({side}): host death -> training on another host: median "
+        f"{med(deaths):.2f} s (worst {max(deaths):.2f}; "
+        f"{out['host_death_vs_single_host_cold']}x the single host's cold restart; target <= 1.2x)"
     )
     print(host_line())
     print(json.dumps({**out, "host": host_facts()}))

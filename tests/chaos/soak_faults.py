@@ -367,20 +367,44 @@ class Injector:
 
         if self._done(game) or not self._wait_for(ready, 60):
             return None
+        # The bit is flipped while the worker is stopped (it commits nothing meanwhile), then
+        # it is killed: flipped after the kill, a replacement from the spare (restarted at
+        # once, loading within ~0.1 s) could read the chunk before the flip and rightly
+        # report nothing.
+        life = self.monitor.current(game)
+        if life is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(life.pid, signal.SIGSTOP)
+        self._wait_stopped(life.pid)
+        newest = self._newest(game)
+        chunk = self._shared_chunk(newest, behind_cursor=False) if newest else None
+        note = None
+        if chunk is not None:
+            note = self._flip_bit(chunk, self.rng) + f" (nlink {os.stat(chunk).st_nlink})"
         t = time.monotonic()
         pid = self._kill_worker(game)
         if pid is None:
             return None
         self._wait_gone(pid)
         fault = Fault("replay_rot", [game], t, {game: pid})
-        newest = self._newest(game)
-        chunk = self._shared_chunk(newest, behind_cursor=False) if newest else None
-        if chunk is None:
+        if chunk is None or note is None:
             fault.kind, fault.note = "kill", "no shared replay chunk yet: plain kill"
             return fault
-        fault.note = self._flip_bit(chunk, self.rng) + f" (nlink {os.stat(chunk).st_nlink})"
+        fault.note = note
         fault.damaged_file = f"replay/{chunk.name}"
         return fault
+
+    @staticmethod
+    def _wait_stopped(pid: int, timeout: float = 5) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                    return
+            except psutil.Error:
+                return
+            time.sleep(0.005)
 
     def _f_report_lost(self) -> Fault | None:
         """A replay_rot whose report dies with the supervisor: it is stopped (SIGSTOP) as soon
