@@ -149,8 +149,10 @@ def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
         dec.add_metric([kind], float(decisions.get(kind, 0)))
 
     spare = doc.get("spare")
+    # Several hosts: the row has no pid (the spares run on the hosts), its state says.
+    ready = bool(spare and spare["state"] == "ready" and (spare["alive"] or spare["pid"] is None))
     gauge("rlsup_spare_ready", "1 while a pre-warmed spare worker is ready").add_metric(
-        [], 1.0 if spare and spare["state"] == "ready" and spare["alive"] else 0.0
+        [], 1.0 if ready else 0.0
     )
     return out
 

@@ -173,3 +173,24 @@ def test_each_games_time_split_and_cost_are_exported_as_status_has_them(
             g["time"]["money"], abs=0.01
         )
         assert value(got, "rlsup_game_cost_lost_total", game=g["name"]) is not None
+
+
+def test_spare_ready_counts_the_hosts_spares_which_have_no_local_pid(state: StateFixture) -> None:
+    from supervisor.observe.metrics import families
+    from supervisor.observe.status import collect
+
+    doc: dict = dict(collect(load_config(state.config), time.time()))
+
+    def ready(spare: dict | None) -> float:
+        fams = families({**doc, "spare": spare}, {})
+        [fam] = [f for f in fams if f.name == "rlsup_spare_ready"]
+        return float(fam.samples[0].value)
+
+    base = {"state": "ready", "pid": 4242, "alive": True, "device": "cpu", "since": None,
+            "ready_since": None, "rss_mib": None, "pss_mib": None, "reason": "auto"}  # fmt: skip
+    assert ready(base) == 1.0
+    assert ready({**base, "alive": False}) == 0.0, "this host's spare, recorded but gone"
+    # Several hosts: the row sums up the hosts' spares; none of them is a process here.
+    assert ready({**base, "pid": None, "alive": False}) == 1.0
+    assert ready({**base, "pid": None, "alive": False, "state": "warming"}) == 0.0
+    assert ready(None) == 0.0
