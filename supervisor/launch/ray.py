@@ -113,11 +113,11 @@ class WorkerHost:
         self._remote: Any = None
         self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
 
-    def warm(self) -> dict[str, Any]:
-        """A spare actor (not yet any game's): start the standby worker and wait until it is
-        ready (ray_spare.py); what it reported. OSError when it did not get ready."""
+    def warm(self, device: str = "cpu") -> dict[str, Any]:
+        """A spare actor (not yet any game's): start the standby worker for `device` and wait
+        until it is ready (ray_spare.py); what it reported. OSError when it did not get ready."""
         _private_dir(self.root / "logs")
-        self.standby = HostStandby(self.root / "logs" / "spare.log", self.root)
+        self.standby = HostStandby(self.root / "logs" / "spare.log", self.root, device)
         pid = self.standby.start()
         ready = self.standby.wait_ready()
         return {"pid": pid, "host": self.host, "device": ready.get("device"),
@@ -281,8 +281,8 @@ class _SpareApi:
         )
 
     @staticmethod
-    def warm(actor: Any) -> Any:
-        return actor.warm.remote()
+    def warm(actor: Any, device: str) -> Any:
+        return actor.warm.remote(device)
 
     @staticmethod
     def check(actor: Any) -> Any:
@@ -637,7 +637,7 @@ class RayLauncher(Launcher):
                                           "region": m.region or None}  # fmt: skip
         cfg_json = cfg.to_json()
         actor, info = None, None
-        if (spare := self.spares.take(host)) is not None:
+        if (spare := self.spares.take(host, cfg.device)) is not None:
             try:  # the host's ready spare becomes the game's worker
                 info = ray.get(spare.actor.take.remote(game, epoch, mirror, cfg_json),
                                timeout=START_TIMEOUT_S)  # fmt: skip

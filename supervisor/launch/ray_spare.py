@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.launch.spare import RESPAWN_BASE_S, RESPAWN_MAX_S, STOP_GRACE_S, SpareWant
+from supervisor.launch.spare import (
+    RESPAWN_BASE_S,
+    RESPAWN_MAX_S,
+    STOP_GRACE_S,
+    SpareWant,
+    device_matches,
+)
 from supervisor.launch.spawn import WORKER_MODULE, rotate_log, start_worker_process
 from training.protocol import SPARE_MAX_MESSAGE, decode_message, encode_message
 
@@ -48,8 +54,10 @@ class HostStandby:
     socketpair, its messages drained by a thread (so that its `alive` messages never fill the
     channel), handed one assignment."""
 
-    def __init__(self, log_path: Path, cwd: Path, python: str = sys.executable) -> None:
-        self.log_path, self.cwd, self.python = log_path, cwd, python
+    def __init__(
+        self, log_path: Path, cwd: Path, device: str = "cpu", python: str = sys.executable
+    ) -> None:
+        self.log_path, self.cwd, self.device, self.python = log_path, cwd, device, python
         self.popen: subprocess.Popen[bytes] | None = None
         self.chan: socket.socket | None = None
         self.ready: dict[str, Any] | None = None  # its "ready" message
@@ -63,7 +71,7 @@ class HostStandby:
         rotate_log(self.log_path)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [self.python, "-P", "-m", WORKER_MODULE, "--standby",
-               "--channel-fd", str(theirs.fileno()), "--device", "cpu",
+               "--channel-fd", str(theirs.fileno()), "--device", self.device,
                "--parent-pid", str(os.getpid())]  # fmt: skip
         try:
             self.popen = start_worker_process(
@@ -171,6 +179,8 @@ class RemoteSpare:
     actor: Any
     spawned: float  # monotonic
     warm_ref: Any  # the pending `warm()` call
+    device_asked: str = "cpu"
+    device: str | None = None  # what it warmed (cpu also where cuda was asked and none is)
     state: str = "warming"  # warming -> ready
     pid: int | None = None  # on its host
     ready_since: float | None = None  # wall clock
@@ -184,7 +194,7 @@ class RaySpares:
     it needs (`RayLauncher` gives the real ones; unit tests give fakes):
 
     - `create(host, node_id, name) -> actor` (its `warm()` not yet called);
-    - `warm(actor) -> ref`, `check(actor) -> ref` (`spare_state()`);
+    - `warm(actor, device) -> ref`, `check(actor) -> ref` (`spare_state()`);
     - `done(ref) -> bool`, `get(ref) -> Any` (raises when the actor died or the call failed);
     - `kill(actor)`.
     """
@@ -214,28 +224,30 @@ class RaySpares:
                 events.append(("spare_lost", None, detail))
                 continue
             events += self._watch(sp, now)
-        if not want.want:
-            for host, sp in list(self.spares.items()):
+        for host, sp in list(self.spares.items()):
+            if not want.want or sp.device_asked != want.device:
                 del self.spares[host]
                 self.api.kill(sp.actor)
+                why = want.reason if not want.want else f"device now {want.device}"
                 events.append(("spare_stopped", None, {"host": host, "pid": sp.pid,
-                                                       "reason": want.reason}))  # fmt: skip
+                                                       "reason": why}))  # fmt: skip
+        if not want.want:
             return events
         for host, node_id in sorted(hosts.items()):
             if host not in self.spares and now >= self.next_spawn.get(host, 0.0):
-                events += self._spawn(host, node_id, now)
+                events += self._spawn(host, node_id, want.device, now)
         return events
 
-    def _spawn(self, host: str, node_id: str, now: float) -> list[Event]:
+    def _spawn(self, host: str, node_id: str, device: str, now: float) -> list[Event]:
         self.seq += 1
         name = f"spare@{host}#{os.getpid()}.{self.seq}"
         try:
             actor = self.api.create(host, node_id, name)
-            ref = self.api.warm(actor)
+            ref = self.api.warm(actor, device)
         except Exception as exc:  # Ray refused the actor: try again after a backoff
             return self._lost_before_ready(host, None, "spawn", str(exc)[:300], now)
-        self.spares[host] = RemoteSpare(host, name, actor, now, ref)
-        return [("spare_spawned", None, {"host": host, "pid": None, "device": "cpu"})]
+        self.spares[host] = RemoteSpare(host, name, actor, now, ref, device_asked=device)
+        return [("spare_spawned", None, {"host": host, "pid": None, "device": device})]
 
     def _watch(self, sp: RemoteSpare, now: float) -> list[Event]:
         if sp.state == "warming":
@@ -245,6 +257,7 @@ class RaySpares:
                 except Exception as exc:
                     return self._drop(sp, f"its warm-up failed: {str(exc)[:300]}", now)
                 sp.state, sp.pid, sp.ready_since = "ready", info.get("pid"), self.wall()
+                sp.device = str(info.get("device") or "cpu")
                 sp.next_check = now + CHECK_EVERY_S
                 self.lost_in_a_row.pop(sp.host, None)
                 return [("spare_ready", None, {
@@ -288,11 +301,13 @@ class RaySpares:
                   "respawn_in_s": round(delay, 3)}  # fmt: skip
         return [("spare_lost", None, detail)]
 
-    def take(self, host: str) -> RemoteSpare | None:
-        """The host's ready spare actor, now no spare of ours (the caller hands it the game);
-        the host's next spare starts at the next tick."""
+    def take(self, host: str, device: str = "auto") -> RemoteSpare | None:
+        """The host's ready spare actor for a worker of `device`, now no spare of ours (the
+        caller hands it the game); the host's next spare starts at the next tick."""
         sp = self.spares.get(host)
-        if sp is None or sp.state != "ready":
+        if sp is None or sp.state != "ready" or sp.device is None:
+            return None
+        if not device_matches(sp.device, device):
             return None
         del self.spares[host]
         return sp
@@ -318,7 +333,9 @@ class RaySpares:
         )
         reason = f"{self.want.reason} (several hosts: {where})" if where else self.want.reason
         since = [sp.ready_since for sp in self.spares.values() if sp.ready_since is not None]
-        return {"state": state, "pid": None, "pid_start_ticks": None, "device": "cpu",
+        devices = sorted({sp.device or sp.device_asked for sp in self.spares.values()})
+        return {"state": state, "pid": None, "pid_start_ticks": None,
+                "device": ", ".join(devices) or self.want.device,
                 "since": None, "ready_since": min(since) if since else None,
                 "reason": reason, "rss_mb": None}  # fmt: skip
 

@@ -37,6 +37,7 @@ class FakeActor:
         self.warm_ref = FakeRef({"pid": 1000 + len(name), "device": "cpu", "warm_s": 2.5})
         self.checks: list[FakeRef] = []
         self.killed = False
+        self.device = ""
 
 
 class FakeRay:
@@ -51,7 +52,8 @@ class FakeRay:
         self.actors.append(actor)
         return actor
 
-    def warm(self, actor: FakeActor) -> FakeRef:
+    def warm(self, actor: FakeActor, device: str) -> FakeRef:
+        actor.device = device
         return actor.warm_ref
 
     def check(self, actor: FakeActor) -> FakeRef:
@@ -149,6 +151,29 @@ def test_a_lost_host_takes_its_spare_and_unwanted_spares_are_stopped() -> None:
     spares.tend(WANT, HOSTS, 4.0)
     spares.close()
     assert all(a.killed for a in ray.actors), "no spare actor outlives the supervisor"
+
+
+def test_a_spare_serves_only_its_device_and_follows_the_wanted_one() -> None:
+    ray = FakeRay()
+    spares = RaySpares(ray)
+    spares.tend(WANT, {"h1": "node-1"}, 0.0)
+    first = ray.actors[0]
+    assert first.device == "cpu"
+    first.warm_ref.ready = True
+    spares.tend(WANT, {"h1": "node-1"}, 1.0)
+    assert spares.take("h1", "cuda") is None, "a CPU spare never becomes a CUDA worker"
+    cuda = SpareWant(True, "auto", device="cuda")
+    ev = spares.tend(cuda, {"h1": "node-1"}, 2.0)
+    assert kinds(ev) == [("spare_stopped", "h1"), ("spare_spawned", "h1")]
+    assert ev[0][2]["reason"] == "device now cuda" and first.killed
+    second = ray.actors[1]
+    assert second.device == "cuda"
+    # Asked for cuda on a host without a GPU, it warms the CPU: it serves auto and cpu games.
+    second.warm_ref.value = {"pid": 7, "device": "cpu", "warm_s": 1.0}
+    second.warm_ref.ready = True
+    spares.tend(cuda, {"h1": "node-1"}, 3.0)
+    assert spares.take("h1", "cuda") is None
+    assert spares.take("h1", "auto") is not None
 
 
 # ---- the host side, for real (no Ray: WorkerHost is a plain class) -------------------------
