@@ -141,9 +141,14 @@ class HostStandby:
         except (OSError, ValueError):
             self.stop()
             return None
-        if not self._assigned.wait(timeout) and not self._assigned.is_set():
-            self.stop()
-            return None
+        deadline = time.monotonic() + timeout
+        while not self._assigned.wait(0.02):
+            # Its acknowledgement comes before its channel closes: read the flag once more.
+            if self._closed.is_set() or time.monotonic() > deadline:
+                if self._assigned.is_set():
+                    break
+                self.stop()
+                return None
         popen, self.popen = self.popen, None
         return popen
 
@@ -153,6 +158,7 @@ class HostStandby:
         if popen is not None and popen.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(popen.pid, signal.SIGTERM)
+                os.killpg(popen.pid, signal.SIGCONT)  # a stopped one cannot act on it
             try:
                 popen.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from supervisor.launch.ray import NODE_DIR_ENV, WorkerHost
-from supervisor.launch.ray_spare import CHECK_EVERY_S, WARM_TIMEOUT_S, RaySpares
-from supervisor.launch.spare import RESPAWN_BASE_S, SpareWant
+from supervisor.launch.ray_spare import ACK_TIMEOUT_S, CHECK_EVERY_S, WARM_TIMEOUT_S, RaySpares
+from supervisor.launch.spare import RESPAWN_BASE_S, STOP_GRACE_S, SpareWant
 from supervisor.launch.spawn import process_argv
 from tests.supervisor.helpers import wait_for
 from training.args import WorkerConfig
@@ -252,7 +252,25 @@ def test_a_standby_that_died_is_replaced_by_a_cold_start_on_take(node: Path) -> 
     pid = host.warm()["pid"]
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: host.spare_state() == "lost", 10, "the dead standby seen")
+    t0 = time.monotonic()
     started = host.take("g2", 1, None, cartpole(total_steps=256))
     assert started["served"] == "cold" and started["pid"] != pid
+    assert time.monotonic() - t0 < 2.0, "no wait for an acknowledgement that cannot come"
+    wait_for(lambda: host.status()["rc"] is not None, 240, "the cold worker finished")
+    assert host.status()["rc"] == 0
+
+
+def test_a_standby_that_cannot_acknowledge_is_stopped_and_the_game_starts_cold(
+    node: Path,
+) -> None:
+    host = WorkerHost("", 0, None)
+    pid = host.warm()["pid"]
+    os.kill(pid, signal.SIGSTOP)  # wedged: it never reads the assignment
+    t0 = time.monotonic()
+    started = host.take("g3", 1, None, cartpole(total_steps=256))
+    took = time.monotonic() - t0
+    assert started["served"] == "cold" and started["pid"] != pid
+    assert ACK_TIMEOUT_S <= took < ACK_TIMEOUT_S + STOP_GRACE_S, took
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     wait_for(lambda: host.status()["rc"] is not None, 240, "the cold worker finished")
     assert host.status()["rc"] == 0
