@@ -12,8 +12,9 @@ dir; short health checks), a real SeaweedFS mirror, one CartPole DQN game under 
 game's worker on its host once every host's spare is ready; host rounds wait until the game
 trains and has mirrored a checkpoint of its current placement, kill its host (every process of
 that node SIGKILLed), and time until the heartbeat of the moved worker says `training` (it has
-restored the mirrored checkpoint, built its learner, and is about to take its first step); then
-a fresh host joins for the next round. Single host: the same game under `rlsup run` on this
+restored the mirrored checkpoint, built its learner, and is about to take its first step; read
+on its host: the supervisor's relayed copy lags by up to a tick); then a fresh host joins for
+the next round. Single host: the same game under `rlsup run` on this
 host, each round SIGKILLs the worker and times until its replacement's heartbeat says
 `training`, once with `[spare] enabled = false` (cold) and once with it true. Ends with one
 JSON line.
@@ -75,6 +76,16 @@ def _placements(state: Path) -> list[dict[str, Any]]:
 def _training(state: Path, pid: int) -> dict[str, Any] | None:
     hb = heartbeat(state, "g1")
     return hb if hb and hb["pid"] == pid and hb["phase"] == "training" else None
+
+
+def _training_on(lc: LoopbackCluster, host: str, pid: int) -> dict[str, Any] | None:
+    """The worker's own heartbeat on its host (the supervisor's relayed copy lags by up to a
+    tick): `training` once it has loaded its checkpoint and built its learner."""
+    try:
+        hb = json.loads((lc.node_dir(host) / "runs" / "g1" / "heartbeat.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return hb if hb.get("pid") == pid and hb.get("phase") == "training" else None
 
 
 def _spare_ready_everywhere(state: Path, hosts: list[str]) -> bool:
@@ -139,8 +150,8 @@ def _one_worker_round(lc: LoopbackCluster, state: Path, i: int, spare: bool) -> 
     [proc] = worker_processes(lc.root, "g1")
     t0 = time.monotonic()
     proc.send_signal(signal.SIGKILL)
-    again = wait_for(lambda: _placements(state)[i + 1 :], 180, "restarted")[0]
-    wait_for(lambda: _training(state, again["pid"]), 180, "training again", poll=0.05)
+    again = wait_for(lambda: _placements(state)[i + 1 :], 180, "restarted", poll=0.05)[0]
+    wait_for(lambda: _training_on(lc, again["host"], again["pid"]), 180, "training", poll=0.05)
     return time.monotonic() - t0
 
 
@@ -160,8 +171,8 @@ def _one_ray_round(lc: LoopbackCluster, state: Path, remote: Any, i: int, spare:
         wait_for(lambda: _spare_ready_everywhere(state, others), 180, "the other hosts' spares")
     t0 = time.monotonic()
     lc.kill_host(placed["host"])
-    moved = wait_for(lambda: _placements(state)[i + 1 :], 180, "placed again")[0]
-    wait_for(lambda: _training(state, moved["pid"]), 180, "training again", poll=0.05)
+    moved = wait_for(lambda: _placements(state)[i + 1 :], 180, "placed again", poll=0.05)[0]
+    wait_for(lambda: _training_on(lc, moved["host"], moved["pid"]), 180, "training", poll=0.05)
     return time.monotonic() - t0
 
 

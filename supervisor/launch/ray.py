@@ -66,6 +66,8 @@ UPLOAD_EVERY_S = 1.0
 # below the default hang_timeout_s (120 s), which the silent heartbeat meanwhile runs toward.
 # Past it the checkpoint stays on its host (resumed there, or redone elsewhere).
 FINAL_UPLOAD_TIMEOUT_S = 45.0
+EXIT_WAIT_S = 30.0  # how long one `wait_exit()` call waits on its host before it is renewed
+NOTICE_WAIT_S = 2.0  # a notified exit: the tick waits this long for the actor's status
 
 
 def node_dir() -> Path:
@@ -112,6 +114,7 @@ class WorkerHost:
         self.fenced = False
         self._remote: Any = None
         self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
+        self._exited = threading.Event()  # rc is published
 
     def warm(self, device: str = "cpu") -> dict[str, Any]:
         """A spare actor (not yet any game's): start the standby worker for `device` and wait
@@ -170,9 +173,20 @@ class WorkerHost:
             except subprocess.TimeoutExpired:
                 self._upload()
         deadline = time.monotonic() + FINAL_UPLOAD_TIMEOUT_S
-        while not self._upload() and time.monotonic() < deadline and not self.fenced:
-            time.sleep(UPLOAD_EVERY_S)
+        while time.monotonic() < deadline and not self.fenced:
+            before = self.mirror_step
+            if self._upload():
+                break
+            if self.mirror_step == before:  # it failed: again in a while (an upload that
+                time.sleep(UPLOAD_EVERY_S)  # worked is looked after at once: nothing newer)
         self.rc = self.popen.returncode
+        self._exited.set()
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Block until the worker's exit status is published (its final checkpoint mirrored),
+        at most `timeout` s: the supervisor learns of an exit at once, not at its next poll."""
+        self._exited.wait(timeout)
+        return self.rc
 
     def _upload(self) -> bool:
         """Mirror the newest committed checkpoint if it is newer than the last mirrored one.
@@ -231,6 +245,7 @@ class WorkerHost:
             standby, self.standby = self.standby, None
             standby.stop()
             self.rc = 0
+            self._exited.set()
             return
         if self.popen is None or self.popen.returncode is not None:
             return
@@ -326,7 +341,9 @@ def _game_of(name: str) -> str:
 @dataclasses.dataclass(eq=False)
 class RayWorkerProcess(WorkerProcess):
     """A worker on another host, seen through its actor. `pid` is its pid on that host;
-    `pidfd` a pipe that never turns readable (exits are found by polling, once a tick)."""
+    `pidfd` a pipe that turns readable when the launcher's exit watch hears that the worker
+    exited or its actor died (`notify`): the tick wakes as for a local pidfd and asks at once.
+    Without that notice it is polled once a tick."""
 
     game: str = ""
     host: str = ""
@@ -358,7 +375,8 @@ class RayWorkerProcess(WorkerProcess):
         now = time.monotonic()
         if self._ref is None:
             self._ref = self.actor.status.remote()
-        ready, _ = ray.wait([self._ref], timeout=0)
+        # Told it exited (or its actor died): wait for the answer now, not a tick later.
+        ready, _ = ray.wait([self._ref], timeout=NOTICE_WAIT_S if self._noticed() else 0)
         if not ready:
             return self._unreachable(now)
         ref, self._ref = self._ref, None
@@ -379,6 +397,18 @@ class RayWorkerProcess(WorkerProcess):
         if st.get("rc") is not None:
             self._exit(int(st["rc"]), None)
         return self.returncode
+
+    def notify(self) -> None:
+        """The exit watch's notice (from its thread): the pipe turns readable."""
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, b"x")
+
+    def _noticed(self) -> bool:
+        """Drain the notice pipe; True when it held one."""
+        try:
+            return bool(os.read(self.pidfd, 64))
+        except (BlockingIOError, OSError):
+            return False
 
     def _unreachable(self, now: float) -> int | None:
         if now - self._ok_at < self.lost_after_s:
@@ -431,6 +461,68 @@ class RayWorkerProcess(WorkerProcess):
             self._write_fd = -1
 
 
+class ExitWatch:
+    """One thread that holds a pending `wait_exit()` call on every placed worker's actor and
+    notifies the worker's process object when one returns (the worker exited, its final
+    checkpoint mirrored) or fails (the actor died: its host, mostly). The tick then wakes on
+    that worker's pipe and asks at once: an exit costs no tick's wait."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[Any, RayWorkerProcess] = {}  # wait_exit ref -> its process
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, proc: RayWorkerProcess) -> None:
+        with contextlib.suppress(Exception):  # no watch: it is polled once a tick
+            ref = proc.actor.wait_exit.remote(EXIT_WAIT_S)
+            with self._lock:
+                self._pending[ref] = proc
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="rlsup-exits", daemon=True
+                    )
+                    self._thread.start()
+
+    def unwatch(self, proc: RayWorkerProcess) -> None:
+        with self._lock:
+            for ref in [r for r, p in self._pending.items() if p is proc]:
+                del self._pending[ref]
+
+    def close(self) -> None:
+        self._closing.set()
+        with self._lock:
+            self._pending.clear()
+
+    def _run(self) -> None:
+        import ray
+
+        while not self._closing.is_set():
+            with self._lock:
+                refs = list(self._pending)
+            if not refs:
+                self._closing.wait(0.2)
+                continue
+            try:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=0.25)
+            except Exception:  # the cluster unreachable: the ticks' polls tell
+                self._closing.wait(1.0)
+                continue
+            for ref in ready:
+                with self._lock:
+                    proc = self._pending.pop(ref, None)
+                if proc is None:
+                    continue
+                try:
+                    rc = ray.get(ref, timeout=1)
+                except Exception:
+                    rc = -1  # the actor died: its poll says how
+                if rc is None and proc.returncode is None:  # not yet: wait again
+                    self.watch(proc)
+                else:
+                    proc.notify()
+
+
 @dataclasses.dataclass
 class HostSeen:
     node_id: str
@@ -462,6 +554,7 @@ class RayLauncher(Launcher):
         self._failures_seen: dict[int, int] = {}  # id(proc) -> its actor's failures reported
         self._spare_api = _SpareApi(self)
         self.spares = RaySpares(self._spare_api)  # a spare actor on every live host
+        self.exits = ExitWatch()  # the placed workers' exits, heard as they happen
 
     def configure(self, cfg: Config) -> None:
         """A reload: the configuration now in force. The supervisor refuses a reload that
@@ -509,6 +602,7 @@ class RayLauncher(Launcher):
             import ray
 
             if ray.is_initialized():
+                self.exits.close()
                 self.spares.close()
                 ray.shutdown()
 
@@ -652,7 +746,7 @@ class RayLauncher(Launcher):
                 cfg_json = cfg.to_json()
         if actor is None or info is None:
             actor, info = self._start_cold(game, epoch, host, node_id, mirror, cfg_json)
-        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         proc = RayWorkerProcess(
             popen=None,  # type: ignore[arg-type]
             pidfd=read_fd,
@@ -673,6 +767,7 @@ class RayLauncher(Launcher):
             on_report=self._on_report,
         )
         self.placed[game] = proc
+        self.exits.watch(proc)
         log.info("placed", game=game, host=proc.host, epoch=epoch, pid=proc.pid,
                  served=proc.served)  # fmt: skip
         return proc
@@ -824,6 +919,7 @@ class RayLauncher(Launcher):
     def forget(self, proc: WorkerProcess) -> None:
         if isinstance(proc, RayWorkerProcess):
             self._failures_seen.pop(id(proc), None)
+            self.exits.unwatch(proc)
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]
             if proc.returncode == HOST_LOST_RC:  # for the host's node_lost event
