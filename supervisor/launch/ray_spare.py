@@ -72,10 +72,12 @@ class HostStandby:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cmd = [self.python, "-P", "-m", WORKER_MODULE, "--standby",
                "--channel-fd", str(theirs.fileno()), "--device", self.device,
-               "--parent-pid", str(os.getpid())]  # fmt: skip
+               "--parent-pid", str(os.getpid()), "--warm-mirror"]  # fmt: skip
         try:
+            # Ray's workers carry SPT_NOENV, which would cut the title the standby takes on
+            # (the cold worker's whole command line) to the length of its own.
             self.popen = start_worker_process(
-                cmd, self.log_path, self.cwd, pass_fds=(theirs.fileno(),)
+                cmd, self.log_path, self.cwd, pass_fds=(theirs.fileno(),), unset_env=("SPT_NOENV",)
             )
         except OSError:
             ours.close()

@@ -86,12 +86,13 @@ def start_worker_process(
     cwd: Path | None,
     pass_fds: tuple[int, ...] = (),
     extra_env: Mapping[str, str] | None = None,
+    unset_env: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """`cmd` (a worker) in its own session, in `cwd`, output appended to `log_path` (never
     through a link), with an environment that finds rlsup's packages and lacks systemd's;
     `pass_fds`: descriptors it inherits (a spare's channel); `extra_env`: set on top (its
-    GPU: `CUDA_VISIBLE_DEVICES`)."""
-    env = {**os.environ, **(extra_env or {})}
+    GPU: `CUDA_VISIBLE_DEVICES`); `unset_env`: left out."""
+    env = {k: v for k, v in {**os.environ, **(extra_env or {})}.items() if k not in unset_env}
     # Not pip-installed yet (or run from a checkout): the worker must find `training`.
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from supervisor.launch.ray import BOOT_LABEL, HOST_LABEL, NODE_DIR_ENV
+from supervisor.launch.spawn import process_argv
 
 STORE = 80 << 20
 FAST_HEALTH = {
@@ -93,7 +94,7 @@ def loopback_cluster(
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGKILL)
         for p in psutil.process_iter(["cmdline"]):
-            cmd = p.info["cmdline"] or []
+            cmd = process_argv(p.info["cmdline"] or [])
             if "training.worker" in cmd and any(str(root) in c for c in cmd):
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGKILL)
@@ -103,7 +104,8 @@ def worker_processes(root: Path, game: str) -> list[psutil.Process]:
     """Live training workers of `game` on any loopback host (their run dirs lie under root)."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
+        # A worker that began as a host's spare carries its command line as one string.
+        cmd = process_argv(p.info["cmdline"] or [])
         if (
             "training.worker" in cmd
             and any(c.startswith(str(root)) and c.endswith(f"/runs/{game}") for c in cmd)

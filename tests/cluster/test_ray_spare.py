@@ -201,6 +201,9 @@ def standby_pids(node: Path) -> list[int]:
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(NODE_DIR_ENV, str(tmp_path / "node"))
     monkeypatch.setenv("RLSUP_HOST", "h9")
+    # As in a Ray actor: Ray's workers carry SPT_NOENV, which limits a process title to its
+    # own command line's length unless the standby is started without it.
+    monkeypatch.setenv("SPT_NOENV", "1")
     (tmp_path / "node").mkdir(mode=0o700)
     return tmp_path / "node"
 
