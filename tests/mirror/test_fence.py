@@ -135,3 +135,6 @@ def test_a_new_placement_supersedes_the_local_checkpoints_of_an_older_one(
     assert a4.returncode == 0, a4.stderr[-2000:]
     hb = json.loads((host_a / "heartbeat.json").read_text())
     assert hb["superseded"] is None and hb["resumed_from_step"] > b_newest.step
+    # The placement before it (epoch 3) ran on this host: the mirror was not even asked.
+    assert "mirror_check_skipped" in a4.stdout + a4.stderr
+    assert "mirror_check_skipped" not in a3.stdout + a3.stderr, "epoch 2 ran elsewhere"
