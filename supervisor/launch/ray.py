@@ -61,7 +61,10 @@ START_TIMEOUT_S = 30.0  # actor placed, worker process started (the tick waits: 
 # one spawn stays well below WatchdogSec=60, where botocore's own retries take minutes).
 FENCE_TIMEOUT_S = 10.0
 OBSERVE_EVERY_S = 2.0
-UPLOAD_EVERY_S = 1.0
+# The host looks for a newly committed checkpoint this often (a directory listing): the less
+# a crash finds unmirrored, the less its exit waits for that upload (the final pass).
+LOOK_EVERY_S = 0.25
+UPLOAD_EVERY_S = 1.0  # after a failed upload, the next try
 # A worker's final checkpoint is mirrored before its exit is reported, for at most this long:
 # below the default hang_timeout_s (120 s), which the silent heartbeat meanwhile runs toward.
 # Past it the checkpoint stays on its host (resumed there, or redone elsewhere).
@@ -166,12 +169,18 @@ class WorkerHost:
         """Mirror the newest checkpoint while the worker runs, once more after it exits (its
         final one), then publish its exit status."""
         assert self.popen is not None
+        retry_at = 0.0
         while True:
             try:
-                self.popen.wait(timeout=UPLOAD_EVERY_S)
+                self.popen.wait(timeout=LOOK_EVERY_S)
                 break
             except subprocess.TimeoutExpired:
+                if time.monotonic() < retry_at:
+                    continue
+                failures = self.mirror_failures
                 self._upload()
+                if self.mirror_failures > failures:  # the next try in a while
+                    retry_at = time.monotonic() + UPLOAD_EVERY_S
         deadline = time.monotonic() + FINAL_UPLOAD_TIMEOUT_S
         while time.monotonic() < deadline and not self.fenced:
             before = self.mirror_step
