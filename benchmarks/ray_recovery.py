@@ -65,6 +65,14 @@ COMMON = (
 )
 
 
+CHECKPOINT_EVERY_S = [1.0]  # --checkpoint-every-s
+
+
+def _common() -> str:
+    every = f"checkpoint_every_s = {CHECKPOINT_EVERY_S[0]:g}\n"
+    return COMMON.replace("checkpoint_every_s = 1\n", every)
+
+
 def _placements(state: Path) -> list[dict[str, Any]]:
     return [
         e["detail"]
@@ -116,7 +124,7 @@ def ray_rounds(tmp: Path, rounds: int, spare: bool) -> tuple[list[float], list[f
         remote.ensure_bucket()
         config = tmp / "ray.toml"
         config.write_text(
-            COMMON
+            _common()
             + _spare_table(spare)
             + f'[mirror]\nurl = "{url}"\nendpoint_url = "{weed.endpoint}"\nkeep = 3\n'
             + f'[cluster]\nbackend = "ray"\naddress = "{lc.address}"\nhost_lost_after_s = 15\n'
@@ -191,7 +199,7 @@ def local_rounds(tmp: Path, rounds: int, spare: bool) -> list[float]:
     tmp.mkdir(parents=True)
     env = env_for(tmp)
     config = tmp / "local.toml"
-    config.write_text(COMMON + _spare_table(spare))
+    config.write_text(_common() + _spare_table(spare))
     state = tmp / "state"
     sup = start_supervisor(config, env)
     times: list[float] = []
@@ -220,7 +228,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-spare", action="store_true", help="Ray hosts keep no spare")
+    parser.add_argument(
+        "--checkpoint-every-s",
+        type=float,
+        default=1.0,
+        help="the games' checkpoint interval: at 1 s a kill on a Ray host mostly waits for the "
+        "upload of the checkpoint committed just before it (its final mirror pass)",
+    )
     args = parser.parse_args()
+    CHECKPOINT_EVERY_S[0] = args.checkpoint_every_s
     spare = not args.no_spare
     with tempfile.TemporaryDirectory(prefix="rlsup-bench-ray-") as d:
         cold = local_rounds(Path(d) / "local-cold", args.rounds, spare=False)
@@ -230,6 +246,7 @@ def main() -> int:
     out = {
         "rounds": args.rounds,
         "ray_spare": spare,
+        "checkpoint_every_s": args.checkpoint_every_s,
         "single_host_cold": _stats(cold),
         "single_host_spare": _stats(warm),
         "ray_worker_kill": _stats(kills),
