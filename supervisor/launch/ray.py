@@ -564,6 +564,7 @@ class RayLauncher(Launcher):
         self._spare_api = _SpareApi(self)
         self.spares = RaySpares(self._spare_api)  # a spare actor on every live host
         self.exits = ExitWatch()  # the placed workers' exits, heard as they happen
+        self.last_host: dict[str, str] = {}  # game -> the host its last worker ran on
 
     def configure(self, cfg: Config) -> None:
         """A reload: the configuration now in force. The supervisor refuses a reload that
@@ -690,7 +691,10 @@ class RayLauncher(Launcher):
         return events
 
     def _choose(self, game: str) -> tuple[str, str, float]:
-        """(host, node id, its CPUs) for a new placement of `game`."""
+        """(host, node id, its CPUs) for a new placement of `game`: the host its last worker
+        ran on while that host is alive and has room (its checkpoints and replay buffer are
+        there, and its spare: a restart in place needs nothing from the mirror), else the
+        host with the fewest of our games, then the most CPUs."""
         c = self.cfg.cluster
         counts: dict[str, int] = {}
         for g, p in self.placed.items():
@@ -708,6 +712,8 @@ class RayLauncher(Launcher):
             have = counts.get(host, 0)
             if have >= room:
                 continue
+            if host == self.last_host.get(game):
+                return host, n["NodeID"], cpus
             key = (have, -cpus, host, n["NodeID"])
             if best is None or key < best:
                 best = key
@@ -931,5 +937,7 @@ class RayLauncher(Launcher):
             self.exits.unwatch(proc)
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]
+            self.last_host[proc.game] = proc.host
             if proc.returncode == HOST_LOST_RC:  # for the host's node_lost event
                 self.lost_on.setdefault(proc.host, set()).add(proc.game)
+                self.last_host.pop(proc.game, None)

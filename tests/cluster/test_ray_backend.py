@@ -273,6 +273,13 @@ def ready_spare(state: Path, host: str, after: int = 0) -> dict[str, Any] | None
     return found[-1] if found else None
 
 
+def spare_ready_now(state: Path, host: str) -> bool:
+    """The host's newest spare event is its spare_ready (a ready spare, not taken since)."""
+    kinds = [e["kind"] for e in events(state, None)
+             if e["kind"].startswith("spare_") and e["detail"].get("host") == host]  # fmt: skip
+    return bool(kinds) and kinds[-1] == "spare_ready"
+
+
 def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(
     two_hosts: LoopbackCluster,
     weed: Weed,
@@ -330,6 +337,18 @@ def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(
         assert not events(state, "worker_crash") or all(
             e["detail"].get("pid") != moved["pid"] for e in events(state, "worker_crash")
         )
+
+        # The dead host comes back; a crash on the host the game moved to restarts it there
+        # (its checkpoints and its spare are there), not on the host that sorts first.
+        lc.add_host(again["host"], boot=2)
+        for host in ("h1", "h2"):
+            wait_for(lambda h=host: spare_ready_now(state, h), 180, f"a spare ready on {host}")
+        [proc] = worker_processes(lc.root, "g1")
+        proc.send_signal(signal.SIGKILL)
+        third = wait_for(lambda: placements(state, "g1")[3:], 60, "g1 restarted")[0]
+        assert third["host"] == moved["host"] and third["served"] == "spare", third
+        resumed = wait_for(lambda: resumed_hb(state, third["pid"]), 120, "resumed in place")
+        assert resumed["resumed_from_step"] >= remote.manifest_steps("g1")[0]
     finally:
         stop_supervisor(sup)
         most = watch.stop()
