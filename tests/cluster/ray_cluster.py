@@ -51,8 +51,20 @@ class LoopbackCluster:
         )
 
     def kill_host(self, host: str) -> None:
-        """The host dies: every process of its node SIGKILLed, no goodbye."""
+        """The host dies: every process of its node SIGKILLed, no goodbye. Ray's node goes
+        with its raylet; the workers (each in a session of its own) and idle spares of that
+        host would outlive it on one machine, so they are killed too, as a real host's death
+        takes them."""
         self.cluster.remove_node(self.nodes.pop(host), allow_graceful=False)
+        here = str(self.node_dir(host)) + os.sep
+        for p in psutil.process_iter(["cmdline", "cwd"]):
+            cmd = process_argv(p.info["cmdline"] or [])
+            cwd = str(p.info["cwd"] or "") + os.sep
+            if "training.worker" in cmd and (
+                cwd.startswith(here) or any(c.startswith(here) for c in cmd)
+            ):
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGKILL)
 
 
 def _ray_processes() -> list[psutil.Process]:

@@ -161,7 +161,9 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
         assert resumed["resumed_from_step"] >= mirrored, (resumed, mirrored)
         assert resumed["mirror_restore"]["step"] == resumed["resumed_from_step"]
 
-        lost = events(state, "node_lost")
+        # The ledger's node_lost comes with the next look at the nodes (every 2 s), which may
+        # be after the moved worker resumed (from the host's spare: a second after the kill).
+        lost = wait_for(lambda: events(state, "node_lost"), 30, "node_lost")
         assert [e["detail"]["host"] for e in lost] == [first["host"]]
         assert lost[0]["detail"]["games"] == ["g1"]
         [exit_] = [e for e in events(state, None, "g1") if e["detail"].get("to") == "exited"]
@@ -211,7 +213,8 @@ def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
         resumed = wait_for(lambda: resumed_hb(state, moved["pid"]), 180, "g1 resumed")
         assert resumed["resumed_from_step"] >= mirrored
         assert placements(state, "g2") == [p2], "the game on a healthy host is left alone"
-        assert [e["detail"]["host"] for e in events(state, "node_lost")] == [p1["host"]]
+        lost = wait_for(lambda: events(state, "node_lost"), 30, "node_lost")
+        assert [e["detail"]["host"] for e in lost] == [p1["host"]]
         joined = sorted(e["detail"]["host"] for e in events(state, "node_joined"))
         assert joined == ["h1", "h2", "h3"]
         doc = json.loads(rlsup("status", "--json", "--config", str(config), env=ray_env).stdout)
