@@ -73,6 +73,7 @@ class CheckpointRequestWatch:
         self.report: dict[str, Any] | None = None
         self._next_poll = -math.inf
         self._retry_at = -math.inf
+        self._served_last: tuple[float, int, float] | None = None  # captured, step, committed
         self._lock = threading.Lock()
 
     @property
@@ -109,11 +110,27 @@ class CheckpointRequestWatch:
             if mtime is None:
                 self.standing = self.pending = None  # withdrawn
                 return
-            if self.standing is None or self.standing.mtime != mtime:
+            fresh = self.standing is None or self.standing.mtime != mtime
+            if fresh:
                 self.standing = read_checkpoint_request(self.run_dir) or CheckpointRequest(mtime)
             request = self.standing
+            assert request is not None
             if request.mtime <= self.satisfied_at:
                 self.pending = None
+                last = self._served_last
+                if fresh and last is not None and last[0] >= request.mtime:
+                    # Made just before the state of a checkpoint of this process was
+                    # captured, first looked at once that checkpoint committed: it serves
+                    # the request, and the heartbeat says so as for a forced one.
+                    seen = self.report = {
+                        "requested": request.mtime,
+                        "seen": round(time.time(), 3),
+                        **request.details(),
+                        "cut": None,
+                        "committed": round(last[2], 3),
+                        "committed_step": last[1],
+                        "latency_s": round(max(0.0, last[2] - request.mtime), 3),
+                    }
             elif self.pending is None or self.pending.mtime != request.mtime:
                 self.pending = request
                 self._retry_at = -math.inf
@@ -140,6 +157,8 @@ class CheckpointRequestWatch:
         the pending request if it was captured after the request was made."""
         served: dict[str, Any] | None = None
         with self._lock:
+            if captured_at >= self.satisfied_at:
+                self._served_last = (captured_at, int(step), time.time())
             self.satisfied_at = max(self.satisfied_at, captured_at)
             request = self.pending
             if request is not None and captured_at >= request.mtime and self.report is not None:

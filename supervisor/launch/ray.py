@@ -552,6 +552,10 @@ class RayLauncher(Launcher):
         self.cfg = cfg
         self.placed: dict[str, RayWorkerProcess] = {}  # game -> its live placement
         self.lost_on: dict[str, set[str]] = {}  # host -> games whose worker was lost there
+        # host -> when a worker's actor died there: the host may be dying while Ray's node
+        # list still says alive (its health check takes seconds), so a new placement goes
+        # elsewhere while another host has room, for host_lost_after_s or until it rejoins.
+        self.doubted: dict[str, float] = {}
         self.hosts: dict[str, HostSeen] = {}
         self.next_observe = 0.0
         self._remote: Any = None
@@ -627,7 +631,7 @@ class RayLauncher(Launcher):
                 reason="each game takes a GPU ([cluster] gpus_per_game): its worker starts cold",
             )  # fmt: skip
         hosts = {h: seen.node_id for h, seen in self.hosts.items() if seen.alive}
-        return self.spares.tend(want, hosts, now)
+        return self.spares.tend(want, hosts, now, hold=self._doubted())
 
     def spare_row(self) -> dict[str, Any] | None:
         return self.spares.row()
@@ -680,27 +684,37 @@ class RayLauncher(Launcher):
                 events.append(("node_reboot", None, {**detail, "previous_boot_id": old.boot_id}))
             elif not old.alive or old.node_id != seen.node_id:
                 events.append(("node_joined", None, {**detail, "rejoined": True}))
+            if old is not None and (not old.alive or old.node_id != seen.node_id):
+                self.doubted.pop(host, None)  # a new node of that host: nothing to doubt
             self.hosts[host] = seen
         for host, old in self.hosts.items():
             if old.alive and host not in alive:
                 old.alive = False
+                self.doubted.pop(host, None)
                 here = {g for g, p in self.placed.items() if p.host == host}
                 games = sorted(here | self.lost_on.pop(host, set()))
                 lost = {"host": host, "node_id": old.node_id, "boot_id": old.boot_id}
                 events.append(("node_lost", None, {**lost, "games": games}))
         return events
 
+    def _doubted(self) -> set[str]:
+        """Hosts where a worker's actor died within host_lost_after_s (see `doubted`)."""
+        now, within = time.monotonic(), self.cfg.cluster.host_lost_after_s
+        return {host for host, at in self.doubted.items() if now - at < within}
+
     def _choose(self, game: str) -> tuple[str, str, float]:
         """(host, node id, its CPUs) for a new placement of `game`: the host its last worker
         ran on while that host is alive and has room (its checkpoints and replay buffer are
         there, and its spare: a restart in place needs nothing from the mirror), else the
-        host with the fewest of our games, then the most CPUs."""
+        host with the fewest of our games, then the most CPUs. A host where an actor just
+        died (`doubted`) comes last: Ray's node list says alive for seconds after a death."""
         c = self.cfg.cluster
+        doubted = self._doubted()
         counts: dict[str, int] = {}
         for g, p in self.placed.items():
             if g != game and p.returncode is None:
                 counts[p.host] = counts.get(p.host, 0) + 1
-        best: tuple[int, float, str, str] | None = None
+        best: tuple[bool, int, float, str, str] | None = None
         for n in self._nodes():
             if not n.get("Alive"):
                 continue
@@ -712,14 +726,14 @@ class RayLauncher(Launcher):
             have = counts.get(host, 0)
             if have >= room:
                 continue
-            if host == self.last_host.get(game):
+            if host == self.last_host.get(game) and host not in doubted:
                 return host, n["NodeID"], cpus
-            key = (have, -cpus, host, n["NodeID"])
+            key = (host in doubted, have, -cpus, host, n["NodeID"])
             if best is None or key < best:
                 best = key
         if best is None:
             raise NoRoom(f"no joined host has room for {game} (hosts: {sorted(counts) or 'none'})")
-        return best[2], best[3], -best[1]
+        return best[3], best[4], -best[2]
 
     # ---- the seam -------------------------------------------------------------------------
     def spawn(
@@ -941,3 +955,4 @@ class RayLauncher(Launcher):
             if proc.returncode == HOST_LOST_RC:  # for the host's node_lost event
                 self.lost_on.setdefault(proc.host, set()).add(proc.game)
                 self.last_host.pop(proc.game, None)
+                self.doubted[proc.host] = time.monotonic()

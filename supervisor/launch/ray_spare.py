@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,10 +215,14 @@ class RaySpares:
         self.next_spawn: dict[str, float] = {}
         self.seq = 0
 
-    def tend(self, want: SpareWant, hosts: dict[str, str], now: float) -> list[Event]:
+    def tend(
+        self, want: SpareWant, hosts: dict[str, str], now: float, hold: Set[str] = frozenset()
+    ) -> list[Event]:
         """Once a tick, with the live hosts (name -> Ray node id): read the spares' warm-ups
         and checks, replace a lost one (after a backoff while spares keep dying before they
-        are ready), start one where a host has none, or stop them all as `want` says."""
+        are ready), start one where a host has none (but on the hosts of `hold`, where an
+        actor just died: Ray lists a dying host alive for seconds), or stop them all as `want`
+        says."""
         events: list[Event] = []
         if want.want != self.want.want:
             kind = "spare_enabled" if want.want else "spare_disabled"
@@ -242,7 +246,11 @@ class RaySpares:
         if not want.want:
             return events
         for host, node_id in sorted(hosts.items()):
-            if host not in self.spares and now >= self.next_spawn.get(host, 0.0):
+            if (
+                host not in self.spares
+                and host not in hold
+                and now >= self.next_spawn.get(host, 0.0)
+            ):
                 events += self._spawn(host, node_id, want.device, now)
         return events
 

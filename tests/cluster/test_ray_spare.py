@@ -153,6 +153,24 @@ def test_a_lost_host_takes_its_spare_and_unwanted_spares_are_stopped() -> None:
     assert all(a.killed for a in ray.actors), "no spare actor outlives the supervisor"
 
 
+def test_no_new_spare_on_a_held_host_where_an_actor_just_died() -> None:
+    """A host whose actors die is listed alive by Ray for seconds: a spare started there then
+    is lost again at once (a second spare_lost for one death). Held hosts get none; a spare
+    already there stays (a single actor's death says little of its host)."""
+    ray = FakeRay()
+    spares = RaySpares(ray)
+    spares.tend(WANT, HOSTS, 0.0)
+    h1, h2 = ray.live("h1")[0], ray.live("h2")[0]
+    h1.warm_ref.ready, h1.warm_ref.error = True, RuntimeError("actor died")
+    h2.warm_ref.ready = True
+    ev = spares.tend(WANT, HOSTS, 1.0, hold={"h1", "h2"})
+    assert kinds(ev) == [("spare_lost", "h1"), ("spare_ready", "h2")]
+    assert spares.tend(WANT, HOSTS, 1.0 + RESPAWN_BASE_S, hold={"h1", "h2"}) == []
+    assert not ray.live("h1") and ray.live("h2") == [h2]
+    ev = spares.tend(WANT, HOSTS, 2.0 + RESPAWN_BASE_S)  # the doubt is over
+    assert kinds(ev) == [("spare_spawned", "h1")]
+
+
 def test_a_spare_serves_only_its_device_and_follows_the_wanted_one() -> None:
     ray = FakeRay()
     spares = RaySpares(ray)

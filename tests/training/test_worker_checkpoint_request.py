@@ -118,6 +118,26 @@ def test_a_request_older_than_the_loaded_checkpoint_is_already_satisfied(tmp_pat
     assert not watch.interrupt() and not reports
 
 
+def test_a_request_first_seen_after_a_checkpoint_captured_after_it_is_reported_served(
+    tmp_path: Path,
+) -> None:
+    """The request is written, a periodic checkpoint captures the state and commits before the
+    loop next looks at the file: that checkpoint serves it, and the heartbeat must say so (the
+    supervisor and operators wait for `committed`), not stay silent forever."""
+    watch, clock, _, reports = _watch(tmp_path)
+    made = time.time() - 2
+    watch.committed(made - 5, 50)  # an older checkpoint
+    _request(tmp_path, made, reason="preemption", deadline=made + 30, provider="aws")
+    watch.committed(made + 0.01, 100)  # captured after the request was made
+    clock.now += 1
+    assert not watch.interrupt()  # nothing owed
+    [served] = reports
+    assert served["committed_step"] == 100 and served["committed"] >= made
+    assert served["reason"] == "preemption" and 0 <= served["latency_s"] < 30
+    clock.now += 1
+    assert not watch.interrupt() and len(reports) == 1  # reported once
+
+
 def test_a_failed_forced_checkpoint_is_retried_later_not_every_minibatch(tmp_path: Path) -> None:
     watch, clock, _, _ = _watch(tmp_path)
     _request(tmp_path, time.time())
