@@ -51,11 +51,20 @@ class LoopbackCluster:
         )
 
     def kill_host(self, host: str) -> None:
-        """The host dies: every process of its node SIGKILLed, no goodbye. Ray's node goes
-        with its raylet; the workers (each in a session of its own) and idle spares of that
-        host would outlive it on one machine, so they are killed too, as a real host's death
-        takes them."""
-        self.cluster.remove_node(self.nodes.pop(host), allow_graceful=False)
+        """The host dies: every process of its node at once, no goodbye. Its raylet, the
+        actors under it and their workers and standbys are frozen first (SIGSTOP: none of
+        them reports anything from then on, as none would from a host that lost its power),
+        then Ray's node is removed and all of them SIGKILLed. The workers (each in a session
+        of its own) and idle spares would outlive the node on one machine, so they are
+        found by their run dirs too."""
+        node = self.nodes.pop(host)
+        doomed: dict[int, psutil.Process] = {}
+        for infos in node.all_processes.values():
+            for info in infos:
+                with contextlib.suppress(psutil.Error, AttributeError):
+                    top = psutil.Process(info.process.pid)
+                    for p in [top, *top.children(recursive=True)]:
+                        doomed[p.pid] = p
         here = str(self.node_dir(host)) + os.sep
         for p in psutil.process_iter(["cmdline", "cwd"]):
             cmd = process_argv(p.info["cmdline"] or [])
@@ -63,8 +72,14 @@ class LoopbackCluster:
             if "training.worker" in cmd and (
                 cwd.startswith(here) or any(c.startswith(here) for c in cmd)
             ):
-                with contextlib.suppress(psutil.Error):
-                    p.send_signal(signal.SIGKILL)
+                doomed[p.pid] = p
+        for p in doomed.values():
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGSTOP)
+        self.cluster.remove_node(node, allow_graceful=False)
+        for p in doomed.values():
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
 
 
 def _ray_processes() -> list[psutil.Process]:
