@@ -65,10 +65,14 @@ OBSERVE_EVERY_S = 2.0
 # a crash finds unmirrored, the less its exit waits for that upload (the final pass).
 LOOK_EVERY_S = 0.25
 UPLOAD_EVERY_S = 1.0  # after a failed upload, the next try
-# A worker's final checkpoint is mirrored before its exit is reported, for at most this long:
-# below the default hang_timeout_s (120 s), which the silent heartbeat meanwhile runs toward.
-# Past it the checkpoint stays on its host (resumed there, or redone elsewhere).
+# A worker's final checkpoint is mirrored after it exits, for at most this long (its actor
+# lives on meanwhile; the supervisor waits for it only to move the game to another host or to
+# stop). Past it the checkpoint stays on its host (resumed there, or redone elsewhere).
 FINAL_UPLOAD_TIMEOUT_S = 45.0
+# A game that leaves a host while its last worker's final upload runs there waits this long
+# in the tick for it; past it the placement waits for a later tick (`no_host`).
+SETTLE_WAIT_S = 2.0
+CLOSE_WAIT_S = 10.0  # at the supervisor's exit, final uploads still running get this long
 EXIT_WAIT_S = 30.0  # how long one `wait_exit()` call waits on its host before it is renewed
 NOTICE_WAIT_S = 2.0  # a notified exit: the tick waits this long for the actor's status
 
@@ -117,7 +121,9 @@ class WorkerHost:
         self.fenced = False
         self._remote: Any = None
         self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
-        self._exited = threading.Event()  # rc is published
+        self.exited: int | None = None  # the worker's exit status, as soon as it exits
+        self._gone = threading.Event()  # `exited` is set
+        self._exited = threading.Event()  # rc is published (its final checkpoint mirrored)
 
     def warm(self, device: str = "cpu") -> dict[str, Any]:
         """A spare actor (not yet any game's): start the standby worker for `device` and wait
@@ -166,21 +172,19 @@ class WorkerHost:
                 "served": served}  # fmt: skip
 
     def _watch(self) -> None:
-        """Mirror the newest checkpoint while the worker runs, once more after it exits (its
-        final one), then publish its exit status."""
+        """Mirror the newest checkpoint while the worker runs; once it exited (`_reap`, a
+        thread of its own: an upload that hangs never hides an exit), mirror once more (its
+        final checkpoint), then publish its exit status (`rc`)."""
         assert self.popen is not None
+        threading.Thread(target=self._reap, name="rlsup-reap", daemon=True).start()
         retry_at = 0.0
-        while True:
-            try:
-                self.popen.wait(timeout=LOOK_EVERY_S)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() < retry_at:
-                    continue
-                failures = self.mirror_failures
-                self._upload()
-                if self.mirror_failures > failures:  # the next try in a while
-                    retry_at = time.monotonic() + UPLOAD_EVERY_S
+        while not self._gone.wait(LOOK_EVERY_S):
+            if time.monotonic() < retry_at:
+                continue
+            failures = self.mirror_failures
+            self._upload()
+            if self.mirror_failures > failures:  # the next try in a while
+                retry_at = time.monotonic() + UPLOAD_EVERY_S
         deadline = time.monotonic() + FINAL_UPLOAD_TIMEOUT_S
         while time.monotonic() < deadline and not self.fenced:
             before = self.mirror_step
@@ -188,12 +192,22 @@ class WorkerHost:
                 break
             if self.mirror_step == before:  # it failed: again in a while (an upload that
                 time.sleep(UPLOAD_EVERY_S)  # worked is looked after at once: nothing newer)
-        self.rc = self.popen.returncode
+        self.rc = self.exited
         self._exited.set()
 
-    def wait_exit(self, timeout: float) -> int | None:
-        """Block until the worker's exit status is published (its final checkpoint mirrored),
-        at most `timeout` s: the supervisor learns of an exit at once, not at its next poll."""
+    def _reap(self) -> None:
+        """Say the worker exited as soon as it did (`exited`, `wait_exit(early=True)`)."""
+        assert self.popen is not None
+        self.exited = self.popen.wait()
+        self._gone.set()
+
+    def wait_exit(self, timeout: float, early: bool = False) -> int | None:
+        """Block until the worker's exit status is published (its final checkpoint mirrored;
+        `early`: until it exited), at most `timeout` s: the supervisor learns of an exit at
+        once, not at its next poll."""
+        if early:
+            self._gone.wait(timeout)
+            return self.exited
         self._exited.wait(timeout)
         return self.rc
 
@@ -236,7 +250,8 @@ class WorkerHost:
         return {
             "game": self.game,  # "" for a spare actor not yet any game's
             "epoch": self.epoch,
-            "rc": self.rc,
+            "rc": self.rc,  # published once its final checkpoint is mirrored (or given up)
+            "exited": self.exited,  # as soon as the worker exited
             "pid": self.popen.pid if self.popen else None,
             "heartbeat": _read(self.run_dir / protocol.HEARTBEAT_FILE),
             "error": _read(self.run_dir / protocol.ERROR_FILE),
@@ -253,7 +268,8 @@ class WorkerHost:
         if self.popen is None and self.standby is not None:
             standby, self.standby = self.standby, None
             standby.stop()
-            self.rc = 0
+            self.rc = self.exited = 0
+            self._gone.set()
             self._exited.set()
             return
         if self.popen is None or self.popen.returncode is not None:
@@ -368,6 +384,10 @@ class RayWorkerProcess(WorkerProcess):
     _ref: Any = None
     _ok_at: float = 0.0
     _killed: bool = False
+    stopping: bool = False  # asked to stop: its exit is reported once its final upload is done
+    # It exited by itself and is restarted at once: its actor still mirrors its final
+    # checkpoint (the launcher's `draining`).
+    draining: bool = False
     _write_fd: int = -1
     on_report: Any = None  # (proc, status) -> None: the launcher's mirror bookkeeping
 
@@ -405,6 +425,10 @@ class RayWorkerProcess(WorkerProcess):
         self._relay(protocol.ERROR_FILE, st.get("error"))
         if st.get("rc") is not None:
             self._exit(int(st["rc"]), None)
+        elif st.get("exited") is not None and not (self.stopping or self._killed):
+            # It exited by itself: the game restarts now, on this host mostly, where the
+            # checkpoint it committed last lies; its actor mirrors that one behind it.
+            self.returncode, self.draining = int(st["exited"]), True
         return self.returncode
 
     def notify(self) -> None:
@@ -472,9 +496,9 @@ class RayWorkerProcess(WorkerProcess):
 
 class ExitWatch:
     """One thread that holds a pending `wait_exit()` call on every placed worker's actor and
-    notifies the worker's process object when one returns (the worker exited, its final
-    checkpoint mirrored) or fails (the actor died: its host, mostly). The tick then wakes on
-    that worker's pipe and asks at once: an exit costs no tick's wait."""
+    notifies the worker's process object when one returns (the worker exited) or fails (the
+    actor died: its host, mostly). The tick then wakes on that worker's pipe and asks at once:
+    an exit costs no tick's wait."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -484,7 +508,7 @@ class ExitWatch:
 
     def watch(self, proc: RayWorkerProcess) -> None:
         with contextlib.suppress(Exception):  # no watch: it is polled once a tick
-            ref = proc.actor.wait_exit.remote(EXIT_WAIT_S)
+            ref = proc.actor.wait_exit.remote(EXIT_WAIT_S, True)
             with self._lock:
                 self._pending[ref] = proc
                 if self._thread is None:
@@ -533,6 +557,15 @@ class ExitWatch:
 
 
 @dataclasses.dataclass
+class _Draining:
+    """An exited worker's actor that still mirrors its final checkpoint."""
+
+    proc: RayWorkerProcess
+    until: float  # monotonic: given up past it
+    ref: Any = None  # a pending status() call
+
+
+@dataclasses.dataclass
 class HostSeen:
     node_id: str
     boot_id: str
@@ -556,6 +589,7 @@ class RayLauncher(Launcher):
         # list still says alive (its health check takes seconds), so a new placement goes
         # elsewhere while another host has room, for host_lost_after_s or until it rejoins.
         self.doubted: dict[str, float] = {}
+        self.draining: dict[str, _Draining] = {}  # game -> its exited worker's actor, uploading
         self.hosts: dict[str, HostSeen] = {}
         self.next_observe = 0.0
         self._remote: Any = None
@@ -616,6 +650,10 @@ class RayLauncher(Launcher):
             import ray
 
             if ray.is_initialized():
+                until = time.monotonic() + CLOSE_WAIT_S  # the final uploads still running
+                for d in list(self.draining.values()):
+                    if not self._drained(d, max(0.0, until - time.monotonic())):
+                        self._end_draining(d, "the supervisor exits")
                 self.exits.close()
                 self.spares.close()
                 ray.shutdown()
@@ -630,8 +668,71 @@ class RayLauncher(Launcher):
                 want, want=False,
                 reason="each game takes a GPU ([cluster] gpus_per_game): its worker starts cold",
             )  # fmt: skip
+        for d in list(self.draining.values()):
+            self._drained(d, 0.0)
         hosts = {h: seen.node_id for h, seen in self.hosts.items() if seen.alive}
         return self.spares.tend(want, hosts, now, hold=self._doubted())
+
+    # ---- final uploads behind an exit -----------------------------------------------------
+    def _drained(self, d: _Draining, wait_s: float) -> bool:
+        """Is the exited worker's final checkpoint mirrored (or given up)? Waits up to
+        `wait_s`. Once it is, its actor is killed and forgotten."""
+        import ray
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            if d.ref is None:
+                try:
+                    d.ref = d.proc.actor.status.remote()
+                except Exception:
+                    return self._end_draining(d, "its actor is gone")
+            ready, _ = ray.wait([d.ref], timeout=max(0.0, min(0.25, deadline - time.monotonic())))
+            if ready:
+                ref, d.ref = d.ref, None
+                try:
+                    st = ray.get(ref, timeout=5)
+                except Exception:
+                    return self._end_draining(d, "its actor is gone")
+                self._on_report(d.proc, st)
+                if st.get("rc") is not None:
+                    return self._end_draining(d, None)
+            if time.monotonic() >= d.until:
+                return self._end_draining(d, f"not mirrored within {FINAL_UPLOAD_TIMEOUT_S:g} s")
+            if time.monotonic() >= deadline:
+                return False
+
+    def _end_draining(self, d: _Draining, lost: str | None) -> bool:
+        import ray
+
+        if self.draining.get(d.proc.game) is d:
+            del self.draining[d.proc.game]
+        with contextlib.suppress(Exception):
+            ray.kill(d.proc.actor, no_restart=True)
+        if lost is None:
+            log.info("final_upload_done", game=d.proc.game, host=d.proc.host,
+                     mirror_step=d.proc.report.get("mirror_step"))  # fmt: skip
+        else:
+            log.warning("final_upload_given_up", game=d.proc.game, host=d.proc.host, why=lost)
+        return True
+
+    def _settle(self, game: str, host: str, cold: bool) -> None:
+        """Before `game` is placed on `host`: a final upload of its last worker still
+        running elsewhere is waited for (the move resumes from the mirror; `NoRoom` past
+        SETTLE_WAIT_S: a later tick places it). In place it is not: the checkpoint is on
+        this host, and the new placement's actor mirrors it (the old one's upload is fenced
+        out). A cold start in place that needs the CPUs the old actor holds ends it."""
+        d = self.draining.get(game)
+        if d is None or self._drained(d, 0.0):
+            return
+        if d.proc.host == host:
+            if cold and self.cfg.cluster.cpus_per_game and not self._drained(d, SETTLE_WAIT_S):
+                self._end_draining(d, "a cold restart in place needs its CPUs")
+            return
+        if not self._drained(d, SETTLE_WAIT_S):
+            raise NoRoom(
+                f"{game} moves from {d.proc.host} to {host} once the checkpoint its last "
+                "worker committed there is mirrored"
+            )
 
     def spare_row(self) -> dict[str, Any] | None:
         return self.spares.row()
@@ -752,6 +853,7 @@ class RayLauncher(Launcher):
         view_dir = Path(cwd or cfg.run_dir)
         c = self.cfg.cluster
         host, node_id, _ = self._choose(game)
+        self._settle(game, host, cold=False)
         epoch = self._advance_fence(game, host)
         threads = max(1, round(c.cpus_per_game)) if c.cpus_per_game else cfg.threads
         cfg = dataclasses.replace(cfg, threads=threads, epoch=epoch)
@@ -774,6 +876,7 @@ class RayLauncher(Launcher):
                 cfg = dataclasses.replace(cfg, epoch=epoch)
                 cfg_json = cfg.to_json()
         if actor is None or info is None:
+            self._settle(game, host, cold=True)
             actor, info = self._start_cold(game, epoch, host, node_id, mirror, cfg_json)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         proc = RayWorkerProcess(
@@ -872,6 +975,7 @@ class RayLauncher(Launcher):
 
     def terminate(self, proc: WorkerProcess) -> None:
         assert isinstance(proc, RayWorkerProcess)
+        proc.stopping = True  # its exit is heard once its final checkpoint is mirrored
         with contextlib.suppress(Exception):
             proc.actor.signal.remote(int(signal.SIGTERM))
 
@@ -949,6 +1053,10 @@ class RayLauncher(Launcher):
         if isinstance(proc, RayWorkerProcess):
             self._failures_seen.pop(id(proc), None)
             self.exits.unwatch(proc)
+        if isinstance(proc, RayWorkerProcess) and proc.draining:
+            if (old := self.draining.pop(proc.game, None)) is not None:
+                self._end_draining(old, "a newer worker of the game exited")
+            self.draining[proc.game] = _Draining(proc, time.monotonic() + FINAL_UPLOAD_TIMEOUT_S)
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]
             self.last_host[proc.game] = proc.host

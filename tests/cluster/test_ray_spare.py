@@ -19,6 +19,7 @@ from supervisor.launch.ray import NODE_DIR_ENV, WorkerHost
 from supervisor.launch.ray_spare import ACK_TIMEOUT_S, CHECK_EVERY_S, WARM_TIMEOUT_S, RaySpares
 from supervisor.launch.spare import RESPAWN_BASE_S, STOP_GRACE_S, SpareWant
 from supervisor.launch.spawn import process_argv
+from tests.mirror.conftest import TEST_AWS_ENV
 from tests.supervisor.helpers import wait_for
 from training.args import WorkerConfig
 
@@ -258,6 +259,25 @@ def test_a_warmed_host_becomes_a_game_s_worker_exactly_as_a_cold_one(node: Path)
     assert hb["global_step"] >= 2048 and hb["pid"] == info["pid"]
     assert '"event": "done"' in (node / "logs" / "g1.log").read_text()
     assert not standby_pids(node)
+
+
+def test_an_exit_is_told_at_once_while_its_final_checkpoint_is_still_being_mirrored(
+    node: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor hears a worker's exit as it happens (`wait_exit(early=True)`, `exited`)
+    and restarts the game in place, where the checkpoint it committed last lies; `rc`, which
+    a stop and a move wait for, comes once that checkpoint is mirrored. Here the mirror never
+    answers: the exit is still told at once."""
+    for key, value in TEST_AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    mirror = {"url": "s3://rlsup-test/early", "endpoint_url": silent_endpoint, "region": None}
+    host = WorkerHost("g4", 1, mirror)
+    host.start(cartpole(total_steps=256))
+    assert host.wait_exit(240, early=True) == 0
+    st = host.status()
+    assert st["exited"] == 0 and st["rc"] is None, "its final checkpoint is not mirrored yet"
+    assert host.wait_exit(0.2) is None
+    assert (node / "runs" / "g4" / "checkpoints").is_dir()
 
 
 def test_an_idle_spare_asked_to_stop_stops_its_standby(node: Path) -> None:

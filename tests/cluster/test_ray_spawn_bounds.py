@@ -5,10 +5,8 @@ before any actor."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +17,6 @@ from tests.mirror.conftest import TEST_AWS_ENV
 from tests.supervisor.helpers import write_config
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def silent_endpoint() -> Iterator[str]:
-    """A server that completes TCP handshakes (the kernel's backlog) and never answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(64)
-        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def test_a_silent_mirror_fails_the_spawn_within_the_fence_bound(
