@@ -9,173 +9,32 @@ relays and mirrors it exactly as an actor started for the game would. A worker c
 host then costs what it costs on one host, and a host's death costs Ray's death notice plus a
 spare's hand-over on the host the game moves to, not a cold start there.
 
-`HostStandby` is the host side (the standby process and its channel, inside the actor);
-`RaySpares` the supervisor side (one spare actor per live host, its events, the `spare` row).
-Both are plain classes: tested without Ray, which only `RaySpares.tend`'s callers import.
+This module is the supervisor side: `RaySpares` keeps one spare actor per live host, its
+events and the `spare` row; the host side (`HostStandby`, inside the actor) is in ray_host.py.
+A plain class, tested without Ray, which only `RaySpares.tend`'s callers import.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Set
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from supervisor.launch.ray_host import WARM_TIMEOUT_S
 from supervisor.launch.spare import (
     RESPAWN_BASE_S,
     RESPAWN_MAX_S,
-    STOP_GRACE_S,
     SpareWant,
     device_matches,
 )
-from supervisor.launch.spawn import WORKER_MODULE, rotate_log, start_worker_process
-from training.protocol import SPARE_MAX_MESSAGE, decode_message, encode_message
 
 Event = tuple[str, str | None, dict[str, Any]]
 
-WARM_TIMEOUT_S = 180.0  # the watchdog's startup grace: a spare not ready by then is replaced
-ACK_TIMEOUT_S = 5.0  # the standby acknowledges an assignment within this, else: a cold start
 CHECK_EVERY_S = 2.0  # how often the supervisor asks a ready spare's actor how its spare is
 
-
-# ---- the host side: inside a spare actor ----------------------------------------------------
-
-
-class HostStandby:
-    """The standby worker process of one host's spare actor: started as the actor's child on a
-    socketpair, its messages drained by a thread (so that its `alive` messages never fill the
-    channel), handed one assignment."""
-
-    def __init__(
-        self, log_path: Path, cwd: Path, device: str = "cpu", python: str = sys.executable
-    ) -> None:
-        self.log_path, self.cwd, self.device, self.python = log_path, cwd, device, python
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.chan: socket.socket | None = None
-        self.ready: dict[str, Any] | None = None  # its "ready" message
-        self.heard = 0.0  # monotonic: its last message
-        self._ready = threading.Event()
-        self._assigned = threading.Event()
-        self._closed = threading.Event()  # end of file on the channel: it exited or took over
-
-    def start(self) -> int:
-        """Start the standby; its pid."""
-        rotate_log(self.log_path)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cmd = [self.python, "-P", "-m", WORKER_MODULE, "--standby",
-               "--channel-fd", str(theirs.fileno()), "--device", self.device,
-               "--parent-pid", str(os.getpid()), "--warm-mirror"]  # fmt: skip
-        try:
-            # Ray's workers carry SPT_NOENV, which would cut the title the standby takes on
-            # (the cold worker's whole command line) to the length of its own.
-            self.popen = start_worker_process(
-                cmd, self.log_path, self.cwd, pass_fds=(theirs.fileno(),), unset_env=("SPT_NOENV",)
-            )
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.chan, self.heard = ours, time.monotonic()
-        threading.Thread(target=self._drain, name="rlsup-standby", daemon=True).start()
-        return self.popen.pid
-
-    def _drain(self) -> None:
-        assert self.chan is not None
-        chan = self.chan
-        while True:
-            try:
-                raw = chan.recv(SPARE_MAX_MESSAGE)
-            except OSError:
-                break
-            if not raw:
-                break
-            self.heard = time.monotonic()
-            msg = decode_message(raw)
-            if msg is None:
-                continue
-            if msg["type"] == "ready":
-                self.ready = msg
-                self._ready.set()
-            elif msg["type"] == "assigned":
-                self._assigned.set()
-        self._closed.set()
-
-    def wait_ready(self, timeout: float = WARM_TIMEOUT_S) -> dict[str, Any]:
-        """Its "ready" message; OSError when it exits or stays silent first (it is stopped)."""
-        deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.1):
-            if self._closed.is_set() or self.exited() or time.monotonic() > deadline:
-                rc = self.popen.poll() if self.popen else None
-                self.stop()
-                raise OSError(f"the spare worker did not get ready (exit status {rc})")
-        assert self.ready is not None
-        return self.ready
-
-    def exited(self) -> bool:
-        return self.popen is None or self.popen.poll() is not None
-
-    def state(self) -> str:
-        """ready, warming, or lost (exited, or silent past its watchdog)."""
-        if self.exited() or self._closed.is_set():
-            return "lost"
-        return "ready" if self._ready.is_set() else "warming"
-
-    def hand_over(
-        self, argv: list[str], cwd: Path, log_path: Path, timeout: float = ACK_TIMEOUT_S
-    ) -> subprocess.Popen[bytes] | None:
-        """Make the ready standby the worker `argv` (run dir `cwd`, log `log_path`): its Popen
-        once it has acknowledged; None (and it is stopped) when it cannot take it."""
-        if self.state() != "ready" or self.chan is None or self.popen is None:
-            self.stop()
-            return None
-        msg = {"type": "assign", "argv": argv, "cwd": str(cwd), "log": str(log_path)}
-        try:
-            self.chan.sendall(encode_message(msg))
-        except (OSError, ValueError):
-            self.stop()
-            return None
-        deadline = time.monotonic() + timeout
-        while not self._assigned.wait(0.02):
-            # Its acknowledgement comes before its channel closes: read the flag once more.
-            if self._closed.is_set() or time.monotonic() > deadline:
-                if self._assigned.is_set():
-                    break
-                self.stop()
-                return None
-        popen, self.popen = self.popen, None
-        return popen
-
-    def stop(self) -> None:
-        """No longer wanted: SIGTERM, SIGKILL after a grace, reaped; the channel closed."""
-        popen, self.popen = self.popen, None
-        if popen is not None and popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(popen.pid, signal.SIGTERM)
-                os.killpg(popen.pid, signal.SIGCONT)  # a stopped one cannot act on it
-            try:
-                popen.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(popen.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    popen.wait(STOP_GRACE_S)
-        if self.chan is not None:
-            with contextlib.suppress(OSError):
-                self.chan.shutdown(socket.SHUT_RDWR)
-            self.chan.close()
-            self.chan = None
-
-
-# ---- the supervisor side: one spare actor per live host -----------------------------------
 
 
 @dataclass

@@ -878,9 +878,10 @@ class Injector:
         self.start_supervisor()
 
     def _f_preemption(self) -> Fault | None:
-        """A GCE notice (30 s), each game's checkpoint asked for and served, then the machine
-        is taken before the deadline (everything SIGKILLed) and boots again: `preempted`, not
-        a `host_reboot`; every game resumes from the checkpoint the notice made."""
+        """A GCE notice (30 s), each game's checkpoint asked for and served (each heartbeat
+        says so within 25 s, or it is a problem), then the machine is taken before the
+        deadline (everything SIGKILLed) and boots again: `preempted`, not a `host_reboot`;
+        every game resumes from the checkpoint the notice made."""
         self.wait_disk()
         self.wait_all_healthy(40)
         assert self.sup is not None and self.metadata is not None
@@ -900,7 +901,13 @@ class Injector:
         self.metadata.mode = "calm"  # the new machine has no notice
         self._boot_again()
         note = ", ".join(f"{g} {s:.1f} s" for g, s in sorted(served.items())) or "none served"
-        return Fault("preemption", list(victims), t, victims, note=f"notice -> commit: {note}")
+        fault = Fault("preemption", list(victims), t, victims, note=f"notice -> commit: {note}")
+        for g in sorted(set(victims) - set(served)):
+            # A healthy worker serves the notice's request within about a minibatch; one whose
+            # heartbeat never says so leaves its operator blind inside the window.
+            req = _checkpoint_request(self.monitor.run_dir(g))
+            fault.problems.append(f"{g}: checkpoint request not served in 25 s ({req or 'unseen'})")
+        return fault
 
     def _f_scale_light(self) -> Fault | None:
         return self._scale("light")
