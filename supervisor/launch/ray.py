@@ -377,6 +377,7 @@ class RayLauncher(Launcher):
         # elsewhere while another host has room, for host_lost_after_s or until it rejoins.
         self.doubted: dict[str, float] = {}
         self.draining: dict[str, _Draining] = {}  # game -> its exited worker's actor, uploading
+        self.missed: list[tuple[str, str | None, dict[str, Any]]] = []  # final uploads given up
         self.hosts: dict[str, HostSeen] = {}
         self.next_observe = 0.0
         self._remote: Any = None
@@ -440,7 +441,7 @@ class RayLauncher(Launcher):
                 until = time.monotonic() + CLOSE_WAIT_S  # the final uploads still running
                 for d in list(self.draining.values()):
                     if not self._drained(d, max(0.0, until - time.monotonic())):
-                        self._end_draining(d, "the supervisor exits")
+                        self._end_draining(d, "the supervisor exits", event=False)
                 self.exits.close()
                 self.spares.close()
                 ray.shutdown()
@@ -455,8 +456,6 @@ class RayLauncher(Launcher):
                 want, want=False,
                 reason="each game takes a GPU ([cluster] gpus_per_game): its worker starts cold",
             )  # fmt: skip
-        for d in list(self.draining.values()):
-            self._drained(d, 0.0)
         hosts = {h: seen.node_id for h, seen in self.hosts.items() if seen.alive}
         return self.spares.tend(want, hosts, now, hold=self._doubted())
 
@@ -480,6 +479,7 @@ class RayLauncher(Launcher):
                     st = ray.get(ref, timeout=5)
                 except Exception:
                     return self._end_draining(d, "its actor is gone")
+                d.proc.report = st
                 self._on_report(d.proc, st)
                 if st.get("rc") is not None:
                     return self._end_draining(d, None)
@@ -488,18 +488,23 @@ class RayLauncher(Launcher):
             if time.monotonic() >= deadline:
                 return False
 
-    def _end_draining(self, d: _Draining, lost: str | None) -> bool:
-        import ray
-
+    def _end_draining(self, d: _Draining, lost: str | None, event: bool = True) -> bool:
+        """Done with an exited worker's actor: its final upload finished (`lost` None) or is
+        given up (an event, `final_upload_missed`, where the game may resume elsewhere from an
+        older mirrored checkpoint; none where the newer placement in place mirrors it)."""
         if self.draining.get(d.proc.game) is d:
             del self.draining[d.proc.game]
-        with contextlib.suppress(Exception):
-            ray.kill(d.proc.actor, no_restart=True)
+        self._spare_api.kill(d.proc.actor)
         if lost is None:
             log.info("final_upload_done", game=d.proc.game, host=d.proc.host,
                      mirror_step=d.proc.report.get("mirror_step"))  # fmt: skip
         else:
-            log.warning("final_upload_given_up", game=d.proc.game, host=d.proc.host, why=lost)
+            log.warning("final_upload_missed", game=d.proc.game, host=d.proc.host, why=lost)
+        if lost is not None and event:
+            self.missed.append(("final_upload_missed", d.proc.game, {
+                "host": d.proc.host, "epoch": d.proc.epoch, "reason": lost,
+                "mirror_step": d.proc.report.get("mirror_step"),
+            }))  # fmt: skip
         return True
 
     def _settle(self, game: str, host: str, cold: bool) -> None:
@@ -513,7 +518,8 @@ class RayLauncher(Launcher):
             return
         if d.proc.host == host:
             if cold and self.cfg.cluster.cpus_per_game and not self._drained(d, SETTLE_WAIT_S):
-                self._end_draining(d, "a cold restart in place needs its CPUs")
+                # In place: the new placement's actor mirrors that checkpoint.
+                self._end_draining(d, "a cold restart in place needs its CPUs", event=False)
             return
         if not self._drained(d, SETTLE_WAIT_S):
             raise NoRoom(
@@ -545,9 +551,13 @@ class RayLauncher(Launcher):
     def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
         """The host ledger, as events: node_joined, node_reboot (back with a new boot id),
         node_lost (with the games it ran). Not `host_reboot`: that one is the supervisor's
-        own host, and an incident of the stability policy."""
+        own host, and an incident of the stability policy. Every tick: the final uploads still
+        running behind an exit (`final_upload_missed` for one given up)."""
+        for d in list(self.draining.values()):
+            self._drained(d, 0.0)
+        missed, self.missed = self.missed, []
         if now < self.next_observe:
-            return []
+            return missed
         self.next_observe = now + OBSERVE_EVERY_S
         try:
             nodes = self._nodes()
@@ -583,7 +593,7 @@ class RayLauncher(Launcher):
                 games = sorted(here | self.lost_on.pop(host, set()))
                 lost = {"host": host, "node_id": old.node_id, "boot_id": old.boot_id}
                 events.append(("node_lost", None, {**lost, "games": games}))
-        return events
+        return missed + events
 
     def _doubted(self) -> set[str]:
         """Hosts where a worker's actor died within host_lost_after_s (see `doubted`)."""
@@ -842,7 +852,7 @@ class RayLauncher(Launcher):
             self.exits.unwatch(proc)
         if isinstance(proc, RayWorkerProcess) and proc.draining:
             if (old := self.draining.pop(proc.game, None)) is not None:
-                self._end_draining(old, "a newer worker of the game exited")
+                self._end_draining(old, "a newer worker of the game exited", event=False)
             self.draining[proc.game] = _Draining(proc, time.monotonic() + FINAL_UPLOAD_TIMEOUT_S)
         if isinstance(proc, RayWorkerProcess) and self.placed.get(proc.game) is proc:
             del self.placed[proc.game]

@@ -36,7 +36,6 @@ Event = tuple[str, str | None, dict[str, Any]]
 CHECK_EVERY_S = 2.0  # how often the supervisor asks a ready spare's actor how its spare is
 
 
-
 @dataclass
 class RemoteSpare:
     """One host's spare actor, as the supervisor sees it."""
