@@ -321,11 +321,9 @@ def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(
         assert started["served"] == "spare"
         crash = [e for e in events(state, None, "g1") if e["detail"].get("to") == "exited"]
         assert crash and crash[-1]["detail"]["exit"] != "host_lost"
-        # Restarted at once; the old actor mirrored the checkpoint its worker committed last
-        # behind the restart, then was let go.
-        log = config.parent / "supervisor.log"
-        wait_for(lambda: "final_upload_done" in log.read_text(), 60, "the final upload done")
-        assert "final_upload_missed" not in log.read_text()
+        # Restarted at once; whatever the old actor still had to mirror it mirrored behind the
+        # restart (or the new placement did): nothing given up.
+        assert not events(state, "final_upload_missed")
 
         # Its host dies: the game moves to the other host, whose spare takes it and resumes
         # from the mirror.
