@@ -45,6 +45,7 @@ from tests.supervisor.helpers import (  # noqa: E402
     env_for,
     events,
     heartbeat,
+    spare_ready_now,
     start_supervisor,
     stop_supervisor,
     wait_for,
@@ -96,16 +97,6 @@ def _training_on(lc: LoopbackCluster, host: str, pid: int) -> dict[str, Any] | N
     return hb if hb.get("pid") == pid and hb.get("phase") == "training" else None
 
 
-def _spare_ready_everywhere(state: Path, hosts: list[str]) -> bool:
-    """Every host's newest spare event is its `spare_ready` (a ready spare, not yet taken)."""
-    last: dict[str, str] = {}
-    for e in events(state, None):
-        host = e["detail"].get("host")
-        if e["kind"].startswith("spare_") and isinstance(host, str):
-            last[host] = e["kind"]
-    return all(last.get(h) == "spare_ready" for h in hosts)
-
-
 def ray_rounds(tmp: Path, rounds: int, spare: bool) -> tuple[list[float], list[float]]:
     """(worker SIGKILL rounds, host death rounds) on a loopback cluster."""
     from checkpoints.remote import RemoteLocation, RemoteStore, make_client
@@ -153,7 +144,7 @@ def _one_worker_round(lc: LoopbackCluster, state: Path, i: int, spare: bool) -> 
     placed = wait_for(lambda: _placements(state)[i:], 180, f"placement {i + 1}")[0]
     wait_for(lambda: _training(state, placed["pid"]), 180, "training")
     if spare:
-        wait_for(lambda: _spare_ready_everywhere(state, list(lc.nodes)), 180, "every spare")
+        wait_for(lambda: all(spare_ready_now(state, h) for h in lc.nodes), 180, "every spare")
     time.sleep(3)  # a checkpoint or two, as in the single-host rounds
     [proc] = worker_processes(lc.root, "g1")
     t0 = time.monotonic()
@@ -176,7 +167,9 @@ def _one_ray_round(lc: LoopbackCluster, state: Path, remote: Any, i: int, spare:
     )
     if spare:
         others = [h for h in lc.nodes if h != placed["host"]]
-        wait_for(lambda: _spare_ready_everywhere(state, others), 180, "the other hosts' spares")
+        wait_for(
+            lambda: all(spare_ready_now(state, h) for h in others), 180, "the other hosts' spares"
+        )
     t0 = time.monotonic()
     lc.kill_host(placed["host"])
     moved = wait_for(lambda: _placements(state)[i + 1 :], 180, "placed again", poll=0.05)[0]
@@ -206,18 +199,13 @@ def local_rounds(tmp: Path, rounds: int, spare: bool) -> list[float]:
     try:
         for i in range(rounds):
             if spare:
-                wait_for(lambda: _local_spare_ready(state), 180, "the spare ready")
+                wait_for(lambda: spare_ready_now(state), 180, "the spare ready")
             times.append(_one_local_round(state, i))
             side = "spare" if spare else "cold"
             print(f"single-host round {i + 1} ({side}): {times[-1]:.2f} s", flush=True)
     finally:
         stop_supervisor(sup)
     return times
-
-
-def _local_spare_ready(state: Path) -> bool:
-    last = [e["kind"] for e in events(state, None) if e["kind"].startswith("spare_")]
-    return bool(last) and last[-1] == "spare_ready"
 
 
 def _stats(xs: list[float]) -> dict[str, float]:

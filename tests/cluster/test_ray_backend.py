@@ -32,6 +32,7 @@ from tests.supervisor.helpers import (
     events,
     heartbeat,
     rlsup,
+    spare_ready_now,
     start_supervisor,
     stop_supervisor,
     wait_for,
@@ -274,13 +275,6 @@ def ready_spare(state: Path, host: str, after: int = 0) -> dict[str, Any] | None
     found = [e for e in events(state, "spare_ready") if e["detail"].get("host") == host]
     found = [e for e in found if e["id"] > after]
     return found[-1] if found else None
-
-
-def spare_ready_now(state: Path, host: str) -> bool:
-    """The host's newest spare event is its spare_ready (a ready spare, not taken since)."""
-    kinds = [e["kind"] for e in events(state, None)
-             if e["kind"].startswith("spare_") and e["detail"].get("host") == host]  # fmt: skip
-    return bool(kinds) and kinds[-1] == "spare_ready"
 
 
 def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(

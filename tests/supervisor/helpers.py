@@ -115,6 +115,14 @@ def start_supervisor(
     )
 
 
+def spare_ready_now(state: Path, host: str | None = None) -> bool:
+    """The newest spare event of `host` (None: this host's own spare, whose events name no
+    host) is its `spare_ready`: a ready spare, not taken since."""
+    kinds = [e["kind"] for e in events(state, None)
+             if e["kind"].startswith("spare_") and e["detail"].get("host") == host]  # fmt: skip
+    return bool(kinds) and kinds[-1] == "spare_ready"
+
+
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
