@@ -41,7 +41,12 @@ def scenario(path: Path, used_mb: list[float], lost: int | None = None) -> None:
 
 
 def cuda_visible(pid: int) -> str | None:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    """The worker's CUDA_VISIBLE_DEVICES; None when it exited since it was listed (a worker
+    moved off a lost GPU is stopped: its pid goes at any moment)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
     env = dict(e.decode().split("=", 1) for e in raw if b"=" in e)
     return env.get("CUDA_VISIBLE_DEVICES")
 
