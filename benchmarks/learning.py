@@ -12,6 +12,15 @@ Each finished run goes into a ledger (benchmarks/results/learning-GAME-STEPS.jso
 the repository); runs already there are not run again, so the table can be completed over
 several sessions; `--report` prints the table from the ledger alone.
 
+`--peer` runs CleanRL's script for each algorithm instead, at the same settings as rlsup's
+row (below: PEER_ARGS), into the same ledger (`"side": "cleanrl"`), and the table gains the
+verdict "equal learning": rlsup's mean over seeds lies within the peer's seed spread (the range
+of its seeds' last-100 means) of the peer's mean, or above it. The peers run from the scratch
+venv of benchmarks/peers.py (or `--peer-python`); PQN needs a CleanRL checkout (`--peer-dir`),
+whose commit goes into the ledger.
+
+    python benchmarks/learning.py --algos pqn --seeds 1,2,3 --peer --peer-dir /path/to/cleanrl
+
 Trains `--steps` agent steps per run with real worker processes (`python -m training.worker`,
 8 envs, 128 steps, minibatch 256, 4 epochs: the throughput benchmark's settings), for each
 precision and each seed, and prints per run the mean of the last 100 real-episode returns
@@ -38,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import peers
 from hostinfo import host_facts, host_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +58,58 @@ ALGO_ARGS = {
     "dqn": ["--num-envs", "1", "--end-e", "0.01", "--exploration-fraction", "0.1"],
     "pqn": ["--num-envs", "8", "--n-steps", "32", "--batch-size", "64", "--epochs", "2"],
 }  # fmt: skip
+# CleanRL's scripts at the settings of ALGO_ARGS (each script's defaults where they agree):
+# ppo_atari_envpool already runs 8 envs x 128 steps, 4 minibatches, 4 epochs (it anneals the
+# learning rate; rlsup's PPO keeps it constant unless `--lr-scheduler linear`: the table says
+# so); pqn_atari_envpool scaled as rlsup's row: 8 envs x 32 steps, minibatch 64 (4 of 256), 2
+# epochs, lambda 0.65, lr annealed, epsilon 1 -> 0.01 over 10 %, grad norm 10 (its defaults);
+# dqn_atari at rlsup's DQN defaults (1 env, buffer 100,000, learning from 10,000, target every
+# 1,000, train every 4, batch 32, lr 1e-4, epsilon to 0.01 over 10 %; dqn_atari's target is
+# the target network's max, rlsup's the Double DQN one unless --no-double-q).
+PEER_SCRIPT = {"ppo": "ppo_atari_envpool.py", "pqn": "pqn_atari_envpool.py", "dqn": "dqn_atari.py"}
+PEER_ARGS = {
+    "ppo": ["--num-envs", "8", "--num-steps", "128", "--num-minibatches", "4",
+            "--update-epochs", "4", "--track", "False", "--capture-video", "False",
+            "--cuda", "False"],
+    "pqn": ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "4",
+            "--update-epochs", "2", "--q-lambda", "0.65", "--no-track", "--no-capture-video",
+            "--no-cuda"],
+    "dqn": ["--num-envs", "1", "--buffer-size", "100000", "--learning-starts", "10000",
+            "--target-network-frequency", "1000", "--train-frequency", "4",
+            "--batch-size", "32", "--learning-rate", "1e-4", "--end-e", "0.01",
+            "--exploration-fraction", "0.1", "--track", "False", "--capture-video", "False",
+            "--cuda", "False"],
+}  # fmt: skip
+
+
+def peer_train(args: argparse.Namespace, algo: str, seed: int, python: Path) -> dict[str, Any]:
+    """One CleanRL run at the learning table's settings: its last-100 mean of game-over
+    returns (the script's `episodic_return=` lines, as rlsup's heartbeat counts them)."""
+    if algo == "pqn":
+        if args.peer_dir is None:
+            raise SystemExit("--peer --algos pqn: give a CleanRL checkout with --peer-dir")
+        script = Path(args.peer_dir).resolve() / "cleanrl" / PEER_SCRIPT[algo]
+    else:
+        script = peers.cleanrl_script(python, PEER_SCRIPT[algo])
+    game = peers.DQN_PEER_GAME if algo == "dqn" else args.game
+    row = peers.Row(
+        algo=algo, steps=args.steps, warmup=0, peer_script=script,
+        peer_argv=["--env-id", game, "--total-timesteps", str(args.steps), *PEER_ARGS[algo]],
+        peer_step_of=peers.iteration_steps(256 if algo == "pqn" else 1024), rlsup_argv=None,
+        settings="",
+    )  # fmt: skip
+    r = peers.run_peer(row, seed, python, args.threads, timeout_s=6 * 3600.0)
+    if "error" in r:
+        raise SystemExit(f"cleanrl {algo} seed {seed}: {r['error']}\n{r['tail']}")
+    steps = args.steps if algo == "dqn" else r["steps"]
+    return {
+        "side": "cleanrl", "algo": algo, "seed": seed, "steps": steps,
+        "episodes": r["episodes"], "mean_last_100": r["mean_last_100"], "eval_mean": None,
+        "wall_s": r["wall_s"], "sps": round(steps / r["wall_s"], 1) if steps else None,
+        "script": script.name, "peer_game": game,
+        "peer_commit": peers.git_commit(Path(args.peer_dir)) if algo == "pqn" else None,
+        "peer_from": str(python),
+    }  # fmt: skip
 
 
 def train(
@@ -99,6 +161,10 @@ def main() -> None:
     parser.add_argument("--algos", default="", help="the learning table: e.g. ppo,dqn,pqn")
     parser.add_argument("--ledger", default=None, help="the learning table's JSONL ledger")
     parser.add_argument("--report", action="store_true", help="print the table; run nothing")
+    parser.add_argument("--peer", action="store_true", help="run CleanRL's side of the table")
+    parser.add_argument("--peer-dir", default=None, help="a CleanRL checkout (for pqn)")
+    parser.add_argument("--venv", type=Path, default=peers.DEFAULT_VENV, help="the peers' venv")
+    parser.add_argument("--peer-python", type=Path, default=None, help="the peers' interpreter")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.algos:
@@ -197,8 +263,15 @@ def table(args: argparse.Namespace, algos: list[str], seeds: list[int]) -> None:
     runs already in the ledger for this game, step budget, algorithm and seed are not run
     again. The table is printed from the ledger (`--report`: print it without running)."""
     path = ledger_path(args)
-    done = {(r["algo"], r["seed"]) for r in read_ledger(path)}
+    side = "cleanrl" if args.peer else "rlsup"
+    done = {(r["algo"], r["seed"]) for r in read_ledger(path) if r.get("side", "rlsup") == side}
     jobs = [] if args.report else [(a, s) for a in algos for s in seeds if (a, s) not in done]
+    python = None
+    if jobs and args.peer:
+        python = args.peer_python
+        if python is None:
+            peers.ensure_venv(args.venv.expanduser())
+            python = peers.venv_python(args.venv.expanduser())
     # The slowest algorithm's runs first: the shortest makespan.
     jobs.sort(key=lambda j: {"dqn": 0, "ppo": 1, "pqn": 2}.get(j[0], 3))
     t0 = time.monotonic()
@@ -209,11 +282,14 @@ def table(args: argparse.Namespace, algos: list[str], seeds: list[int]) -> None:
             out.mkdir(parents=True, exist_ok=True)
 
             def one(algo: str, seed: int) -> dict[str, Any]:
-                r = train(args.game, "fast", seed, args.steps, args.threads, out, algo)
+                if python is not None:
+                    r = peer_train(args, algo, seed, python)
+                else:
+                    r = train(args.game, "fast", seed, args.steps, args.threads, out, algo)
                 r.update(game=args.game, host=host_facts(), finished=time.strftime("%Y-%m-%d"))
                 with path.open("a") as f:
                     f.write(json.dumps(r) + "\n")
-                print(f"{algo} seed {seed}: last-100 {r['mean_last_100']:.2f}, "
+                print(f"{side} {algo} seed {seed}: last-100 {r['mean_last_100']:.2f}, "
                       f"{r['sps']} steps/s, {r['wall_s'] / 60:.0f} min", flush=True)  # fmt: skip
                 return r
 
@@ -226,29 +302,52 @@ def table(args: argparse.Namespace, algos: list[str], seeds: list[int]) -> None:
         f"{host_line()}\n{args.game}, {args.steps} agent steps per run; ledger {path.name} "
         f"({len(runs)} runs); {total / 60:.0f} min run now"
     )
-    print("| algo | seeds | last-100 mean | seed spread (min-max) | eval mean | steps/s | CPUs |")
-    print("|---|---|---|---|---|---|---|")
-    summary = {}
+    print("| algo | side | seeds | last-100 mean | seed spread (min-max) | eval mean | steps/s "
+          "| CPUs |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    summary: dict[str, Any] = {}
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for algo in algos:
-        rs = [r for r in runs if r["algo"] == algo]
-        if not rs:
-            print(f"| {algo} | 0 | - | - | - | - | - |")
-            continue
-        means = [r["mean_last_100"] for r in rs if r["mean_last_100"] is not None]
-        evals = [r["eval_mean"] for r in rs if r["eval_mean"] is not None]
-        mean = statistics.mean(means) if means else None
-        lo, hi = (min(means), max(means)) if means else (None, None)
-        ev = statistics.mean(evals) if evals else None
-        sps = statistics.mean(r["sps"] for r in rs if r["sps"])
-        cpus = sorted({str(r.get("host", {}).get("cpu_model", "?")) for r in rs})
-        summary[algo] = {"n": len(rs), "mean": mean, "min": lo, "max": hi, "eval_mean": ev,
-                         "sps": sps, "seeds": sorted(r["seed"] for r in rs)}  # fmt: skip
-        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        print(f"| {algo} | {len(rs)} | {fmt(mean)} | {fmt(lo)}-{fmt(hi)} | {fmt(ev)} "
-              f"| {sps:.0f} | {'; '.join(cpus)} |")  # fmt: skip
+        for side in ("rlsup", "cleanrl"):
+            rs = [r for r in runs if r["algo"] == algo and r.get("side", "rlsup") == side]
+            if not rs:
+                if side == "rlsup":
+                    print(f"| {algo} | {side} | 0 | - | - | - | - | - |")
+                continue
+            means = [r["mean_last_100"] for r in rs if r["mean_last_100"] is not None]
+            evals = [r["eval_mean"] for r in rs if r.get("eval_mean") is not None]
+            mean = statistics.mean(means) if means else None
+            lo, hi = (min(means), max(means)) if means else (None, None)
+            ev = statistics.mean(evals) if evals else None
+            sps = statistics.mean(r["sps"] for r in rs if r["sps"])
+            cpus = sorted({str(r.get("host", {}).get("cpu_model", "?")) for r in rs})
+            key = algo if side == "rlsup" else f"{algo}_cleanrl"
+            summary[key] = {"n": len(rs), "mean": mean, "min": lo, "max": hi, "eval_mean": ev,
+                            "sps": sps, "seeds": sorted(r["seed"] for r in rs)}  # fmt: skip
+            print(f"| {algo} | {side} | {len(rs)} | {fmt(mean)} | {fmt(lo)}-{fmt(hi)} "
+                  f"| {fmt(ev)} | {sps:.0f} | {'; '.join(cpus)} |")  # fmt: skip
+        verdict = equal_learning(summary.get(algo), summary.get(f"{algo}_cleanrl"))
+        if verdict is not None:
+            summary[f"{algo}_equal_learning"] = verdict
+            print(f"{algo}: {verdict}")
     print(json.dumps({"benchmark": "learning_table", "game": args.game, "steps": args.steps,
                       "ledger": str(path), "summary": summary,
                       "minutes": round(total / 60, 1)}))  # fmt: skip
+
+
+def equal_learning(ours: dict[str, Any] | None, peer: dict[str, Any] | None) -> str | None:
+    """The issue's criterion: rlsup's mean over >= 3 seeds within the peer's seed spread (its
+    seeds' max - min) of the peer's mean, or above it. None until both sides have a mean."""
+    if not ours or not peer or ours["mean"] is None or peer["mean"] is None:
+        return None
+    spread = peer["max"] - peer["min"]
+    ok = ours["mean"] >= peer["mean"] or abs(ours["mean"] - peer["mean"]) <= spread
+    seeds = min(ours["n"], peer["n"])
+    return (
+        f"rlsup {ours['mean']:.2f} vs CleanRL {peer['mean']:.2f} (spread {spread:.2f}): "
+        f"{'equal learning' if ok else 'BELOW the peer spread'}"
+        + ("" if seeds >= 3 else f" (only {seeds} seed(s) a side: not yet the >= 3 criterion)")
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
 from training import protocol as P
+from training.checkpoint_request import CheckpointRequestWatch
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
 from training.progress import ProgressLog
 from training.protocol import ExitCode, Phase
@@ -227,6 +228,13 @@ class Run:
         self._progress: ProgressLog | None = None
         self._progress_at = -math.inf
         self._started_wall = time.time()
+        self._captured_at = 0.0  # when the open checkpoint block began (its state's time)
+        # `checkpoint.request` as rlsup's learners see it: one commit per request, reported in
+        # the heartbeat when seen and when served (the supervisor waits for `committed`).
+        self._requests = CheckpointRequestWatch(
+            run_dir, False, None, self._on_request_report, poll_every_s=0.0
+        )
+        self._request_report: dict[str, Any] | None = None
         self._old_handlers: dict[int, Any] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -270,6 +278,7 @@ class Run:
                 num_envs=_int_or_zero(self.knobs.get("num_envs")),
                 batch_size=_int_or_zero(self.knobs.get("batch_size")),
                 threads=_env_int(P.THREADS_ENV, None),
+                checkpoint_request=self._request_report,
             )
             self._hb.start()
         return self._hb
@@ -306,6 +315,12 @@ class Run:
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
             self._progress_row(hb.current)
+
+    def _on_request_report(self, report: dict[str, Any]) -> None:
+        self._request_report = report
+        if self._hb is not None:
+            self._hb.update(checkpoint_request=report)
+            self._hb.publish()
 
     def _progress_row(self, hb: P.Heartbeat) -> None:
         if self._progress is None:
@@ -361,6 +376,10 @@ class Run:
             return None
         self.resumed_from_step = loaded.step
         self.last_checkpoint_step = loaded.step
+        captured = loaded.meta.get("time")
+        if isinstance(captured, int | float) and not isinstance(captured, bool):
+            # A request older than the state resumed from is served already.
+            self._requests.committed(float(captured), loaded.step)
         if self._hb is not None:
             self._hb.update(
                 resumed_from_step=loaded.step,
@@ -532,11 +551,9 @@ class Run:
         return P.preemption_deadline(self.run_dir)
 
     def _requested(self) -> bool:
-        try:
-            asked = os.stat(self.run_dir / P.CHECKPOINT_REQUEST_FILE).st_mtime
-        except OSError:
-            return False
-        return self.last_checkpoint_time is None or asked > self.last_checkpoint_time
+        """A `checkpoint.request` newer than the state of the last checkpoint (one stat)."""
+        self._requests.poll()
+        return self._requests.due()  # after a failed checkpoint: again 10 s later
 
     def exit_stopped(self) -> NoReturn:
         """Exit 75, "stopped after a checkpoint": not a crash, resumed at the next start.
@@ -581,11 +598,12 @@ class Run:
 
     def _begin(self, step: int, meta: dict[str, Any]) -> Path:
         base = self.store.latest()
+        self._captured_at = time.time()
         full_meta = {
             "sdk": 1,
             "name": self.game,
             "step": step,
-            "time": time.time(),
+            "time": self._captured_at,
             "resume_count": self.resume_count,
             **meta,
         }
@@ -628,12 +646,16 @@ class Run:
             self._hb.update(
                 last_checkpoint_step=step, last_checkpoint_time=self.last_checkpoint_time
             )
+        self._requests.poll()  # a request made before this state was captured: served by it
+        self._requests.committed(self._captured_at, step)
+        if self._hb is not None:
             self._hb.publish()
         if self.exit_on_stop and self.should_stop():
             self.exit_stopped()
 
     def _failed(self, step: int, exc: BaseException) -> None:
         self._last_failed = True
+        self._requests.failed()
         print(f"rlsup: checkpoint at step {step} failed: {exc}", file=sys.stderr, flush=True)
         if self._hb is not None:
             failures = self._hb.current.checkpoint_failures + 1

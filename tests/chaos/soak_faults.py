@@ -902,12 +902,10 @@ class Injector:
         self._boot_again()
         note = ", ".join(f"{g} {s:.1f} s" for g, s in sorted(served.items())) or "none served"
         fault = Fault("preemption", list(victims), t, victims, note=f"notice -> commit: {note}")
-        learners = {g.name for g in self.s.games if not g.command}
-        for g in sorted((set(victims) & learners) - set(served)):
-            # A healthy worker serves the notice's request within about a minibatch; one whose
-            # heartbeat never says so leaves its operator blind inside the window. (The SDK's
-            # own trainer checkpoints on the request but its heartbeat does not report it yet:
-            # rlsup's learners only.)
+        for g in sorted(set(victims) - set(served)):
+            # A healthy worker serves the notice's request within about a minibatch (the SDK's:
+            # at its script's next should_checkpoint()); one whose heartbeat never says so
+            # leaves its operator blind inside the window.
             req = _checkpoint_request(self.monitor.run_dir(g))
             fault.problems.append(f"{g}: checkpoint request not served in 25 s ({req or 'unseen'})")
         return fault

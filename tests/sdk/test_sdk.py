@@ -351,3 +351,58 @@ def test_an_exit_without_the_last_steps_checkpoint_says_so_and_the_last_step_is_
     )
     hb = P.read_heartbeat(tmp_path)
     assert hb is not None and (hb.global_step, hb.phase) == (39, "stopping")
+
+
+def _request_report(run_dir: Path) -> dict | None:
+    hb = P.read_heartbeat(run_dir)
+    assert hb is not None
+    return hb.checkpoint_request
+
+
+def test_a_served_request_is_in_the_heartbeat_as_the_learners_report_it(tmp_path: Path) -> None:
+    """The supervisor (a preemption notice) and `rlsup status` wait for the heartbeat's
+    `checkpoint_request.committed`: the SDK reports it as rlsup's own learners do."""
+    with _attach(tmp_path, checkpoint_every_s=3600) as run:
+        run.heartbeat(10)
+        time.sleep(0.01)
+        (tmp_path / P.CHECKPOINT_REQUEST_FILE).touch()
+        requested = (tmp_path / P.CHECKPOINT_REQUEST_FILE).stat().st_mtime
+        assert run.should_checkpoint(10)
+        seen = _request_report(tmp_path)
+        assert seen is not None and seen["requested"] == requested
+        assert seen["committed"] is None
+        with run.checkpoint(10):
+            pass
+        served = _request_report(tmp_path)
+        assert served is not None and served["requested"] == requested
+        assert served["committed_step"] == 10 and served["committed"] >= requested
+        assert served["latency_s"] is not None and served["latency_s"] >= 0
+        assert not run.should_checkpoint(11)
+
+
+def test_a_request_first_seen_after_a_checkpoint_that_captured_it_is_reported_served(
+    tmp_path: Path,
+) -> None:
+    """The request lands just before a periodic checkpoint opens, and the loop asks only after
+    that checkpoint committed: no second checkpoint is owed, and the first one serves it."""
+    with _attach(tmp_path, checkpoint_every_s=3600) as run:
+        run.heartbeat(5)
+        time.sleep(0.01)
+        (tmp_path / P.CHECKPOINT_REQUEST_FILE).touch()
+        time.sleep(0.01)
+        with run.checkpoint(5):  # the script's own periodic checkpoint
+            pass
+        assert not run.should_checkpoint(6)
+        served = _request_report(tmp_path)
+        assert served is not None and served["committed_step"] == 5
+
+
+def test_a_request_made_while_a_checkpoint_is_written_is_owed_another(tmp_path: Path) -> None:
+    """A request made after the state in a checkpoint was captured is not served by it."""
+    with _attach(tmp_path, checkpoint_every_s=3600) as run:
+        run.heartbeat(5)
+        with run.checkpoint(5):
+            time.sleep(0.02)
+            (tmp_path / P.CHECKPOINT_REQUEST_FILE).touch()
+            time.sleep(0.02)
+        assert run.should_checkpoint(6)
