@@ -135,6 +135,10 @@ class Heartbeat:
     resume_count: int = 0
     threads: int | None = None
     eval: dict[str, Any] | None = None
+    # The last EVALS_KEPT evaluations, oldest first, each {step, mean, episodes, seconds,
+    # time}: a supervisor that reads the heartbeat less often than a fast game evaluates
+    # still records each one (`eval` is only the newest, whole).
+    evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     quarantined: list[str] = dataclasses.field(default_factory=list)
     checkpoint_failures: int = 0
     last_checkpoint_error: str | None = None
@@ -187,6 +191,7 @@ class Heartbeat:
 
 
 MAX_STATE_FILE_BYTES = 4 << 20
+EVALS_KEPT = 8  # Heartbeat.evals
 
 
 def read_regular_file(path: str | os.PathLike[str], limit: int = MAX_STATE_FILE_BYTES) -> bytes:

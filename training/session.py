@@ -60,6 +60,7 @@ from training.progress import ProgressLog
 from training.protocol import (
     CHECKPOINT_DIR,
     EVAL_FILE,
+    EVALS_KEPT,
     PROGRESS_COLUMNS,
     ExitCode,
     Phase,
@@ -593,7 +594,9 @@ class TrainingSession:
         result = {**result, "step": self.step, "time": time.time()}
         result["seconds"] = round(time.monotonic() - t0, 3)
         self.evaluation = {k: result.get(k) for k in ("step", "mean", "std", "episodes")}
-        self.hb.update(eval=result)
+        brief = {k: result.get(k) for k in ("step", "mean", "episodes", "seconds", "time")}
+        evals = [*self.hb.current.evals, brief][-EVALS_KEPT:]
+        self.hb.update(eval=result, evals=evals)
         if self.tb is not None:
             self.tb.scalars(
                 self.step, {EVAL_MEAN_TAG: result.get("mean"), EVAL_STD_TAG: result.get("std")}

@@ -120,10 +120,18 @@ def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]
     if hb.mirror_restore and not seen.mirror_restore:
         seen.mirror_restore = True
         out.append(("mirror_restored", dict(hb.mirror_restore)))
-    if (ev := evaluation_of(hb.eval)) is not None and ev["step"] not in seen.evaluations:
-        seen.evaluations.add(ev["step"])
-        out.append(("evaluation", ev))
+    # The recent ones first (a fast game can evaluate twice between two reads), then the
+    # newest whole (a worker of a release before `evals`).
+    recent = hb.evals if isinstance(hb.evals, list) else []  # another writer's: anything
+    for ev in sorted(filter(None, map(evaluation_of, [*recent, hb.eval])), key=_step):
+        if ev["step"] not in seen.evaluations:
+            seen.evaluations.add(ev["step"])
+            out.append(("evaluation", ev))
     return [(kind, {**detail, "pid": hb.pid}) for kind, detail in out]
+
+
+def _step(ev: dict[str, Any]) -> int:
+    return int(ev["step"])
 
 
 def evaluation_of(ev: Any) -> dict[str, Any] | None:

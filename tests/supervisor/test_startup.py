@@ -72,3 +72,24 @@ def test_start_records_a_report_the_dead_supervisor_never_did(tmp_path: Path) ->
     _heartbeat(run_dir("dqn"), 41, replay_damage=[DAMAGE, {**DAMAGE, "when": "checkpoint"}])
     assert [d["when"] for _, _, d in unrecorded_reports(conn, rows, run_dir)] == ["checkpoint"]
     conn.close()
+
+
+def test_every_evaluation_between_two_reads_of_the_heartbeat_is_an_event() -> None:
+    """Two evaluations done between two reads of the heartbeat (a fast game, a busy host):
+    each is an `evaluation` event, from the heartbeat's recent `evals`, none twice."""
+    ev = lambda step: {"step": step, "mean": step / 100, "episodes": 3, "seconds": 0.2,  # noqa: E731
+                       "time": 1.0e9 + step}  # fmt: skip
+    hb = Heartbeat(
+        seq=1, pid=41, phase="training", phase_deadline_s=30.0, global_step=6200,
+        total_steps=9000, episodes=0, sps=0.0, mean_return=None, last_checkpoint_step=None,
+        resumed_from_step=None, num_envs=1, batch_size=1, device="cpu", gpu_mem_mb=None,
+        eval=ev(6144), evals=[ev(2048), ev(4096), ev(6144)],
+    )  # fmt: skip
+    seen = Reported(evaluations={2048})  # the first was read at the last look
+    got = new_reports(seen, hb)
+    assert [(k, d["step"]) for k, d in got] == [("evaluation", 4096), ("evaluation", 6144)]
+    assert got[0][1]["mean"] == 40.96 and got[0][1]["seconds"] == 0.2
+    assert new_reports(seen, hb) == []
+    assert new_reports(reported_from_events(41, got), hb)[0][1]["step"] == 2048
+    # The heartbeat round-trips the list (the worker writes it, the supervisor reads it).
+    assert Heartbeat.from_json(hb.to_json()).evals == hb.evals
