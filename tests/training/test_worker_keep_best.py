@@ -81,6 +81,11 @@ def test_keep_best_keeps_the_best_evaluated_checkpoint_through_a_resume(tmp_path
     assert second.wait(300) == 0, log.read_text()[-3000:]
     hb = heartbeat(run_dir)
     assert hb is not None and hb["resumed_from_step"] == killed_at
+    # The heartbeat's recent evaluations: this process's last 8 (at most), oldest first, the
+    # newest being `eval`.
+    recent = [e["step"] for e in hb["evals"]]
+    assert 1 <= len(recent) <= 8 and recent == sorted(recent) and recent[0] > killed_at
+    assert hb["evals"][-1]["mean"] == hb["eval"]["mean"] and recent[-1] == hb["eval"]["step"]
 
     events = _events(log)
     evals = {e["step"]: e["mean"] for e in events if e.get("event") == "evaluated"}
