@@ -25,7 +25,7 @@ from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.metrics import Means, explained_variance
-from training.networks import ActorCritic, rollout_frames
+from training.networks import ActorCritic, rollout_frames, take_rows
 from training.optim import (
     LRSchedule,
     Precision,
@@ -206,8 +206,8 @@ class PPOLearner(RolloutCut):
 
         # Rollout. One autocast region for all of it: its cache casts the weights to the low
         # precision once per rollout instead of on every step (they change only in updates).
-        # No autograd bookkeeping while acting: inference mode, results copied into the
-        # (normal) rollout buffers.
+        # No autograd while acting: no_grad, not inference mode, which bypasses autocast's
+        # weight cache (every step cast all 1.7M weights again: 0.6 ms for the fc layer alone).
         clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
@@ -218,7 +218,7 @@ class PPOLearner(RolloutCut):
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
                 t1 = clock()
-                with torch.inference_mode():
+                with torch.no_grad():
                     logits, value = self.net(next_obs)
                     dist = Categorical(logits=logits.float(), validate_args=False)
                     action = dist.sample()
@@ -280,7 +280,7 @@ class PPOLearner(RolloutCut):
                 taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
-                    logits, new_value = self.net(obs[mb], scaled)
+                    logits, new_value = self.net(take_rows(obs, mb), scaled)
                 dist = Categorical(logits=logits.float(), validate_args=False)
                 loss = ppo_loss(
                     dist.log_prob(actions[mb]),

@@ -35,7 +35,7 @@ from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.metrics import Means
-from training.networks import PQNetwork, rollout_frames
+from training.networks import PQNetwork, rollout_frames, take_rows
 from training.optim import (
     LRSchedule,
     Precision,
@@ -167,7 +167,8 @@ class PQNLearner(RolloutCut):
         # Where an abandoned rollout goes back to (training/learner.py: cut short).
         start_step, tracker_state = self.global_step, self.tracker.state_dict()
 
-        # Rollout: epsilon-greedy on the current Q, one autocast region (weights cast once).
+        # Rollout: epsilon-greedy on the current Q, one autocast region (weights cast once: its
+        # cache works under no_grad, not under inference mode).
         clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
@@ -178,7 +179,7 @@ class PQNLearner(RolloutCut):
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
                 t1 = clock()
-                with torch.inference_mode():
+                with torch.no_grad():
                     best, greedy = self.q(next_obs).float().max(dim=1)
                     self.b_max_q[step] = best
                     greedy_np = greedy.cpu().numpy()
@@ -236,7 +237,7 @@ class PQNLearner(RolloutCut):
                 taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
-                    q = self.q(obs[mb], scaled)
+                    q = self.q(take_rows(obs, mb), scaled)
                 q_taken = q.float().gather(1, actions[mb]).squeeze(1)
                 loss = q_loss(q_taken, ret[mb], valid[mb])
                 grad_norm = self.precision.step(
