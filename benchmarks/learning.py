@@ -346,7 +346,12 @@ def equal_learning(ours: dict[str, Any] | None, peer: dict[str, Any] | None) -> 
     return (
         f"rlsup {ours['mean']:.2f} vs CleanRL {peer['mean']:.2f} (spread {spread:.2f}): "
         f"{'equal learning' if ok else 'BELOW the peer spread'}"
-        + ("" if seeds >= 3 else f" (only {seeds} seed(s) a side: not yet the >= 3 criterion)")
+        + (
+            ""
+            if seeds >= 3
+            else f" (seeds: rlsup {ours['n']}, CleanRL {peer['n']}; the criterion "
+            "needs >= 3 a side)"
+        )
     )
 
 

@@ -94,3 +94,32 @@ def test_the_vectorized_ratio_needs_both_rlsup_rates(peers: ModuleType) -> None:
     assert peers.vectorized_ratio({"pqn": {"rlsup": {"sps": 643.0}}}) is None
     missing = {"pqn": {"rlsup": {"unavailable": "no pqn"}}, "dqn": {"rlsup": {"sps": 136.0}}}
     assert peers.vectorized_ratio(missing) is None
+
+
+@pytest.fixture(scope="module")
+def learning(peers: ModuleType) -> Iterator[ModuleType]:
+    sys.path.insert(0, str(BENCH))  # learning.py imports peers and hostinfo beside it
+    try:
+        spec = importlib.util.spec_from_file_location("bench_learning", BENCH / "learning.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _side(means: list[float]) -> dict[str, float | int]:
+    return {"n": len(means), "mean": sum(means) / len(means), "min": min(means), "max": max(means)}
+
+
+def test_equal_learning_is_rlsups_mean_within_the_peers_spread_or_above(
+    learning: ModuleType,
+) -> None:
+    peer = _side([7.0, 8.0, 9.0])  # mean 8, spread 2
+    verdict = learning.equal_learning
+    assert "equal learning" in verdict(_side([6.1, 6.0, 6.2]), peer)  # 6.1: 1.9 below
+    assert "BELOW" in verdict(_side([5.9, 5.8, 6.0]), peer)  # 5.9: 2.1 below
+    assert "equal learning" in verdict(_side([20.0, 21.0, 22.0]), peer)  # above
+    assert "needs >= 3 a side" in verdict(_side([8.0, 8.0]), peer)
+    assert verdict(_side([8.0]), None) is None
