@@ -25,7 +25,7 @@ from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.metrics import Means, explained_variance
-from training.networks import ActorCritic, rollout_frames, take_rows
+from training.networks import ActorCritic, rollout_frames
 from training.optim import (
     LRSchedule,
     Precision,
@@ -280,7 +280,7 @@ class PPOLearner(RolloutCut):
                 taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
-                    logits, new_value = self.net(take_rows(obs, mb), scaled)
+                    logits, new_value = self.net(obs[mb], scaled)
                 dist = Categorical(logits=logits.float(), validate_args=False)
                 loss = ppo_loss(
                     dist.log_prob(actions[mb]),

@@ -35,7 +35,7 @@ from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.metrics import Means
-from training.networks import PQNetwork, rollout_frames, take_rows
+from training.networks import PQNetwork, rollout_frames
 from training.optim import (
     LRSchedule,
     Precision,
@@ -237,7 +237,7 @@ class PQNLearner(RolloutCut):
                 taken += 1
                 mb = order[start : start + self.minibatch]
                 with self.precision.autocast():
-                    q = self.q(take_rows(obs, mb), scaled)
+                    q = self.q(obs[mb], scaled)
                 q_taken = q.float().gather(1, actions[mb]).squeeze(1)
                 loss = q_loss(q_taken, ret[mb], valid[mb])
                 grad_norm = self.precision.step(
