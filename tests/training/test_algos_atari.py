@@ -100,3 +100,27 @@ def test_the_rollouts_frames_are_cast_once_and_learn_exactly_as_per_minibatch(
     key = "net" if algo == "ppo" else "q"
     assert_same(states[0][key], states[1][key])
     assert_same(states[0]["optimizer"], states[1]["optimizer"])
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_a_bf16_rollout_casts_each_weight_once_not_at_every_step(algo: str) -> None:
+    """The rollout acts in one autocast region so that its cache casts the fp32 weights to
+    bf16 once; under inference mode the cache is bypassed and every env step cast them all
+    again (counted here by the fc weight's casts during one rollout)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = config(game="Breakout-v5", algo=algo, precision="bf16", **TINY[algo])
+    a = learner(cfg)
+    a.warmup_optimizer()
+    fc = next(p for p in a.state_dict()["net" if algo == "ppo" else "q"].values()
+              if tuple(p.shape) == (512, 3136))  # fmt: skip
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        a._optimize = lambda *args, **kw: None  # type: ignore[attr-defined]  # the rollout only
+        a.iterate()
+    casts = sum(
+        e.count for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::_to_copy" and str(list(fc.shape)) in str(e.input_shapes)
+    )  # fmt: skip
+    assert cfg.n_steps >= 4
+    assert 1 <= casts <= 2, f"{casts} casts of the fc weight in a {cfg.n_steps}-step rollout"
+    a.close()
