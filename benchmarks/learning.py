@@ -59,9 +59,10 @@ ALGO_ARGS = {
     "pqn": ["--num-envs", "8", "--n-steps", "32", "--batch-size", "64", "--epochs", "2"],
 }  # fmt: skip
 # CleanRL's scripts at the settings of ALGO_ARGS (each script's defaults where they agree):
-# ppo_atari_envpool already runs 8 envs x 128 steps, 4 minibatches, 4 epochs (it anneals the
-# learning rate; rlsup's PPO keeps it constant unless `--lr-scheduler linear`: the table says
-# so); pqn_atari_envpool scaled as rlsup's row: 8 envs x 32 steps, minibatch 64 (4 of 256), 2
+# ppo_atari_envpool already runs 8 envs x 128 steps, 4 minibatches, 4 epochs; it anneals the
+# learning rate by default and rlsup's PPO keeps it constant (unless `--lr-scheduler linear`),
+# so the peer runs with `--anneal-lr False`, the table's rlsup rows' schedule;
+# pqn_atari_envpool scaled as rlsup's row: 8 envs x 32 steps, minibatch 64 (4 of 256), 2
 # epochs, lambda 0.65, lr annealed, epsilon 1 -> 0.01 over 10 %, grad norm 10 (its defaults);
 # dqn_atari at rlsup's DQN defaults (1 env, buffer 100,000, learning from 10,000, target every
 # 1,000, train every 4, batch 32, lr 1e-4, epsilon to 0.01 over 10 %; dqn_atari's target is
@@ -69,8 +70,8 @@ ALGO_ARGS = {
 PEER_SCRIPT = {"ppo": "ppo_atari_envpool.py", "pqn": "pqn_atari_envpool.py", "dqn": "dqn_atari.py"}
 PEER_ARGS = {
     "ppo": ["--num-envs", "8", "--num-steps", "128", "--num-minibatches", "4",
-            "--update-epochs", "4", "--track", "False", "--capture-video", "False",
-            "--cuda", "False"],
+            "--update-epochs", "4", "--anneal-lr", "False", "--track", "False",
+            "--capture-video", "False", "--cuda", "False"],
     "pqn": ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "4",
             "--update-epochs", "2", "--q-lambda", "0.65", "--no-track", "--no-capture-video",
             "--no-cuda"],
@@ -108,7 +109,7 @@ def peer_train(args: argparse.Namespace, algo: str, seed: int, python: Path) -> 
         "wall_s": r["wall_s"], "sps": round(steps / r["wall_s"], 1) if steps else None,
         "script": script.name, "peer_game": game,
         "peer_commit": peers.git_commit(Path(args.peer_dir)) if algo == "pqn" else None,
-        "peer_from": str(python),
+        "peer_from": str(python), "peer_args": PEER_ARGS[algo],
     }  # fmt: skip
 
 

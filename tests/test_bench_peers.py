@@ -123,3 +123,30 @@ def test_equal_learning_is_rlsups_mean_within_the_peers_spread_or_above(
     assert "equal learning" in verdict(_side([20.0, 21.0, 22.0]), peer)  # above
     assert "needs >= 3 a side" in verdict(_side([8.0, 8.0]), peer)
     assert verdict(_side([8.0]), None) is None
+
+
+@pytest.mark.parametrize(
+    ("algo", "peer_off"), [("ppo", ["--anneal-lr", "False"]), ("pqn", ["--no-anneal-lr"])]
+)
+def test_the_peer_runs_the_learning_rate_schedule_of_rlsups_row(
+    learning: ModuleType, algo: str, peer_off: list[str], tmp_path: Path
+) -> None:
+    """The learning table compares rlsup's row with CleanRL's at the same settings: the peer
+    anneals its learning rate exactly when rlsup's learner at ALGO_ARGS does."""
+    import torch
+
+    from training.args import build_parser, config_from_namespace, validate
+    from training.registry import make_learner
+
+    argv = ["--algo", algo, "--game", "Breakout-v5", "--run-dir", str(tmp_path), "--threads", "1"]
+    cfg = validate(
+        config_from_namespace(build_parser().parse_args(argv + learning.ALGO_ARGS[algo]))
+    )
+    learner = make_learner(cfg, torch.device("cpu"), 1)
+    try:
+        rlsup_anneals = learner.schedule.kind == "linear"
+    finally:
+        learner.close()
+    args = learning.PEER_ARGS[algo]
+    peer_anneals = not any(args[i : i + len(peer_off)] == peer_off for i in range(len(args)))
+    assert rlsup_anneals == peer_anneals, (algo, learner.schedule.kind, args)
