@@ -114,13 +114,15 @@ def test_a_bf16_rollout_casts_each_weight_once_not_at_every_step(algo: str) -> N
     a.warmup_optimizer()
     fc = next(p for p in a.state_dict()["net" if algo == "ppo" else "q"].values()
               if tuple(p.shape) == (512, 3136))  # fmt: skip
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        a._optimize = lambda *args, **kw: None  # type: ignore[attr-defined]  # the rollout only
-        a.iterate()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            a._optimize = lambda *args, **kw: None  # type: ignore[attr-defined]  # rollout only
+            a.iterate()
+    finally:
+        a.close()
     casts = sum(
         e.count for e in prof.key_averages(group_by_input_shape=True)
         if e.key == "aten::_to_copy" and str(list(fc.shape)) in str(e.input_shapes)
     )  # fmt: skip
     assert cfg.n_steps >= 4
     assert 1 <= casts <= 2, f"{casts} casts of the fc weight in a {cfg.n_steps}-step rollout"
-    a.close()
