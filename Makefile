@@ -46,6 +46,7 @@ test: $(VENV)/.installed-test lint
 
 bench: $(VENV)/.installed-run
 	$(PY) benchmarks/worker_throughput.py
+	$(PY) benchmarks/ppo_roofline.py
 	$(PY) benchmarks/replay_save.py --size-gib 2 --method all
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/supervision_overhead.py

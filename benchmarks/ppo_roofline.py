@@ -1,0 +1,236 @@
+"""PPO's roofline: how close rlsup's learner runs to what this CPU can do, in one run.
+
+    python benchmarks/ppo_roofline.py [--game Breakout-v5] [--num-envs 8] [--n-steps 128]
+        [--batch-size 256] [--epochs 4] [--seconds 30] [--threads N]
+        [--precisions auto,fp32] [--peer-sps X] [--out FILE]
+
+PPO at CleanRL's `ppo_atari_envpool.py` settings (the defaults above) is the one speed target
+of the peers' table that this 2-core CPU has not met (>= 2x the peer's agent steps/s). This says
+whether the code or the machine is what is left. All measured in this run, on this machine:
+
+- the baseline: the CPU's matrix-multiply rate, a 2048^3 `torch.mm` per precision (bf16 and
+  fp32) on `--threads` threads: the most the update's and inference's arithmetic can expect;
+- the work: the floating-point operations of one PPO iteration, counted by torch's own
+  `FlopCounterMode` around the learner's real `iterate()`, split into inference (the rollout's
+  forward passes, counted alone) and the update (the rest: forward and backward of every
+  minibatch, every epoch);
+- the time: the learner in this process for `--seconds` per precision, its phases summed by the
+  learner itself (env step, inference, copies, update), seconds per 1,000 agent steps;
+- the ceiling: the same iteration with the update and inference at the matrix-multiply rate and
+  the env step, copies and Python as measured. `ceiling / measured` is what faster kernels
+  could still give; with `--peer-sps` (CleanRL's agent steps/s at these settings, from
+  `benchmarks/peers.py` on the same machine) the measured and the ceiling ratio to the peer.
+Ends with one JSON line of the figures (also written to `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hostinfo import host_facts, host_line
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+GEMM_N = 2048
+MS = 1e3
+
+
+def gemm_rate(dtype_name: str, threads: int, seconds: float = 3.0) -> float:
+    """FLOP/s of a GEMM_N^3 matrix multiply in this dtype (median of timed repetitions)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    a = torch.randn(GEMM_N, GEMM_N).to(dtype)
+    b = torch.randn(GEMM_N, GEMM_N).to(dtype)
+    torch.mm(a, b)  # warm: oneDNN/BLAS primitives
+    times: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end or len(times) < 3:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * GEMM_N**3 / statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Work:
+    """Floating-point operations per 1,000 agent steps."""
+
+    inference: float
+    update: float
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Seconds per 1,000 agent steps: as measured, and with the arithmetic at `peak` FLOP/s."""
+
+    measured_s: float
+    ceiling_s: float
+    update_rate: float  # FLOP/s achieved in the update
+    inference_rate: float
+
+    @property
+    def headroom(self) -> float:
+        return self.measured_s / self.ceiling_s
+
+
+def roofline(per_1k_s: dict[str, float], work: Work, peak: float) -> Roofline:
+    """per_1k_s: the learner's phases (env, inference, copies, update, other), s per 1,000 steps.
+    The ceiling keeps everything but the arithmetic of inference and the update as measured."""
+    measured = sum(per_1k_s.values())
+    rest = measured - per_1k_s["update"] - per_1k_s["inference"]
+    ceiling = rest + (work.update + work.inference) / peak
+    return Roofline(
+        measured_s=measured,
+        ceiling_s=ceiling,
+        update_rate=work.update / per_1k_s["update"],
+        inference_rate=work.inference / per_1k_s["inference"],
+    )
+
+
+def make_learner(args: argparse.Namespace, precision: str) -> Any:
+    import torch
+
+    from training.args import WorkerConfig
+    from training.registry import make_learner as make
+
+    torch.set_num_threads(args.threads)
+    cfg = WorkerConfig(
+        game=args.game, algo="ppo", num_envs=args.num_envs, n_steps=args.n_steps,
+        batch_size=args.batch_size, epochs=args.epochs, threads=args.threads,
+        precision=precision, total_steps=10**9,
+    )  # fmt: skip
+    return make(cfg, torch.device("cpu"), 1)
+
+
+def count_work(learner: Any, args: argparse.Namespace) -> tuple[Work, float]:
+    """The iteration's FLOPs by torch's FlopCounterMode: the whole `iterate()`, and the
+    rollout's forward passes alone (n_steps of them at num_envs)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    steps = args.num_envs * args.n_steps
+    with FlopCounterMode(display=False) as whole:
+        learner.iterate()
+    obs = torch.zeros((args.num_envs, *learner.obs_shape), dtype=torch.uint8)
+    with FlopCounterMode(display=False) as act, torch.no_grad(), learner.precision.autocast():
+        learner.net(obs)
+    # The rollout's forwards; the bootstrap value after it is timed in the update, and counted
+    # there too.
+    inference = act.get_total_flops() / args.num_envs * steps
+    total = float(whole.get_total_flops())
+    update = total - inference
+    per_k = 1000.0 / steps
+    return Work(inference=inference * per_k, update=update * per_k), total
+
+
+def time_learner(learner: Any, seconds: float) -> tuple[float, dict[str, float]]:
+    learner.iterate()  # warm after the counted iteration
+    phases: dict[str, float] = learner.phase_s
+    for k in phases:
+        phases[k] = 0.0
+    step0, t0 = learner.global_step, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        learner.iterate()
+    wall = time.perf_counter() - t0
+    steps = learner.global_step - step0
+    per_k = {k: v / steps * 1000.0 for k, v in phases.items()}
+    per_k["other"] = max(0.0, wall / steps * 1000.0 - sum(per_k.values()))
+    return steps / wall, per_k
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--game", default="Breakout-v5")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--n-steps", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=256, help="PPO's minibatch")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=30.0, help="timed, per precision")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--precisions", default="auto,fp32")
+    parser.add_argument("--peer-sps", type=float, default=None, help="CleanRL's, same machine")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    print(host_line(), flush=True)
+    peaks = {d: gemm_rate(d, args.threads) for d in ("bfloat16", "float32")}
+    print(
+        f"matrix multiply ({GEMM_N}^3, {args.threads} threads): "
+        f"bf16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s, fp32 {peaks['float32'] / 1e9:.0f} GFLOP/s",
+        flush=True,
+    )
+    rows: list[dict[str, Any]] = []
+    for precision in [p for p in args.precisions.split(",") if p]:
+        learner = make_learner(args, precision)
+        try:
+            learner.iterate()  # warm: allocations, oneDNN primitives
+            work, _ = count_work(learner, args)
+            sps, per_k = time_learner(learner, args.seconds)
+            ran = "bfloat16" if learner.precision.name == "bf16" else "float32"
+        finally:
+            learner.close()
+        peak = peaks[ran]
+        r = roofline(per_k, work, peak)
+        row = {
+            "precision": precision,
+            "ran": ran,
+            "sps": sps,
+            "s_per_1k": per_k,
+            "gflop_per_1k": {"update": work.update / 1e9, "inference": work.inference / 1e9},
+            "update_gflops": r.update_rate / 1e9,
+            "inference_gflops": r.inference_rate / 1e9,
+            "update_of_peak": r.update_rate / peak,
+            "inference_of_peak": r.inference_rate / peak,
+            "ceiling_sps": 1000.0 / r.ceiling_s,
+            "ceiling_over_measured": r.headroom,
+        }
+        if args.peer_sps:
+            row["over_peer"] = sps / args.peer_sps
+            row["ceiling_over_peer"] = row["ceiling_sps"] / args.peer_sps
+        rows.append(row)
+        phases = ", ".join(f"{k} {v * MS:.0f}" for k, v in per_k.items())
+        print(
+            f"\nPPO, --precision {precision} (ran {ran}): {sps:.0f} agent steps/s; "
+            f"ms per 1,000 agent steps: {phases}\n"
+            f"  work per 1,000 agent steps: update {work.update / 1e9:.1f} GFLOP, "
+            f"inference {work.inference / 1e9:.1f} GFLOP\n"
+            f"  update {r.update_rate / 1e9:.0f} GFLOP/s = {r.update_rate / peak:.0%} of the "
+            f"{ran} matrix multiply; inference {r.inference_rate / 1e9:.0f} GFLOP/s = "
+            f"{r.inference_rate / peak:.0%}\n"
+            f"  ceiling (update and inference at the matrix multiply's rate, the rest as "
+            f"measured): {1000.0 / r.ceiling_s:.0f} agent steps/s, {r.headroom:.2f}x measured",
+            flush=True,
+        )
+        if args.peer_sps:
+            print(
+                f"  against the peer's {args.peer_sps:.0f} agent steps/s: measured "
+                f"{row['over_peer']:.2f}x, ceiling {row['ceiling_over_peer']:.2f}x",
+                flush=True,
+            )
+    result = {
+        "benchmark": "ppo_roofline",
+        "host": host_facts(),
+        "threads": args.threads,
+        "gemm_gflops": {k: v / 1e9 for k, v in peaks.items()},
+        "rows": rows,
+    }
+    line = json.dumps(result)
+    if args.out:
+        args.out.write_text(line + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
