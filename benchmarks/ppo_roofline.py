@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hostinfo import host_facts, host_line
+from worker_throughput import ppo_learner, timed_phases
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -104,21 +105,6 @@ def roofline(per_1k_s: dict[str, float], work: Work, peak: float) -> Roofline:
     )
 
 
-def make_learner(args: argparse.Namespace, precision: str) -> Any:
-    import torch
-
-    from training.args import WorkerConfig
-    from training.registry import make_learner as make
-
-    torch.set_num_threads(args.threads)
-    cfg = WorkerConfig(
-        game=args.game, algo="ppo", num_envs=args.num_envs, n_steps=args.n_steps,
-        batch_size=args.batch_size, epochs=args.epochs, threads=args.threads,
-        precision=precision, total_steps=10**9,
-    )  # fmt: skip
-    return make(cfg, torch.device("cpu"), 1)
-
-
 def count_work(learner: Any, args: argparse.Namespace) -> tuple[Work, float]:
     """The iteration's FLOPs by torch's FlopCounterMode: the whole `iterate()`, and the
     rollout's forward passes alone (n_steps of them at num_envs)."""
@@ -138,21 +124,6 @@ def count_work(learner: Any, args: argparse.Namespace) -> tuple[Work, float]:
     update = total - inference
     per_k = 1000.0 / steps
     return Work(inference=inference * per_k, update=update * per_k), total
-
-
-def time_learner(learner: Any, seconds: float) -> tuple[float, dict[str, float]]:
-    learner.iterate()  # warm after the counted iteration
-    phases: dict[str, float] = learner.phase_s
-    for k in phases:
-        phases[k] = 0.0
-    step0, t0 = learner.global_step, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        learner.iterate()
-    wall = time.perf_counter() - t0
-    steps = learner.global_step - step0
-    per_k = {k: v / steps * 1000.0 for k, v in phases.items()}
-    per_k["other"] = max(0.0, wall / steps * 1000.0 - sum(per_k.values()))
-    return steps / wall, per_k
 
 
 def _rates(peaks: dict[str, float]) -> str:
@@ -178,11 +149,12 @@ def main() -> None:
     print(f"matrix multiply (best of {GEMM_SIZES}^3, {args.threads} threads): {_rates(peaks)}")
     rows: list[dict[str, Any]] = []
     for precision in [p for p in args.precisions.split(",") if p]:
-        learner = make_learner(args, precision)
+        learner = ppo_learner(args, precision)
         try:
             learner.iterate()  # warm: allocations, oneDNN primitives
             work, _ = count_work(learner, args)
-            sps, per_k = time_learner(learner, args.seconds)
+            sps, ms_per_k = timed_phases(learner, args.seconds)
+            per_k = {k: v / MS for k, v in ms_per_k.items()}
             ran = "bfloat16" if learner.precision.name == "bf16" else "float32"
         finally:
             learner.close()

@@ -139,8 +139,9 @@ def ppo_args(args: argparse.Namespace, precision: str) -> list[str]:
     ]  # fmt: skip
 
 
-def breakdown(args: argparse.Namespace, precision: str, seconds: float) -> dict[str, Any]:
-    """The learner in this process: agent steps/s and seconds per phase per 1,000 steps."""
+def ppo_learner(args: argparse.Namespace, precision: str) -> Any:
+    """A PPO learner in this process at the benchmark's settings (game, num_envs, n_steps,
+    batch_size, epochs, threads)."""
     import torch
 
     from training.args import WorkerConfig
@@ -152,20 +153,32 @@ def breakdown(args: argparse.Namespace, precision: str, seconds: float) -> dict[
         batch_size=args.batch_size, epochs=args.epochs, threads=args.threads,
         precision=precision, total_steps=10**9,
     )  # fmt: skip
-    learner = make_learner(cfg, torch.device("cpu"), 1)
+    return make_learner(cfg, torch.device("cpu"), 1)
+
+
+def timed_phases(learner: Any, seconds: float) -> tuple[float, dict[str, float]]:
+    """One warm iteration, then iterations for `seconds`: (agent steps/s, ms per 1,000 agent
+    steps per phase as the learner sums them, plus "other")."""
+    learner.iterate()  # warm: allocations, oneDNN primitives
+    phases: dict[str, float] = learner.phase_s
+    for k in phases:
+        phases[k] = 0.0
+    step0, t0 = learner.global_step, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        learner.iterate()
+    wall = time.perf_counter() - t0
+    steps = learner.global_step - step0
+    per_k = {k: v / steps * 1e6 for k, v in phases.items()}  # ms per 1,000 steps
+    per_k["other"] = max(0.0, wall / steps * 1e6 - sum(per_k.values()))
+    return steps / wall, per_k
+
+
+def breakdown(args: argparse.Namespace, precision: str, seconds: float) -> dict[str, Any]:
+    """The learner in this process: agent steps/s and ms per phase per 1,000 steps."""
+    learner = ppo_learner(args, precision)
     try:
-        learner.iterate()  # warm: allocations, oneDNN primitives
-        phases: dict[str, float] = learner.phase_s  # type: ignore[attr-defined]
-        for k in phases:
-            phases[k] = 0.0
-        step0, t0 = learner.global_step, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            learner.iterate()
-        wall = time.perf_counter() - t0
-        steps = learner.global_step - step0
-        per_k = {k: v / steps * 1e6 for k, v in phases.items()}  # ms per 1,000 steps
-        per_k["other"] = max(0.0, wall / steps * 1e6 - sum(per_k.values()))
-        return {"sps": steps / wall, "s_per_1k": per_k, "precision": learner.precision.name}
+        sps, per_k = timed_phases(learner, seconds)
+        return {"sps": sps, "s_per_1k": per_k, "precision": learner.precision.name}
     finally:
         learner.close()
 

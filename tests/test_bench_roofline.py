@@ -43,7 +43,7 @@ def test_the_work_of_an_iteration_is_the_networks_arithmetic(roofline: ModuleTyp
     args = argparse.Namespace(
         game="Breakout-v5", num_envs=2, n_steps=8, batch_size=8, epochs=2, threads=1
     )
-    learner = roofline.make_learner(args, "fp32")
+    learner = roofline.ppo_learner(args, "fp32")
     try:
         work, total = roofline.count_work(learner, args)
     finally:
