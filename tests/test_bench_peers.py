@@ -3,30 +3,19 @@ as the scripts print them (no scratch venv, no process, no timing)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.benchmarks_import import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def peers() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # peers.py imports hostinfo beside it
-    try:
-        spec = importlib.util.spec_from_file_location("bench_peers", BENCH / "peers.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclass looks its module up
-        spec.loader.exec_module(module)
+    with benchmark_module("peers.py", "bench_peers") as module:
         yield module
-    finally:
-        sys.modules.pop("bench_peers", None)
-        sys.path.remove(str(BENCH))
 
 
 def stamped(text: str, dt: float = 1.0) -> list[tuple[float, str]]:
@@ -98,15 +87,8 @@ def test_the_vectorized_ratio_needs_both_rlsup_rates(peers: ModuleType) -> None:
 
 @pytest.fixture(scope="module")
 def learning(peers: ModuleType) -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # learning.py imports peers and hostinfo beside it
-    try:
-        spec = importlib.util.spec_from_file_location("bench_learning", BENCH / "learning.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with benchmark_module("learning.py", "bench_learning") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def _side(means: list[float]) -> dict[str, float | int]:

@@ -5,30 +5,18 @@ No timing is asserted."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.benchmarks_import import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def roofline() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(BENCH))  # it imports hostinfo beside it
-    try:
-        spec = importlib.util.spec_from_file_location("bench_roofline", BENCH / "ppo_roofline.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
+    with benchmark_module("ppo_roofline.py", "bench_roofline") as module:
         yield module
-    finally:
-        sys.modules.pop("bench_roofline", None)
-        sys.path.remove(str(BENCH))
 
 
 def nature_cnn_macs(n_actions: int) -> tuple[int, int, int]:
