@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +37,6 @@ from typing import Any
 
 from hostinfo import host_facts, host_line
 from worker_throughput import ppo_learner, timed_phases
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 GEMM_SIZES = (512, 1024, 2048)
 MS = 1e3
