@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from supervisor.commands._common import (
     EXIT_FAIL,
@@ -15,6 +16,9 @@ from supervisor.commands._common import (
     load_config_or_exit,
 )
 from supervisor.observe.logs import LEVELS
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlsup: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(level=level)
+    _say_command_findings(cfg)
     os.umask(state_umask(os.environ))  # workers inherit it
     db.make_private_dir(cfg.state_dir)
     try:
@@ -111,3 +116,18 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     finally:
         os.close(lock_fd)
+
+
+def _say_command_findings(cfg: Config) -> None:
+    """What each command game's start would trip on, said once at start-up (the journal under
+    systemd). Not a refusal: one game's missing interpreter must not stop the others; that
+    game ends FATAL at its first start, and this says why and what to do."""
+    import structlog
+
+    from supervisor.launch.probe import probe_command_games
+
+    log = structlog.get_logger("rlsup.supervisor")
+    for finding in probe_command_games(cfg):
+        log.warning(
+            "command_game_check", game=finding.game, error=finding.error, problem=finding.message
+        )
