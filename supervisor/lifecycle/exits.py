@@ -66,9 +66,17 @@ _REQUEUED = frozenset(
 )
 
 
-def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopping: bool) -> Route:
+def route_exit(
+    kind: ExitKind,
+    asked: StopReason | None,
+    *,
+    removed: bool,
+    stopping: bool,
+    progressed: bool = True,
+) -> Route:
     """What follows a worker's exit. `asked`: why the supervisor had asked it to stop;
-    `removed`: its game left the configuration; `stopping`: the supervisor shuts down."""
+    `removed`: its game left the configuration; `stopping`: the supervisor shuts down;
+    `progressed`: its last heartbeat shows a step or a checkpoint past where it started."""
     if kind is ExitKind.DONE:
         return Route.DONE
     if removed:
@@ -85,6 +93,10 @@ def route_exit(kind: ExitKind, asked: StopReason | None, *, removed: bool, stopp
         return Route.START_AGAIN
     if asked in _REQUEUED:
         return Route.REQUEUE
+    if kind is ExitKind.STOPPED and asked is None and not progressed:
+        # Exit 75 that nobody asked for, with nothing gained since the start: requeued at once
+        # it would loop without bound (hundreds of starts a minute). Backoff and the budget.
+        return Route.FAILURE
     if kind is ExitKind.STOPPED and asked is not StopReason.HANG:
         # Stopped after a checkpoint (exit 75) by someone else, or by itself (parent gone).
         return Route.REQUEUE
@@ -118,6 +130,16 @@ class WorkerExit:
     heartbeat: Heartbeat | None  # its last
     killed_by_supervisor: bool
     oom: OomVerdict | None  # the kernel's word on a SIGKILL rlsup did not send
+
+    @property
+    def progressed(self) -> bool:
+        """Did its last heartbeat show a step, or a committed checkpoint, past the step it
+        resumed from (0 for a fresh start)? Without a heartbeat the supervisor knows of none."""
+        hb = self.heartbeat
+        if hb is None:
+            return False
+        start = hb.resumed_from_step or 0
+        return hb.global_step > start or (hb.last_checkpoint_step or 0) > start
 
     @property
     def kernel_oom(self) -> bool:
@@ -167,6 +189,10 @@ class WorkerExit:
         hang: the hang made its own)."""
         if asked is StopReason.HANG:
             return f"hang: {self.info.description}", None
+        if self.info.kind is ExitKind.STOPPED:
+            # Its own exit 75, unasked and without progress: no crash of the host or the
+            # game's code (the stability policy must not see one), a loop to slow down.
+            return "exit 75 without a stop request and without progress since its start", None
         cause = "kernel OOM kill" if self.kernel_oom else str(self.info.kind)
         oomed = self.info.kind is ExitKind.OOM or self.kernel_oom
         error = self.error or {}

@@ -306,7 +306,13 @@ class Lifecycle:
             self.record(event[0], rt.spec.name, event[1], False)
         rt.life = None
         removed = rt.spec.name in self.removed
-        route = route_exit(ex.info.kind, life.stop_reason, removed=removed, stopping=stopping)
+        route = route_exit(
+            ex.info.kind,
+            life.stop_reason,
+            removed=removed,
+            stopping=stopping,
+            progressed=ex.progressed,
+        )
         if settled := ex.settle(route, life.stop_reason):
             self.set(rt, *settled)
             return False
