@@ -18,10 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import structlog
-
 from checkpoints import _parallel, _retry
 from checkpoints._crashpoints import crash_point
+from checkpoints._log import Logger, get_logger
 from checkpoints.atomic import as_byte_view, fsync_dir, make_dir
 from checkpoints.errors import (
     CheckpointCorrupt,
@@ -49,9 +48,6 @@ from checkpoints.retention import (
     read_pins,
 )
 from checkpoints.writer import CheckpointWriter
-
-# Either structlog flavour: the default filtering logger or the stdlib-backed one.
-Logger = structlog.typing.FilteringBoundLogger | structlog.stdlib.BoundLogger
 
 _READ_CHUNK = 1 << 20
 # A manifest lists file names and hashes; anything bigger than this is garbage, not a manifest.
@@ -171,7 +167,7 @@ class CheckpointStore:
         self.keep = keep
         self.keep_best = keep_best
         self.keep_every_steps = keep_every_steps
-        self.log: Logger = log if log is not None else structlog.get_logger("rlsup.checkpoints")
+        self.log: Logger = log if log is not None else get_logger("rlsup.checkpoints")
 
     def path_for(self, step: int) -> Path:
         return self.root / ckpt_name(step)

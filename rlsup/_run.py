@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
+from checkpoints._log import StdlibLogger
 from training import protocol as P
 from training.checkpoint_request import CheckpointRequestWatch
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
@@ -207,7 +208,11 @@ class Run:
         self._closed = False
         self._make_run_dir()
         self._lock_fd = self._take_lock(lock_wait_s)
-        self.store = CheckpointStore(run_dir / P.CHECKPOINT_DIR, keep=keep)
+        # A library's logger (the user's logging configuration decides), never structlog's:
+        # it prints to stdout unless configured, and may not be installed at all.
+        self.store = CheckpointStore(
+            run_dir / P.CHECKPOINT_DIR, keep=keep, log=StdlibLogger("rlsup.checkpoints")
+        )
         self.store.sweep()  # staging dirs of a predecessor killed mid-checkpoint
         self._loaded: LoadedCheckpoint | None = None
         self._looked = False

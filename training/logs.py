@@ -1,19 +1,27 @@
-"""structlog set-up for a worker process: JSON lines when not a terminal, console when it is."""
+"""structlog set-up for a worker process: JSON lines when not a terminal, console when it is.
+
+structlog is imported only by `configure()`, which the built-in worker calls: the heartbeat
+imports this module for `STDERR` alone, and the SDK (`import rlsup`) must import without the
+service's dependencies (a user's own interpreter may have only the standard library)."""
 
 from __future__ import annotations
 
 import logging
 import sys
-
-import structlog
+from typing import TYPE_CHECKING
 
 from training.streams import TolerantStream
+
+if TYPE_CHECKING:
+    import structlog
 
 # The worker's log sink: a full disk under the log file drops lines, never the worker.
 STDERR = TolerantStream(sys.stderr)
 
 
 def configure(**bind: object) -> structlog.stdlib.BoundLogger:
+    import structlog
+
     renderer: structlog.typing.Processor
     if STDERR.isatty():
         renderer = structlog.dev.ConsoleRenderer()
