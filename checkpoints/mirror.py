@@ -79,7 +79,9 @@ def upload_checkpoint(
             )
         remote.put_blob(path, entry.sha256)
         if not remote.has_blob(entry.sha256, entry.size):
-            raise RemoteError(f"blob {entry.sha256[:12]} of {name} is not there after upload")
+            # A server that accepts any PUT and answers any HEAD without our metadata (a web
+            # server, not S3) ends here.
+            raise remote.error(f"blob {entry.sha256[:12]} of {name}", "not there after upload")
         out.bytes_uploaded += entry.size
     if epoch is not None:
         remote.check_fence(game, epoch)

@@ -38,6 +38,11 @@ _GAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_-][A-Za-z0
 _CHUNK = 1 << 20
 _NOT_FOUND = ("404", "NoSuchKey", "NotFound")
 _TOLERATED = object()  # what `_call` returns for a tolerated error code
+_MAX_DETAIL = 400  # characters of a failure's detail in a message
+# A ListObjectsV2 answer has at least one of these (S3 and every S3-compatible server tried
+# send all of them); a web page that botocore parses as XML has none.
+_LISTING_KEYS = frozenset({"Name", "IsTruncated", "MaxKeys", "KeyCount"})
+_NOT_A_LISTING = "the answer is not an S3 bucket listing: is endpoint_url an S3 endpoint?"
 
 
 class RemoteError(CheckpointError):
@@ -139,11 +144,27 @@ class RemoteStore:
 
     # ---- requests -----------------------------------------------------------------------
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint every request goes to, for messages: `endpoint_url`, or the one the
+        client resolved from its region (AWS)."""
+        meta = getattr(self.client, "meta", None)
+        return str(getattr(meta, "endpoint_url", None) or "the default S3 endpoint")
+
+    def error(self, what: str, detail: object, cls: type[RemoteError] = RemoteError) -> RemoteError:
+        """`what` failed at this store's endpoint, in one line (a server's answer may hold
+        newlines, or a whole web page): what an operator reads in `rlsup pull`, an event or
+        error.json."""
+        text = " ".join(str(detail).split()) or type(detail).__name__
+        if len(text) > _MAX_DETAIL:
+            text = text[: _MAX_DETAIL - 3] + "..."
+        return cls(f"{what} at {self.endpoint}: {text}")
+
     def _call(self, what: str, fn: Any, *, tolerate: tuple[str, ...] = (), **kw: Any) -> Any:
         """fn(**kw); `_TOLERATED` when the store answers one of the `tolerate` error codes. A
-        missing object is a RemoteContentError, any other failure a RemoteError."""
-        from boto3.exceptions import Boto3Error
-        from botocore.exceptions import BotoCoreError, ClientError
+        missing object is a RemoteContentError, any other failure a RemoteError, whatever the
+        endpoint did (refused, timed out, answered something that is not S3)."""
+        from botocore.exceptions import ClientError
 
         try:
             return fn(**kw)
@@ -151,10 +172,20 @@ class RemoteStore:
             if _code(exc) in tolerate:
                 return _TOLERATED
             if _code(exc) in _NOT_FOUND:
-                raise RemoteContentError(f"{what}: not found") from exc
-            raise RemoteError(f"{what}: {exc}") from exc
-        except (BotoCoreError, Boto3Error) as exc:
-            raise RemoteError(f"{what}: {exc}") from exc
+                raise self.error(what, "not found", RemoteContentError) from exc
+            raise self.error(what, exc) from exc
+        except _endpoint_failures() as exc:
+            raise self.error(what, exc) from exc
+
+    def _read_body(self, what: str, resp: Any) -> bytes:
+        """The whole body of a GET's answer (a connection may break mid-way)."""
+        body = resp["Body"]
+        try:
+            return bytes(body.read())
+        except (*_endpoint_failures(), OSError) as exc:
+            raise self.error(what, exc) from exc
+        finally:
+            body.close()
 
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (owned by us already is fine)."""
@@ -201,21 +232,17 @@ class RemoteStore:
     def blob_chunks(self, sha256: str, size: int) -> Iterator[bytes]:
         """The blob's bytes in chunks; after the last one, RemoteError if its size or sha256
         is not what was asked for (the caller discards what it wrote)."""
+        what = f"GET blob {sha256[:12]}"
         body = self._call(
-            f"GET blob {sha256[:12]}",
-            self.client.get_object,
-            Bucket=self.where.bucket,
-            Key=self.blob_key(sha256),
+            what, self.client.get_object, Bucket=self.where.bucket, Key=self.blob_key(sha256)
         )["Body"]
-        from botocore.exceptions import BotoCoreError
-
         digest, n = hashlib.sha256(), 0
         try:
             while True:
                 try:
                     chunk = body.read(_CHUNK)
-                except (BotoCoreError, OSError, ValueError) as exc:  # the connection broke
-                    raise RemoteError(f"GET blob {sha256[:12]}: {exc}") from exc
+                except (*_endpoint_failures(), OSError) as exc:  # the connection broke
+                    raise self.error(what, exc) from exc
                 if not chunk:
                     break
                 digest.update(chunk)
@@ -261,16 +288,14 @@ class RemoteStore:
         )
         if resp is _TOLERATED:
             return 0
-        body = resp["Body"]
+        raw = self._read_body(f"GET fence {game}", resp)
         try:
-            data = json.loads(body.read())
+            data = json.loads(raw)
         except ValueError as exc:
-            raise RemoteContentError(f"fence of {game} is not JSON: {exc}") from exc
-        finally:
-            body.close()
+            raise self.error(f"fence of {game}", f"not JSON: {exc}", RemoteContentError) from exc
         epoch = data.get("epoch") if isinstance(data, dict) else None
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise RemoteContentError(f"fence of {game} holds no epoch: {data!r}"[:300])
+            raise self.error(f"fence of {game}", f"no epoch in {data!r}", RemoteContentError)
         return epoch
 
     def advance_fence(self, game: str, detail: dict[str, Any] | None = None) -> int:
@@ -294,17 +319,14 @@ class RemoteStore:
             raise PlacementFenced(game, epoch, fence)
 
     def get_manifest(self, game: str, step: int) -> bytes:
+        what = f"GET manifest {game}/{ckpt_name(step)}"
         resp = self._call(
-            f"GET manifest {game}/{ckpt_name(step)}",
+            what,
             self.client.get_object,
             Bucket=self.where.bucket,
             Key=self.manifest_key(game, step),
         )
-        body = resp["Body"]
-        try:
-            return bytes(body.read())
-        finally:
-            body.close()
+        return self._read_body(what, resp)
 
     def delete(self, key: str) -> None:
         self._call(f"DELETE {key}", self.client.delete_object, Bucket=self.where.bucket, Key=key)
@@ -336,21 +358,39 @@ class RemoteStore:
         return {key[len(prefix) :]: ts for key, ts in self._list(prefix)}
 
     def _list(self, prefix: str) -> Iterator[tuple[str, float]]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.where.bucket, Prefix=prefix
-        )
-        from botocore.exceptions import BotoCoreError, ClientError
+        """(key, last-modified) of every object under `prefix`. An answer that is not a bucket
+        listing (a web page parses as XML too, with nothing in it) is a RemoteError, never an
+        empty mirror: a fresh worker would start from zero."""
+        from botocore.exceptions import ClientError
 
+        what = f"listing {prefix}"
         try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.where.bucket, Prefix=prefix
+            )
             for page in pages:
+                if not _LISTING_KEYS & page.keys():
+                    raise self.error(what, _NOT_A_LISTING)
                 for obj in page.get("Contents") or []:
                     yield obj["Key"], obj["LastModified"].timestamp()
         except ClientError as exc:
             if _code(exc) == "NoSuchBucket":  # no bucket yet: nothing mirrored
                 return
-            raise RemoteError(f"listing {prefix}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise RemoteError(f"listing {prefix}: {exc}") from exc
+            raise self.error(what, exc) from exc
+        except _endpoint_failures() as exc:
+            raise self.error(what, f"not an S3 listing ({type(exc).__name__}: {exc})") from exc
+
+
+def _endpoint_failures() -> tuple[type[Exception], ...]:
+    """What a request can raise when the endpoint fails in any way: botocore's and boto3's own
+    errors (connection refused, timeouts, retries exhausted), and what parsing an answer that
+    is not S3 raises (botocore's parser, or its int()/timestamp conversions, or our own reading
+    of a listing without keys). Asked only around client calls, never around local work."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError
+    from botocore.parsers import ResponseParserError
+
+    return (BotoCoreError, Boto3Error, ResponseParserError, ValueError, LookupError, TypeError)
 
 
 def _code(exc: Any) -> str:

@@ -20,6 +20,7 @@ from checkpoints.remote import (
     make_client,
 )
 from tests.mirror.conftest import remote_for
+from tests.mirror.endpoints import closed_endpoint
 from tests.mirror.seaweed import Weed
 
 CHUNK = 64 * 1024
@@ -199,16 +200,10 @@ def test_garbage_collection_deletes_blobs_after_their_manifests(
 def test_a_store_that_is_down_is_no_verdict_on_any_checkpoint(tmp_path: Path) -> None:
     """Connection refused: restore raises (the worker retries after a backoff), skipping
     nothing as damaged and never starting from zero."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed once we leave: nothing listens there
-    remote = RemoteStore(
-        make_client(f"http://127.0.0.1:{port}", "us-east-1"), RemoteLocation.parse("s3://x-y/z")
-    )
     store = CheckpointStore(tmp_path / "c")
-    with pytest.raises(RemoteError) as info:
+    # Bound by us for the whole test, never listening: nothing else can answer there.
+    with closed_endpoint() as endpoint, pytest.raises(RemoteError) as info:
+        remote = RemoteStore(make_client(endpoint, "us-east-1"), RemoteLocation.parse("s3://x-y/z"))
         restore_newest(remote, "a", store)
     assert not isinstance(info.value, RemoteContentError)
     assert store.committed() == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.mirror.conftest import TEST_AWS_ENV
+from tests.mirror.endpoints import closed_endpoint
 from tests.supervisor.helpers import REPO, env_for, write_config
 from training.protocol import LOCK_FILE
 
@@ -32,31 +32,30 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_pull_as_root_leaves_the_run_dir_to_the_state_dirs_owner(shared_dir: Path) -> None:
     config = write_config(shared_dir, [("g", 1000)])
-    config.write_text(
-        config.read_text()
-        + f'[mirror]\nurl = "s3://rlsup-test/p"\nendpoint_url = "http://127.0.0.1:{_closed_port()}"\n'
-    )
     state = shared_dir / "state"
     state.mkdir(mode=0o700)
     os.chown(state, NOBODY, NOBODY)  # the service's account owns its state
-    done = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "pull", "--config", str(config), "--game", "g"],
-        cwd=REPO,
-        env=env_for(shared_dir, **TEST_AWS_ENV, AWS_MAX_ATTEMPTS="1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # Held bound (never listening) for the whole run: no other process of a full test run
+    # can answer there, so the refusal is certain.
+    with closed_endpoint() as endpoint:
+        config.write_text(
+            config.read_text()
+            + f'[mirror]\nurl = "s3://rlsup-test/p"\nendpoint_url = "{endpoint}"\n'
+        )
+        pull = ["pull", "--config", str(config), "--game", "g"]
+        done = subprocess.run(
+            [sys.executable, "-m", "supervisor.cli", *pull],
+            cwd=REPO,
+            env=env_for(shared_dir, **TEST_AWS_ENV, AWS_MAX_ATTEMPTS="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "rlsup pull: g:" in done.stderr
+    assert endpoint in done.stderr, done.stderr
     for path in (state / "runs", state / "runs" / "g", state / "runs" / "g" / LOCK_FILE):
         if path.exists():
             assert path.stat().st_uid == NOBODY, (
