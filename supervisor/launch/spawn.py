@@ -17,10 +17,11 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 
 from supervisor.config import Config, GameSpec, ModeSpec, worker_config
+from supervisor.launch.crashlog import death_from_log
 from supervisor.launch.process import same_process
 from supervisor.ledger.db import make_private_dir
 from training import protocol as P
-from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV
+from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV, PARENT_START_ENV, own_start_ticks
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 WORKER_MODULE = "training.worker"
@@ -99,6 +100,7 @@ def start_worker_process(
     )
     # Its parent, for a worker orphaned before it could ask (it then checkpoints and exits).
     env[PARENT_PID_ENV] = str(os.getpid())
+    env[PARENT_START_ENV] = own_start_ticks()  # with the pid: this process, through wrappers
     env.pop("NOTIFY_SOCKET", None)  # only the supervisor talks to systemd
     env.pop("WATCHDOG_USEC", None)
     env.pop("WATCHDOG_PID", None)
@@ -242,34 +244,26 @@ def command_env(
     }
 
 
-def log_tail(path: Path, max_lines: int = 20, max_bytes: int = 4096) -> str:
-    """The last lines of a worker's log (at most `max_bytes` read), for the message of a
-    command game that died without an error.json; "" when there is none."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if size > max_bytes and lines:
-        lines = lines[1:]  # the first may be cut
-    return "\n".join(lines[-max_lines:])
-
-
 def worker_error(cfg: Config, spec: GameSpec, pid: int, returncode: int) -> dict[str, Any] | None:
     """Why the worker `pid` of `spec` ended, in its own words: the error.json it wrote itself
     (by pid, not by file time, which a wall-clock step makes meaningless; another run's is
-    ignored). A command game that failed without one (they rarely write it) gets the tail of
-    its log as the message, so that FATAL and the crash events say why."""
+    ignored). A command game that failed without one (they rarely write it) is told by its
+    log (`crashlog`): a signal by its name, else its last traceback from the first line
+    through the exception (`exception`; kind `import_error` when an ImportError was its last
+    words), else the log's last lines, so that FATAL and the crash events say why."""
     error = P.read_json_file(cfg.run_dir(spec.name) / P.ERROR_FILE)
     if error is not None and error.get("pid") == pid:
         return error
     if spec.command is None or returncode in (0, P.ExitCode.STOPPED):
         return None
-    tail = log_tail(cfg.logs_dir / f"{spec.name}.log")
-    return {"pid": pid, "kind": "command_exit", "message": tail or f"exit status {returncode}"}
+    death = death_from_log(cfg.logs_dir / f"{spec.name}.log", returncode)
+    out: dict[str, Any] = {"pid": pid, "kind": "command_exit"}
+    out["message"] = death.message if death else f"exit status {returncode}"
+    if death is not None and death.exception is not None:
+        out["exception"] = death.exception
+        if death.import_error:
+            out["kind"] = "import_error"
+    return out
 
 
 def heartbeat_of(hb_pid: int, pid: int, spec: GameSpec) -> bool:

@@ -40,6 +40,7 @@ class Route(enum.StrEnum):
     MOVE = "move"  # -> WAITING: its host was lost; placed again on another (not a failure)
     START_AGAIN = "start_again"  # -> WAITING: the spare died before it became the worker
     FENCED = "fenced"  # exit 77 -> FATAL: another placement owns the game
+    IMPORT_ERROR = "import_error"  # an ImportError at start-up -> FATAL at once
     FAILURE = "failure"  # a crash, an OOM, a signal, a hang: backoff (or FATAL past the budget)
 
 
@@ -73,10 +74,12 @@ def route_exit(
     removed: bool,
     stopping: bool,
     progressed: bool = True,
+    import_error: bool = False,
 ) -> Route:
     """What follows a worker's exit. `asked`: why the supervisor had asked it to stop;
     `removed`: its game left the configuration; `stopping`: the supervisor shuts down;
-    `progressed`: its last heartbeat shows a step or a checkpoint past where it started."""
+    `progressed`: its last heartbeat shows a step or a checkpoint past where it started;
+    `import_error`: it died of an ImportError at start-up (`WorkerExit.start_import_error`)."""
     if kind is ExitKind.DONE:
         return Route.DONE
     if removed:
@@ -93,6 +96,9 @@ def route_exit(
         return Route.START_AGAIN
     if asked in _REQUEUED:
         return Route.REQUEUE
+    if kind is ExitKind.CRASH and import_error and asked is None:
+        # Its interpreter lacks a module: every restart would die the same way.
+        return Route.IMPORT_ERROR
     if kind is ExitKind.STOPPED and asked is None and not progressed:
         # Exit 75 that nobody asked for, with nothing gained since the start: requeued at once
         # it would loop without bound (hundreds of starts a minute). Backoff and the budget.
@@ -141,6 +147,27 @@ class WorkerExit:
         start = hb.resumed_from_step or 0
         return hb.global_step > start or (hb.last_checkpoint_step or 0) > start
 
+    def start_import_error(self, startup_grace_s: float) -> bool:
+        """Did it die of an ImportError as its last words, before any heartbeat and within
+        the start-up grace (its interpreter lacks a module)? Later, the same error is a crash
+        like any other (an import inside the training loop, a plug-in loaded at evaluation)."""
+        return (
+            (self.error or {}).get("kind") == "import_error"
+            and self.heartbeat is None
+            and self.uptime_s < startup_grace_s
+        )
+
+    def exception(self) -> str | None:
+        """The exception it died of, one line, when it said: the exception line of its
+        traceback (a command game's log), else the first line of its own error.json."""
+        error = self.error or {}
+        if isinstance(line := error.get("exception"), str) and line:
+            return line
+        message = error.get("message")
+        if error.get("kind") == "command_exit" or not isinstance(message, str) or not message:
+            return None  # a command's log tail without a traceback: no exception to name
+        return message.strip().splitlines()[0][:300] if message.strip() else None
+
     @property
     def kernel_oom(self) -> bool:
         return self.oom is not None and self.oom.killed is True
@@ -182,6 +209,12 @@ class WorkerExit:
             return WorkerState.FATAL, f"configuration error: {msg}"
         if route is Route.REQUEUE:
             return WorkerState.WAITING, asked or "stopped after a checkpoint (exit 75)"
+        if route is Route.IMPORT_ERROR:
+            return WorkerState.FATAL, (
+                f"cannot start: {self.exception()} (at start-up, before any heartbeat); "
+                "restarting cannot help: install the module into the interpreter the "
+                "command runs (see its log)"
+            )
         return _SETTLED.get(route)
 
     def failure(self, asked: StopReason | None) -> tuple[str, tuple[str, dict[str, Any]] | None]:
@@ -197,7 +230,8 @@ class WorkerExit:
         oomed = self.info.kind is ExitKind.OOM or self.kernel_oom
         error = self.error or {}
         event = "worker_oom" if oomed else "worker_crash"
-        return f"{cause}: {self.info.description}", (event, {
+        named = f": {exc}" if (exc := self.exception()) else ""
+        return f"{cause}: {self.info.description}{named}", (event, {
             "returncode": self.info.returncode,
             "description": self.info.description,
             "error_kind": error.get("kind"),

@@ -312,6 +312,7 @@ class Lifecycle:
             removed=removed,
             stopping=stopping,
             progressed=ex.progressed,
+            import_error=ex.start_import_error(self.cfg.watchdog.startup_grace_s),
         )
         if settled := ex.settle(route, life.stop_reason):
             self.set(rt, *settled)
