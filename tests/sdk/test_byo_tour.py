@@ -1,11 +1,15 @@
-"""The own-trainer tour as a newcomer runs it (docs/own-trainer.md): `rlsup init --example byo`,
-`rlsup run`, kill the script mid-run, and it resumes from its checkpoint rather than from zero;
-then it finishes and `rlsup run --exit-when-done` exits 0. Real supervisor, real script."""
+"""The own-trainer tour as a newcomer runs it (docs/own-trainer.md): a fresh virtual environment
+of their own (none of rlsup's dependencies in it), `rlsup init --example byo`, the command
+pointed at that venv's python, `rlsup check-config`, `rlsup run`, kill the script mid-run, and
+it resumes from its checkpoint rather than from zero; then it finishes and
+`rlsup run --exit-when-done` exits 0. Real supervisor, real interpreter, real script."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +34,24 @@ def committed_step(state: Path) -> int:
     return int(ckpts[-1].name.split("-")[1]) if ckpts else 0
 
 
+def fresh_venv(where: Path) -> Path:
+    """`python3 -m venv` from the base interpreter: the standard library and nothing else."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    python = where / "bin" / "python"
+    probe = "import importlib.util as u; print(u.find_spec('structlog') is None)"
+    assert subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout == "True\n"
+    return python
+
+
 def test_the_byo_example_resumes_after_a_kill_in_its_tour(tmp_path: Path) -> None:
     config = tmp_path / "rlsup.toml"
     assert main(["init", "--example", "byo", str(config)]) == 0
+    python = fresh_venv(tmp_path / "agent-venv")
+    text = config.read_text().replace(json.dumps(sys.executable), json.dumps(str(python)), 1)
+    assert str(python) in text
+    config.write_text(text)
+    assert main(["check-config", "--config", str(config)]) == 0
     state = tmp_path / "state"
     sup = start_supervisor(config, env_for(tmp_path), "--exit-when-done")
     try:
