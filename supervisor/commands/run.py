@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from supervisor.commands._common import (
     EXIT_FAIL,
     EXIT_LOCKED,
+    EXIT_OK,
     EXIT_USAGE,
     add_config_argument,
     load_config_or_exit,
@@ -32,7 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--exit-when-done",
         action="store_true",
-        help="exit (0) once every game is done or fatal, instead of idling",
+        help="exit once every game is done or fatal, instead of idling: 0 when every game "
+        "finished, 1 when one ended FATAL",
     )
     p.add_argument(
         "--backend",
@@ -61,6 +63,20 @@ def state_umask(env: Mapping[str, str]) -> int:
         current = os.umask(0o077)
         return current | 0o007
     return 0o077
+
+
+def fatal_games_code(fatal: list[str]) -> int:
+    """`--exit-when-done`: a script must tell a run that finished from one where a game
+    ended FATAL (a service never asks this: a clean stop of it is always 0, or systemd's
+    Restart=on-failure would start it again)."""
+    if not fatal:
+        return EXIT_OK
+    print(
+        f"rlsup run: {len(fatal)} game(s) ended FATAL: {', '.join(fatal)} (`rlsup status` "
+        "says why)",
+        file=sys.stderr,
+    )
+    return EXIT_FAIL
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlsup run: cannot take {cfg.state_dir}/supervisor.lock: {exc}", file=sys.stderr)
         return EXIT_FAIL
     try:
-        return Supervisor(cfg, exit_when_done=args.exit_when_done).run()
+        sup = Supervisor(cfg, exit_when_done=args.exit_when_done)
+        code = sup.run()
+        if code == EXIT_OK and args.exit_when_done:
+            return fatal_games_code(sorted(n for n, rt in sup.games.items() if rt.state == "fatal"))
+        return code
     except StartFailed as exc:
         print(f"rlsup run: {exc}", file=sys.stderr)
         return EXIT_FAIL

@@ -5,12 +5,17 @@ whether or not the supervisor runs. With no state database yet it prints how to 
 fresh install is not a failure); `--json` then still prints the document, with
 `"supervisor": {"state": "absent"}` and every configured game `"not_started"`.
 Exit codes, for monitoring scripts (the document is printed either way):
-  0  the supervisor runs and no game is FATAL
+  0  the supervisor runs and no game is FATAL; or it stopped cleanly after every configured
+     game finished (DONE): a finished run is nothing to alert on
   1  the state database could not be read
   2  bad configuration / usage
   3  the supervisor is not running (never started, stopped, or alive but not ticking), as
-     `systemctl is-active` says 3 of an inactive unit
+     `systemctl is-active` says 3 of an inactive unit; except the finished run above
   4  the supervisor runs, and a game is FATAL (its restart budget is spent)
+With `--done` ("did every game finish?", whether or not the supervisor runs):
+  0  every configured game is DONE
+  4  a configured game is FATAL (it never will)
+  5  not yet: some game is still running, waiting, stopped or never started
 
 JSON schema (`--json`; schema 1): the records of `supervisor/observe/schema.py`, which produce
 the document. Fields may be added; none is ever renamed or removed.
@@ -24,6 +29,7 @@ import os
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.commands import _render as render
@@ -67,6 +73,11 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help=f"redraw every SECONDS (default {DEFAULT_WATCH_S:g}) until Ctrl-C",
     )
+    p.add_argument(
+        "--done",
+        action="store_true",
+        help="exit 0 when every game is done, 4 when one is FATAL, 5 when some are not done yet",
+    )
     p.set_defaults(func=run)
 
 
@@ -76,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     if watch is not None and watch <= 0:
         return render.fail_usage(f"--watch {watch:g}: expected seconds > 0")
     as_json = bool(getattr(args, "json", False))
+    code = done_code if getattr(args, "done", False) else exit_code
     if watch is None:
-        return _show(cfg, as_json, clear=False)
+        return _show(cfg, as_json, clear=False, code=code)
     try:
         while True:
             _show(cfg, as_json, clear=not as_json and sys.stdout.isatty())
@@ -87,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
+def _show(
+    cfg: Config, as_json: bool, *, clear: bool, code: Callable[[StatusDoc], int] | None = None
+) -> int:
     try:
         doc = collect(cfg, time.time(), fit=True)
     except sqlite3.Error as exc:
@@ -102,16 +116,38 @@ def _show(cfg: Config, as_json: bool, *, clear: bool) -> int:
         print(text)
     except BrokenPipeError:  # `rlsup status | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return exit_code(doc)
+    return (code or exit_code)(doc)
+
+
+# `rlsup status --done`: some game has not finished yet.
+EXIT_NOT_DONE = 5
+
+
+def _configured(doc: StatusDoc) -> list[str]:
+    return [g["state"] for g in doc["games"] if g["in_config"]]
+
+
+def _finished(doc: StatusDoc) -> bool:
+    states = _configured(doc)
+    return bool(states) and all(s == "done" for s in states)
 
 
 def exit_code(doc: StatusDoc) -> int:
-    """3 when the supervisor is not running, else 4 when a game is FATAL, else 0."""
+    """3 when the supervisor is not running (0 when it stopped cleanly after every game
+    finished), else 4 when a game is FATAL, else 0."""
     if doc["supervisor"]["state"] != "running":
-        return EXIT_NOT_RUNNING
-    if any(g["state"] == "fatal" and g["in_config"] for g in doc["games"]):
+        finished = doc["supervisor"]["state"] == "stopped" and doc["supervisor"]["clean_stop"]
+        return EXIT_OK if finished and _finished(doc) else EXIT_NOT_RUNNING
+    if "fatal" in _configured(doc):
         return EXIT_FATAL_GAME
     return EXIT_OK
+
+
+def done_code(doc: StatusDoc) -> int:
+    """`--done`: 0 when every configured game is DONE, 4 when one is FATAL, else 5."""
+    if _finished(doc):
+        return EXIT_OK
+    return EXIT_FATAL_GAME if "fatal" in _configured(doc) else EXIT_NOT_DONE
 
 
 # ---- collecting -----------------------------------------------------------------------------
