@@ -225,7 +225,10 @@ class Run:
         self._writer: CheckpointWriter | None = None
         self._base_step: int | None = None
         self._stop_reason: str | None = None
-        self._parent = _env_int(P.PARENT_PID_ENV, None) if supervised else None
+        # The supervisor (through any wrapper: `sh -c`, `uv run`, `torchrun`), when it says.
+        self._parent = (
+            P.ParentWatch.from_env() if supervised and os.environ.get(P.PARENT_PID_ENV) else None
+        )
         self._hb: HeartbeatWriter | None = None
         self._training = False
         self._step = 0
@@ -514,7 +517,7 @@ class Run:
     def should_stop(self) -> bool:
         """Was the run asked to stop (SIGTERM: `rlsup stop`, a reboot, a preemption; SIGINT;
         the supervisor gone)? Then checkpoint (`should_checkpoint()` is True) and exit."""
-        if self._stop_reason is None and self._parent and os.getppid() != self._parent:
+        if self._stop_reason is None and self._parent is not None and self._parent.gone():
             self._stop_reason = "supervisor gone"
         return self._stop_reason is not None
 

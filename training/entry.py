@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 from training.args import ConfigError, WorkerConfig
-from training.protocol import ERROR_FILE, PARENT_PID_ENV, ExitCode, RunDirBusy, lock_run_dir
+from training.protocol import ERROR_FILE, ExitCode, ParentWatch, RunDirBusy, lock_run_dir
 
 # A predecessor may still be writing its last checkpoint: wait this long for the run-dir lock.
 LOCK_WAIT_S = float(os.environ.get("RLSUP_WORKER_LOCK_WAIT_S", "60"))
@@ -42,15 +42,6 @@ class StopRequested:
     def set(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-
-
-def parent_pid() -> int:
-    """The process that started this worker: RLSUP_PARENT_PID (set by the supervisor), else
-    the parent now. A worker orphaned before it got here sees the difference at once."""
-    try:
-        return int(os.environ.get(PARENT_PID_ENV) or os.getppid())
-    except ValueError:
-        return os.getppid()
 
 
 class RunDirLocked(RuntimeError):
@@ -152,7 +143,9 @@ class Worker:
         self.start = start or {"served": "cold"}
         self.run_dir = run_dir
         self.stop = stop
-        self.parent_pid = parent_pid()
+        # RLSUP_PARENT_PID (set by the supervisor), else the parent now: a worker orphaned
+        # before it got here sees the difference at once.
+        self.parent = ParentWatch.from_env()
         self.log = logs.configure(game=cfg.game, algo=cfg.algo, pid=os.getpid())
         self.step = 0
 
@@ -207,5 +200,5 @@ class Worker:
         return code
 
     def _watch_parent(self) -> None:
-        if os.getppid() != self.parent_pid:
+        if self.parent.gone():
             self.stop.set("parent_gone")

@@ -18,7 +18,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,111 @@ class Phase(enum.StrEnum):
 # The pid of the process that started a worker (the supervisor, or a host's actor): a worker
 # whose parent is already gone when it looks (killed during its imports) still notices.
 PARENT_PID_ENV = "RLSUP_PARENT_PID"
+# That process's start time (clock ticks after boot, field 22 of /proc/<pid>/stat): with the
+# pid it names one process for good, so a pid taken over by another process reads as gone.
+PARENT_START_ENV = "RLSUP_PARENT_START"
+PARENT_CHECK_EVERY_S = 0.5  # the most often `ParentWatch.gone()` reads /proc
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot), or None when no such process runs
+    (none, or a zombie: dead, not yet reaped). OSError when /proc cannot say (not Linux)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        if not os.path.isdir("/proc/self"):
+            raise
+        return None
+    # `comm` (field 2) may hold spaces and parentheses: the fields after its last ")" are fixed.
+    after = raw[raw.rindex(b")") + 2 :].split()
+    if after[0] in (b"Z", b"X"):
+        return None
+    return int(after[19])
+
+
+def own_start_ticks() -> str:
+    """RLSUP_PARENT_START's value for the processes this one starts ("" where /proc cannot
+    say: they then identify this process by its pid when they first look)."""
+    try:
+        ticks = process_start_ticks(os.getpid())
+    except (OSError, ValueError, IndexError):
+        return ""
+    return "" if ticks is None else str(ticks)
+
+
+class ParentWatch:
+    """Is the process that started us (`RLSUP_PARENT_PID`: the supervisor, or a host's actor)
+    gone? Asked every training iteration, it must hold through any wrapper between the two
+    (`sh -c "...; ..."`, `uv run`, `conda run`, `poetry run`, `torchrun`, `accelerate launch`):
+    there the asker is a grandchild, and "my parent is not the supervisor" means nothing. So it
+    asks whether the supervisor process itself still runs: its pid, and its start time
+    (`RLSUP_PARENT_START`; read at the first look when the variable is absent) so that a pid
+    reused by another process reads as gone. A direct child answers with getppid() alone (it
+    is re-parented the moment its parent dies); otherwise /proc is read at most every
+    `every_s`. Without /proc (not Linux), the pid's existence is all it can check."""
+
+    def __init__(
+        self,
+        pid: int,
+        start_ticks: int | None = None,
+        *,
+        every_s: float = PARENT_CHECK_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pid = pid
+        self.every_s = every_s
+        self._clock = clock
+        self._next_check = -math.inf
+        self._gone = False
+        self.start_ticks = start_ticks
+        if start_ticks is None:  # identified now: it may die as a zombie, keeping its pid
+            ticks = self._ticks_now()
+            self._gone = ticks is None
+            self.start_ticks = None if ticks == -1 else ticks
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **kw: Any) -> ParentWatch:
+        """The watch the environment asks for; our parent now when it names no process."""
+        env = os.environ if environ is None else environ
+        pid, ticks = env.get(PARENT_PID_ENV, ""), env.get(PARENT_START_ENV, "")
+        if not pid.isdigit() or int(pid) < 1:
+            return cls(os.getppid(), **kw)
+        return cls(int(pid), int(ticks) if ticks.isdigit() else None, **kw)
+
+    def gone(self) -> bool:
+        if self._gone:
+            return True
+        if os.getppid() == self.pid:
+            return False  # its child: it lives (an orphan is re-parented at once)
+        now = self._clock()
+        if now < self._next_check:
+            return False
+        self._next_check = now + self.every_s
+        self._gone = not self._alive()
+        return self._gone
+
+    def _alive(self) -> bool:
+        if self.start_ticks is None:
+            return self._exists()
+        ticks = self._ticks_now()
+        return self._exists() if ticks == -1 else ticks == self.start_ticks
+
+    def _ticks_now(self) -> int | None:
+        """The pid's start time now; None: no such process; -1: /proc cannot say."""
+        try:
+            return process_start_ticks(self.pid)
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    def _exists(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # EPERM: it exists, and is not ours to signal
+            return True
+        return True
+
 
 # ---- the spare worker's channel ------------------------------------------------------------
 # `python -m training.worker --standby --channel-fd N`: a pre-warmed process that waits on a

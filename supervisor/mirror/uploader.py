@@ -282,9 +282,9 @@ class _Pass:
 def run_uploader(plan: UploadPlan, stop: threading.Event, poll_s: float = 1.0) -> None:
     one = _Pass(plan, _remote_store(plan.mirror))
     next_gc = time.monotonic() + 60.0
-    parent = os.getppid()
+    parent = protocol.ParentWatch.from_env()  # the supervisor (RLSUP_PARENT_PID)
     one.save()
-    while not stop.is_set() and os.getppid() == parent:
+    while not stop.is_set() and not parent.gone():
         now = time.monotonic()
         uploaded = False
         urgent = preemption_requests(plan) if plan.preempt_first else set()

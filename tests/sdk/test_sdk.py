@@ -323,8 +323,11 @@ def test_two_processes_on_one_run_dir_are_refused(tmp_path: Path) -> None:
 def test_a_supervisor_gone_is_a_stop(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     script = _script(tmp_path, LOOP)
-    # The parent pid the script is told about is not its parent: as if the supervisor died.
-    proc = subprocess.Popen([sys.executable, str(script)], env=_env(run_dir, RLSUP_PARENT_PID="1"))
+    # The supervisor the script is told about is no longer running: as if it died.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    env = _env(run_dir, RLSUP_PARENT_PID=str(dead.pid))
+    proc = subprocess.Popen([sys.executable, str(script)], env=env)
     try:
         assert proc.wait(30) == P.ExitCode.STOPPED
     finally:
