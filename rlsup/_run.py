@@ -625,14 +625,14 @@ class Run:
         self._base_step = base.step if base is not None and base.step != step else None
         return self._writer.staging
 
-    def _end(self, step: int, ok: bool) -> None:
+    def _end(self, step: int, error: BaseException | None) -> None:
         writer, self._writer = self._writer, None
         assert writer is not None
         self._last_attempt_mono = time.monotonic()
         try:
-            if not ok:
-                writer.abort()
-                return
+            if error is not None:
+                self._abandon(step, writer, error)
+                return  # not an I/O failure: the script's own exception goes on as it is
             try:
                 writer.adopt_staged()
                 writer.commit()
@@ -661,13 +661,24 @@ class Run:
         if self.exit_on_stop and self.should_stop():
             self.exit_stopped()
 
-    def _failed(self, step: int, exc: BaseException) -> None:
+    def _abandon(self, step: int, writer: CheckpointWriter, error: BaseException) -> None:
+        """The block raised: nothing is committed. An I/O failure (a full disk under
+        save_arrays, under the script's own writes, under torch.save) is a failed checkpoint,
+        counted and retried like a failed commit: CheckpointFailed, chained to it."""
+        why = _io_failure(error, writer.staging)  # before the abort frees the space
+        writer.abort()
+        if why is not None:
+            self._failed(step, why)
+            raise CheckpointFailed(f"checkpoint at step {step} not committed: {why}") from error
+
+    def _failed(self, step: int, exc: BaseException | str) -> None:
         self._last_failed = True
         self._requests.failed()
         print(f"rlsup: checkpoint at step {step} failed: {exc}", file=sys.stderr, flush=True)
         if self._hb is not None:
             failures = self._hb.current.checkpoint_failures + 1
             self._hb.update(checkpoint_failures=failures, last_checkpoint_error=str(exc))
+            self._hb.publish()  # the supervisor and `status` see it now, not a second later
 
 
 class _CheckpointBlock:
@@ -683,7 +694,36 @@ class _CheckpointBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._run._end(self._step, ok=exc_type is None)
+        self._run._end(self._step, exc)
+
+
+def _io_failure(error: BaseException, staging: Path) -> str | None:
+    """What went wrong when `error` (raised inside a checkpoint block) is an I/O failure, else
+    None (a bug in the block, an interrupt: not the checkpoint's to swallow). I/O: an OSError
+    or a CheckpointError, raised or in its chain; or any error while the checkpoint's
+    filesystem has no space left (torch.save reports ENOSPC as a RuntimeError of its own)."""
+    if not isinstance(error, Exception) or isinstance(error, SdkError):
+        return None
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError | CheckpointError):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
+    if _no_space_left(staging):
+        return f"{type(error).__name__}: {error} (no space left on {staging.parent})"
+    return None
+
+
+def _no_space_left(path: Path) -> bool:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    # root may write into the blocks reserved for it; anyone else may not.
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return blocks == 0 or st.f_favail == 0
 
 
 def _check_array_name(name: str) -> None:

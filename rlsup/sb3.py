@@ -40,9 +40,10 @@ callback stopped it), a final checkpoint (`final_checkpoint=True`, the default) 
 run's last checkpoint its final model. Then, on a stop, with `attach(exit_on_stop=True)`
 (the default) the SDK exits 75 right after the commit, from inside `model.learn()`; with
 `exit_on_stop=False` the callback returns False, `learn()` returns, and the script calls
-`run.exit_stopped()`. A checkpoint that fails (`CheckpointFailed`, or an OSError while the
-files are written: a full disk) is logged, counted in the heartbeat's `checkpoint_failures`,
-and training goes on (retried within 60 s); a failed stop checkpoint still stops.
+`run.exit_stopped()`. A checkpoint that fails (`CheckpointFailed`: a full disk, an I/O error,
+while the files are written or at the commit) is logged, counted in the heartbeat's
+`checkpoint_failures`, and training goes on (retried within 60 s); a failed stop checkpoint
+still stops.
 
 Not saved: the environments' own state (a resumed run starts new episodes), action-noise
 processes' internal state, and replay buffers other than `ReplayBuffer` / `DictReplayBuffer`
@@ -68,7 +69,6 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import recursive_getattr
 from stable_baselines3.common.vec_env import VecNormalize
 
-from checkpoints import CheckpointError
 from rlsup._run import CheckpointFailed, Run, SdkError, attach
 
 __all__ = ["FORMAT", "RlsupCallback", "replay_digest", "restore", "resume", "save"]
@@ -201,10 +201,9 @@ class RlsupCallback(BaseCallback):
         try:
             with self.run.checkpoint(step, sb3=type(self.model).__name__) as d:
                 save(self.model, self.run, d, rewind=rewind, record_digest=self.record_digest)
-        except (CheckpointFailed, CheckpointError, OSError) as exc:
-            # A full disk, an I/O error: nothing was committed, the previous checkpoint stands.
-            if not isinstance(exc, CheckpointFailed):  # raised inside the block: counted here
-                self.run._failed(step, exc)
+        except CheckpointFailed as exc:
+            # A full disk, an I/O error (inside the block too: the SDK counted it in the
+            # heartbeat): nothing was committed, the previous checkpoint stands.
             self.failures += 1
             log.warning("rlsup.sb3: checkpoint at step %d failed, training goes on: %s", step, exc)
         else:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -122,7 +122,7 @@ class Game:
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+def start(tmp_path: Path) -> Iterator[Callable[[str], Game]]:
     games: list[Game] = []
 
     def starting(wrapper: str) -> Game:
@@ -140,7 +140,7 @@ def start(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
         game.close()
 
 
-def _wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -152,8 +152,7 @@ WRAPPERS = ["sh -c", "python wrapper", "torchrun", "uv", "conda", "accelerate"]
 
 @pytest.mark.parametrize("wrapper", WRAPPERS)
 def test_through_a_wrapper_the_supervisor_alive_is_no_stop_and_gone_is_one(
-    start,  # type: ignore[no-untyped-def]
-    wrapper: str,
+    start: Callable[[str], Game], wrapper: str
 ) -> None:
     game: Game = start(wrapper)
     # torchrun and accelerate import torch first: seconds on a small machine.
