@@ -19,8 +19,9 @@
         if stop:                               # SIGTERM: a stop, a reboot, a preemption
             run.exit_stopped()                 # exit 75 (after the final checkpoint above)
 
-Importable without torch (numpy is needed only by the array functions). The contract, level by
-level, is docs/own-trainer.md; `rlsup.sb3` adapts Stable-Baselines3.
+Needs only the standard library (numpy for the array functions): a script's own interpreter
+runs it, behind any wrapper (`sh -c`, `uv run`, `torchrun`). The contract, level by level, is
+docs/own-trainer.md; `rlsup.sb3` adapts Stable-Baselines3.
 """
 
 from __future__ import annotations
