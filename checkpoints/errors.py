@@ -36,13 +36,21 @@ class CheckpointCorrupt(CheckpointError):
     `bad` maps every file that failed (MANIFEST.json included) to the reason, so a caller can
     tell "only replay chunks rotted" from "the learner is gone"; each reason names its file.
     `manifest` is the parsed
-    manifest when it was itself readable and valid, else None.
+    manifest when it was itself readable and valid, else None. `repaired`: files that were
+    damaged too but were put right from a good copy (name -> where it came from).
     """
 
-    def __init__(self, path: Path, bad: dict[str, str], manifest: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        bad: dict[str, str],
+        manifest: dict[str, Any] | None,
+        repaired: dict[str, str] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.bad = dict(bad)
         self.manifest = manifest
+        self.repaired = dict(repaired or {})
         super().__init__("; ".join(reason for _, reason in sorted(bad.items())))
 
 

@@ -14,7 +14,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from checkpoints.names import (
     replaced_step,
     validate_name,
 )
+from checkpoints.repair import Inode, LocalCopies, RepairSource, inode, repair_file
 from checkpoints.retention import (
     PinsUnreadable,
     RetentionPolicy,
@@ -60,6 +61,8 @@ class LoadedCheckpoint:
 
     `damaged` names the files that did not (with the reason) when the caller allowed them to be
     salvaged (see CheckpointStore.load_latest): reading one raises CheckpointCorrupt.
+    `repaired` names those that did not at first and were put right from a good copy of their
+    bytes (name -> where the copy came from): they read as any other.
     Every read that fails for another reason than damage raises CheckpointUnreadable.
     """
 
@@ -70,6 +73,7 @@ class LoadedCheckpoint:
         manifest: dict[str, Any],
         quarantined: list[tuple[str, str]] | None = None,
         damaged: Mapping[str, str] | None = None,
+        repaired: Mapping[str, str] | None = None,
     ) -> None:
         self.path = path
         self.step = step
@@ -77,6 +81,7 @@ class LoadedCheckpoint:
         # (dir name, reason) of newer checkpoints moved aside before this one verified.
         self.quarantined: list[tuple[str, str]] = list(quarantined or [])
         self.damaged: dict[str, str] = dict(damaged or {})
+        self.repaired: dict[str, str] = dict(repaired or {})
         self._entries = parse_file_entries(manifest["files"])
 
     def __repr__(self) -> str:
@@ -255,13 +260,23 @@ class CheckpointStore:
         *,
         salvage: Callable[[str], bool] | None = None,
         before_step: int | None = None,
+        whole_first: bool = False,
+        sources: Sequence[RepairSource] = (),
     ) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies, quarantining newer corrupt ones on the way.
 
+        A damaged file is first repaired from a good copy of its bytes when one exists: another
+        file of this store with the same sha256 on another inode, else each of `sources` in
+        turn (the mirror's blobs); the copy replaces the damaged file in every checkpoint that
+        shares its inode (`LoadedCheckpoint.repaired` says what came from where).
+
         salvage: files the caller can do without (e.g. replay chunks, whose transitions can be
-        dropped). When every file that failed is one of them, the checkpoint is returned with
+        dropped). When every file still bad is one of them, the checkpoint is returned with
         `damaged` set instead of quarantined: the rest of it (the learner) is exact, and it is
-        the newest.
+        the newest. whole_first: an older checkpoint that verifies in full is preferred to a
+        newer salvageable one (for arrays whose meaning the caller cannot judge: the SDK's);
+        the newest salvageable one is returned only when none is whole, and an older one
+        holding the same damaged inode is known damaged without hashing it again.
 
         A read error is not corruption: CheckpointUnreadable propagates and nothing is moved.
         None only when there is nothing at all to resume from. Raises NoValidCheckpoint when
@@ -275,27 +290,54 @@ class CheckpointStore:
         if not refs:
             self._refuse_if_only_corrupt()
             return None
-        quarantined: list[tuple[str, str]] = []
-        for ref in reversed(refs):
-            try:
-                loaded = self.verify(ref)
-            except CheckpointCorrupt as exc:
-                if exc.manifest is not None and salvage is not None and all(map(salvage, exc.bad)):
-                    loaded = LoadedCheckpoint(ref.path, ref.step, exc.manifest, damaged=exc.bad)
-                    self.log.warning(
-                        "checkpoint_salvaged", path=str(ref.path), damaged=sorted(exc.bad)
-                    )
-                else:
-                    quarantined.append((ref.path.name, str(exc)))
-                    self._quarantine(ref, str(exc))
-                    continue
-            loaded.quarantined = quarantined
+        scan = _LoadScan(self, refs, salvage, whole_first, sources)
+        loaded = scan.run()
+        if loaded is not None:
             return loaded
-        tried = "; ".join(f"{name}: {reason}" for name, reason in quarantined)
+        tried = "; ".join(f"{name}: {reason}" for name, reason in scan.quarantined)
         raise NoValidCheckpoint(
             f"no checkpoint in {self.root} verified (all quarantined as .corrupt-*): {tried}",
-            quarantined,
+            scan.quarantined,
         )
+
+    def verify_or_repair(
+        self, ref: CheckpointRef, sources: Sequence[RepairSource] = ()
+    ) -> LoadedCheckpoint:
+        """`verify`, with each damaged file repaired from a good copy when one exists (see
+        load_latest). Raises CheckpointCorrupt naming the files still bad (and `repaired`)."""
+        try:
+            return self.verify(ref)
+        except CheckpointCorrupt as exc:
+            if exc.manifest is None:
+                raise
+            repaired = self._repair(ref, exc.manifest, exc.bad, sources)
+            left = {name: why for name, why in exc.bad.items() if name not in repaired}
+            if left:
+                raise CheckpointCorrupt(ref.path, left, exc.manifest, repaired) from exc
+            return LoadedCheckpoint(ref.path, ref.step, exc.manifest, repaired=repaired)
+
+    def _repair(
+        self,
+        ref: CheckpointRef,
+        manifest: dict[str, Any],
+        bad: Mapping[str, str],
+        sources: Sequence[RepairSource],
+    ) -> dict[str, str]:
+        entries = parse_file_entries(manifest["files"])
+        names = [name for name in sorted(bad) if name in entries]
+        if not names:
+            return {}
+        refs = self.committed()
+        avoid = {found for name in names if (found := inode(ref.path / name)) is not None}
+        local = LocalCopies(refs).source(avoid)
+        repaired: dict[str, str] = {}
+        for name in names:
+            where = repair_file(ref, name, entries[name], refs, [local, *sources], self.log)
+            if where is not None:
+                repaired[name] = where
+        if repaired:
+            self.log.warning("checkpoint_repaired", path=str(ref.path), files=repaired)
+        return repaired
 
     def newest_meta(self) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The newest committed checkpoint and its manifest's `meta` (nothing verified, nothing
@@ -530,6 +572,90 @@ class CheckpointStore:
         else:
             path.unlink()
         crash_point("after_remove")
+
+
+class _LoadScan:
+    """One `load_latest` pass, newest first: what it quarantined, and (whole_first) the
+    salvageable checkpoints it passed over while looking for a whole one."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        refs: list[CheckpointRef],
+        salvage: Callable[[str], bool] | None,
+        whole_first: bool,
+        sources: Sequence[RepairSource],
+    ) -> None:
+        self.store, self.refs = store, refs
+        self.salvage, self.whole_first, self.sources = salvage, whole_first, sources
+        self.quarantined: list[tuple[str, str]] = []
+        self.passed: list[tuple[CheckpointRef, str]] = []  # damaged, newest first: (ref, why)
+        self.first: LoadedCheckpoint | None = None  # the newest salvageable one
+        self.rotten: dict[str, set[Inode]] = {}  # name -> inodes found damaged under it
+
+    def run(self) -> LoadedCheckpoint | None:
+        for ref in reversed(self.refs):
+            shared = self._shares_damage(ref)
+            if shared is not None:
+                self.store.log.info("checkpoint_shares_damage", path=str(ref.path), file=shared)
+                self.passed.append((ref, f"shares the damaged {shared} of a newer checkpoint"))
+                continue
+            try:
+                loaded = self.store.verify_or_repair(ref, self.sources)
+            except CheckpointCorrupt as exc:
+                if self._salvageable(exc):
+                    candidate = LoadedCheckpoint(
+                        ref.path, ref.step, exc.manifest or {}, damaged=exc.bad,
+                        repaired=exc.repaired,
+                    )  # fmt: skip
+                    if not self.whole_first:
+                        return self._salvaged(candidate)
+                    self._pass_over(ref, candidate, str(exc))
+                    continue
+                self._quarantine(ref, str(exc))
+                continue
+            for older_damaged, why in self.passed:  # a whole one: they were worse
+                self._quarantine(older_damaged, why)
+            loaded.quarantined = self.quarantined
+            return loaded
+        if self.first is not None:
+            return self._salvaged(self.first)
+        return None
+
+    def _salvageable(self, exc: CheckpointCorrupt) -> bool:
+        return (
+            exc.manifest is not None
+            and self.salvage is not None
+            and all(map(self.salvage, exc.bad))
+        )
+
+    def _pass_over(self, ref: CheckpointRef, candidate: LoadedCheckpoint, why: str) -> None:
+        self.passed.append((ref, why))
+        if self.first is None:
+            self.first = candidate
+        for name in candidate.damaged:
+            found = inode(ref.path / name)
+            if found is not None:
+                self.rotten.setdefault(name, set()).add(found)
+
+    def _shares_damage(self, ref: CheckpointRef) -> str | None:
+        """The name of a file of `ref` that is an inode already found damaged (a hard link of
+        it), or None: such a checkpoint is older and no better."""
+        for name, inodes in self.rotten.items():
+            if inode(ref.path / name) in inodes:
+                return name
+        return None
+
+    def _salvaged(self, loaded: LoadedCheckpoint) -> LoadedCheckpoint:
+        self.store.log.warning(
+            "checkpoint_salvaged", path=str(loaded.path), damaged=sorted(loaded.damaged)
+        )
+        loaded.quarantined = self.quarantined
+        return loaded
+
+    def _quarantine(self, ref: CheckpointRef, reason: str) -> None:
+        self.quarantined.append((ref.path.name, reason))
+        self.store._quarantine(ref, reason)
 
 
 def _check_file(directory: Path, name: str, entry: FileEntry) -> str | None:

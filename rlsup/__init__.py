@@ -27,6 +27,7 @@ docs/own-trainer.md; `rlsup.sb3` adapts Stable-Baselines3.
 from __future__ import annotations
 
 from rlsup._run import (
+    ArrayDamaged,
     CheckpointFailed,
     NoValidCheckpoint,
     Run,
@@ -37,6 +38,7 @@ from rlsup._run import (
 from training.protocol import ExitCode
 
 __all__ = [
+    "ArrayDamaged",
     "CheckpointFailed",
     "ExitCode",
     "NoValidCheckpoint",

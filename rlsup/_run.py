@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
 from checkpoints._log import StdlibLogger
+from rlsup import _damage
 from training import protocol as P
 from training.checkpoint_request import CheckpointRequestWatch
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
@@ -63,6 +64,18 @@ class NoValidCheckpoint(SdkError):
 
 class CheckpointFailed(SdkError):
     """A checkpoint could not be committed (a full disk, an I/O error); nothing was changed."""
+
+
+class ArrayDamaged(SdkError):
+    """`load_arrays(name)`: chunks of the array are damaged in every checkpoint that holds them
+    (one inode, hard-linked from checkpoint to checkpoint, rotted). `rows`: the [start, stop)
+    ranges of the first axis they held; `load_arrays(name, salvage=True)` loads the rest with
+    those rows zeroed."""
+
+    def __init__(self, message: str, name: str, rows: list[tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.rows = rows
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -216,6 +229,8 @@ class Run:
         self.store.sweep()  # staging dirs of a predecessor killed mid-checkpoint
         self._loaded: LoadedCheckpoint | None = None
         self._looked = False
+        self._lost_rows: dict[str, list[tuple[int, int]]] = {}  # array -> rows lost on load
+        self._damage_reports: list[dict[str, Any]] = []  # the heartbeat's replay_damage
         self.resumed_from_step: int | None = None
         self.last_checkpoint_step: int | None = None
         self.last_checkpoint_time: float | None = None  # wall clock of the last commit
@@ -287,6 +302,7 @@ class Run:
                 batch_size=_int_or_zero(self.knobs.get("batch_size")),
                 threads=_env_int(P.THREADS_ENV, None),
                 checkpoint_request=self._request_report,
+                replay_damage=list(self._damage_reports),
             )
             self._hb.start()
         return self._hb
@@ -368,10 +384,16 @@ class Run:
         """The newest checkpoint that verifies (its directory, read-only by convention), or None
         when the run has none. A corrupt newer one is quarantined (`.corrupt-*`, reported to the
         supervisor) and the one before it returned. Raises NoValidCheckpoint when checkpoints
-        exist but none verifies, and SdkError when the store cannot be read."""
+        exist but none verifies, and SdkError when the store cannot be read.
+
+        An array chunk unchanged for a while is one file hard-linked into every checkpoint: if
+        it rots, no checkpoint is whole. It is repaired from an identical file when the store
+        has one; else the newest checkpoint is returned all the same, its lost rows reported
+        (stderr, the heartbeat's `replay_damage`, `damaged_rows()`), and `load_arrays()` of
+        that array raises ArrayDamaged unless the script opts into the holes."""
         self._phase(Phase.LOADING, LOADING_DEADLINE_S)
         try:
-            loaded = self.store.load_latest()
+            loaded = self.store.load_latest(salvage=_damage.is_array_chunk, whole_first=True)
         except _StoreNoValid as exc:
             raise NoValidCheckpoint(str(exc)) from exc
         except CheckpointError as exc:
@@ -394,7 +416,48 @@ class Run:
                 last_checkpoint_step=loaded.step,
                 quarantined=[name for name, _ in loaded.quarantined],
             )
+        self._report_damage(loaded)
         return loaded.path
+
+    def damaged_rows(self, name: str) -> list[tuple[int, int]]:
+        """The rows ([start, stop) ranges of the first axis) of array `name` in the checkpoint
+        `latest()` returned whose bytes are damaged in every checkpoint: what
+        `load_arrays(name, salvage=True)` zeroes. [] when the array is whole."""
+        if not self._looked:
+            self.latest()
+        return list(self._lost_rows.get(name, []))
+
+    def _report_damage(self, loaded: LoadedCheckpoint) -> None:
+        """Rot found while loading, never silent: each array's lost rows (or the files put
+        right from an identical copy) on stderr and in the heartbeat's `replay_damage`."""
+        self._lost_rows = {}
+        if not loaded.damaged and not loaded.repaired:
+            return
+        totals: dict[str, int] = {}
+        for array, chunks in _damage.chunks_by_array(loaded.damaged).items():
+            header = loaded.read_json(f"{ARRAYS_DIR}/{array}.json")
+            self._lost_rows[array] = _damage.rows_of_chunks(header, chunks)
+            totals[array] = int(header["shape"][0]) if header["shape"] else 1
+        entry: dict[str, Any] = {
+            "checkpoint": loaded.path.name,
+            "when": "load",
+            "files": sorted({*loaded.damaged, *loaded.repaired}),
+            "rows_lost": {a: [list(r) for r in rows] for a, rows in self._lost_rows.items()},
+            "repaired": dict(loaded.repaired),
+        }
+        self._damage_reports.append(entry)
+        for file, where in sorted(loaded.repaired.items()):
+            _say(f"{loaded.path.name}/{file} was damaged; repaired from {where} (nothing lost)")
+        for array, rows in self._lost_rows.items():
+            files = sorted(f for f in loaded.damaged if f.startswith(f"{ARRAYS_DIR}/{array}."))
+            _say(
+                f"{loaded.path.name}: {', '.join(files)} damaged in every checkpoint holding "
+                f"it: {_damage.describe(rows, totals[array])} of array {array!r} are lost; "
+                f"load_arrays({array!r}) raises ArrayDamaged unless salvage=True"
+            )
+        if self._hb is not None:
+            self._hb.update(replay_damage=list(self._damage_reports))
+            self._hb.publish()
 
     @property
     def latest_step(self) -> int | None:
@@ -465,9 +528,12 @@ class Run:
         )
         return stats
 
-    def load_arrays(self, name: str) -> np.ndarray:
+    def load_arrays(self, name: str, *, salvage: bool = False) -> np.ndarray:
         """The array `name` of the checkpoint `latest()` returned, read chunk by chunk into one
-        new array (no second copy). SdkError when there is no checkpoint or no such array."""
+        new array (no second copy). SdkError when there is no checkpoint or no such array.
+        ArrayDamaged when some of its chunks are damaged in every checkpoint (see `latest()`);
+        salvage=True: the rest of it, with the rows of those chunks (`damaged_rows(name)`)
+        set to zero, for a script that can drop or refill them (a replay buffer)."""
         import numpy as np
 
         _check_array_name(name)
@@ -498,13 +564,37 @@ class Run:
             step = int(header["chunk_bytes"])
             if out.nbytes != int(header["nbytes"]):
                 raise SdkError(f"{loaded.path}/{header_name}: shape and nbytes disagree")
+            lost = set(_damage.chunks_by_array(loaded.damaged).get(name, []))
+            if lost:
+                self._refuse_or_accept_holes(loaded, name, header, salvage)
             for i in range(int(header["chunks"])):
-                loaded.read_into(f"{ARRAYS_DIR}/{name}.{i:06d}", flat[i * step : (i + 1) * step])
+                part = flat[i * step : (i + 1) * step]
+                if i in lost:
+                    part[:] = bytes(len(part))  # salvage: the damaged chunk's rows are zeros
+                else:
+                    loaded.read_into(f"{ARRAYS_DIR}/{name}.{i:06d}", part)
         except (KeyError, TypeError, ValueError) as exc:
             raise SdkError(f"{loaded.path}/{header_name}: not an array header: {exc}") from exc
         finally:
             self._back_to_work()
         return out
+
+    def _refuse_or_accept_holes(
+        self, loaded: LoadedCheckpoint, name: str, header: dict[str, Any], salvage: bool
+    ) -> None:
+        rows = self._lost_rows.get(name, [])
+        where = _damage.describe(rows, int(header["shape"][0]) if header["shape"] else 1)
+        if salvage:
+            _say(f"load_arrays({name!r}, salvage=True): {where} are zeros (damaged)")
+            return
+        raise ArrayDamaged(
+            f"run.load_arrays({name!r}): {loaded.path.name} holds damaged chunks of it, in "
+            f"every checkpoint that has them: {where} are lost. Pass salvage=True to load the "
+            f"rest with those rows zeroed (run.damaged_rows({name!r}) names them), or, with a "
+            f"mirror, restore them before the next start: rlsup pull --game {self.game} --repair",
+            name,
+            rows,
+        )
 
     # ---- L3: stopping ------------------------------------------------------------------------
 
@@ -732,6 +822,10 @@ def _check_array_name(name: str) -> None:
             f"array name {name!r}: 1-100 characters [A-Za-z0-9_-], starting with a letter or "
             "digit (it names files in the checkpoint)"
         )
+
+
+def _say(message: str) -> None:
+    print(f"rlsup: {message}", file=sys.stderr, flush=True)
 
 
 def _finite(value: Any) -> float | None:

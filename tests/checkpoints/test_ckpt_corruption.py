@@ -83,8 +83,25 @@ def test_manifest_step_differing_from_dir_name_falls_back(
 
 def test_missing_file_falls_back_to_previous(store: CheckpointStore, make_ckpt: MakeCkpt) -> None:
     make_ckpt(1)
+    (make_ckpt(2).path / "replay" / "frames-000001.bin").unlink()  # bytes found nowhere else
+    _load_expecting_fallback(store, "missing file replay/frames-000001.bin")
+
+
+def test_a_missing_file_whose_bytes_another_file_holds_is_restored_from_it(
+    store: CheckpointStore, make_ckpt: MakeCkpt
+) -> None:
+    """A manifest names a file by its sha256: step 1's frames-000001 holds exactly the bytes of
+    step 2's frames-000000, so that file comes back and step 2 loads whole."""
+    make_ckpt(1)
     (make_ckpt(2).path / "replay" / "frames-000000.bin").unlink()
-    _load_expecting_fallback(store, "missing file replay/frames-000000.bin")
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.step == 2 and loaded.quarantined == []
+    assert loaded.repaired == {
+        "replay/frames-000000.bin": "ckpt-000000000001/replay/frames-000001.bin"
+    }
+    assert (
+        loaded.read_bytes("replay/frames-000000.bin") == ckpt_files(2)["replay/frames-000000.bin"]
+    )
 
 
 def test_manifest_naming_a_path_outside_the_checkpoint_is_rejected(

@@ -5,13 +5,16 @@ checkpoint on sizes alone."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 import structlog
 
-from checkpoints import CheckpointCorrupt, CheckpointStore, NoValidCheckpoint
+from checkpoints import CheckpointCorrupt, CheckpointStore, FileEntry, NoValidCheckpoint
 
 CHUNKS = {f"replay/frames-{c:06d}.bin": bytes([c + 1]) * 8192 for c in range(3)}
 LEARNER = b"learner-state" * 64
@@ -120,3 +123,108 @@ def test_retention_after_a_commit_trusts_only_the_checkpoint_it_wrote(root: Path
     flip_bit(store.path_for(2) / "learner.pt")
     commit_chain(store, [3])  # verified as written: the older ones may go
     assert [r.step for r in store.committed()] == [2, 3]
+
+
+# ---- repair from a good copy, and the newest whole checkpoint first -----------------------
+
+
+def good_bytes(label: str, data: dict[str, bytes]):  # type: ignore[no-untyped-def]
+    """A repair source that has the right bytes of `data`'s files (e.g. the mirror)."""
+    by_sha = {hashlib.sha256(b).hexdigest(): b for b in data.values()}
+
+    def source(entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
+        if entry.sha256 in by_sha:
+            yield label, [by_sha[entry.sha256]]
+
+    return source
+
+
+def test_a_shared_bad_chunk_is_repaired_from_a_source_in_every_checkpoint(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20, 30])
+    name = "replay/frames-000001.bin"
+    flip_bit(store.path_for(30) / name)
+    with structlog.testing.capture_logs() as logs:
+        loaded = store.load_latest(sources=[good_bytes("the mirror", CHUNKS)])
+    assert loaded is not None and loaded.step == 30 and loaded.damaged == {}
+    assert loaded.repaired == {name: "the mirror"}
+    for ref in store.committed():  # one repair serves every checkpoint that shared the inode
+        store.verify(ref)
+    inodes = {os.stat(store.path_for(s) / name).st_ino for s in (10, 20, 30)}
+    assert len(inodes) == 1, "still one copy on disk, shared by hard links"
+    assert not list(root.rglob(".repair-*"))
+    assert any(e["event"] == "checkpoint_repaired" for e in logs)
+
+
+def test_a_source_with_the_wrong_bytes_repairs_nothing(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20])
+    name = "replay/frames-000001.bin"
+    flip_bit(store.path_for(20) / name)
+    liar = good_bytes("a liar", {name: b"not these" * 100})
+
+    def also_liar(entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
+        yield "a truncated copy", [CHUNKS[name][:-1]]
+
+    loaded = store.load_latest(salvage=is_chunk, sources=[liar, also_liar])
+    assert loaded is not None and loaded.step == 20 and list(loaded.damaged) == [name]
+    assert loaded.repaired == {}
+    assert not list(root.rglob(".repair-*")), "a failed candidate leaves nothing behind"
+
+
+def test_a_bad_chunk_with_an_identical_healthy_file_is_repaired_locally(root: Path) -> None:
+    """Unfilled parts of a preallocated buffer are identical (zeros): a good copy of the bytes
+    lies beside the damaged one, on another inode."""
+    store = CheckpointStore(root, keep=3)
+    zeros = bytes(8192)
+    for step in (10, 20):
+        with store.begin(step, {}) as w:
+            w.write_bytes("learner.pt", LEARNER + str(step).encode())
+            for c in range(3):
+                w.link_or_write(f"replay/frames-{c:06d}.bin", zeros, unchanged_since_step=None
+                                if step == 10 else 10)  # fmt: skip
+            w.commit()
+    flip_bit(store.path_for(20) / "replay/frames-000002.bin")
+    loaded = store.load_latest(salvage=is_chunk)
+    assert loaded is not None and loaded.step == 20 and loaded.damaged == {}
+    assert list(loaded.repaired) == ["replay/frames-000002.bin"]
+    where = loaded.repaired["replay/frames-000002.bin"]
+    assert re.fullmatch(r"ckpt-0000000000[12]0/replay/frames-00000[01]\.bin", where), where
+    store.verify(store.committed()[0])
+
+
+def test_whole_first_prefers_an_older_whole_checkpoint_to_a_newer_salvageable_one(
+    root: Path,
+) -> None:
+    """For arrays whose meaning the store cannot know (the SDK's), an exact older state beats
+    a newer one with holes: the damaged newer one is quarantined, as any corrupt one."""
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20])
+    with store.begin(30, {}) as w:  # its own copy of chunk 1 (changed data), which rots
+        w.write_bytes("learner.pt", LEARNER + b"30")
+        for name, data in CHUNKS.items():
+            w.link_or_write(name, b"\x63" * 8192 if "000001" in name else data,
+                            unchanged_since_step=20)  # fmt: skip
+        w.commit()
+    flip_bit(store.path_for(30) / "replay/frames-000001.bin", offset=5000)
+    loaded = store.load_latest(salvage=is_chunk, whole_first=True)
+    assert loaded is not None and loaded.step == 20 and loaded.damaged == {}
+    assert [name for name, _ in loaded.quarantined] == ["ckpt-000000000030"]
+
+
+def test_whole_first_salvages_the_newest_when_the_damage_is_shared_by_all(root: Path) -> None:
+    """The untouched tail of a buffer is one inode in every kept checkpoint: none is whole, so
+    the newest is returned with its damage named, and nothing is quarantined."""
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20, 30])
+    flip_bit(store.path_for(30) / "replay/frames-000001.bin")
+    with structlog.testing.capture_logs() as logs:
+        loaded = store.load_latest(salvage=is_chunk, whole_first=True)
+    assert loaded is not None and loaded.step == 30
+    assert list(loaded.damaged) == ["replay/frames-000001.bin"]
+    assert loaded.quarantined == [] and not list(root.glob(".corrupt-*"))
+    # The older ones hold the same inode: known damaged without hashing them again.
+    assert [e["path"] for e in logs if e["event"] == "checkpoint_shares_damage"] == [
+        str(store.path_for(20)),
+        str(store.path_for(10)),
+    ]
