@@ -23,4 +23,4 @@ def make_launcher(cfg: Config) -> LauncherSeam:
         warm_timeout_s=cfg.watchdog.startup_grace_s,
         silent_after_s=cfg.watchdog.hang_timeout_s,
     )
-    return Launcher(spare=keeper)
+    return Launcher(spare=keeper, stop_grace_s=cfg.stop_grace_s)

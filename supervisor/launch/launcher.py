@@ -9,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil  # type: ignore[import-untyped]
 
+from supervisor.launch import sessions
 from supervisor.launch.process import start_ticks
 from supervisor.launch.spawn import WORKER_MODULE, WorkerProcess, start_worker_process
 
@@ -67,19 +69,30 @@ class Launcher:
         python: str = sys.executable,
         module: str = WORKER_MODULE,
         spare: SpareKeeper | None = None,
+        stop_grace_s: float = 60.0,
     ) -> None:
         self.python = python
         self.module = module
         self.spare = spare  # the pre-warmed spare worker's keeper (this host only)
+        self.stop_grace_s = stop_grace_s
+        # Workers asked to stop (SIGTERM to their group): pid -> when their grace ends.
+        self._asked: dict[int, float] = {}
+        self._logs: dict[int, Path] = {}  # live workers' logs, by pid
+        # Sessions whose leader exited after a stop request while others in them still finish
+        # (a wrapper gone, its child checkpointing): sid -> (grace end, its log).
+        self._draining: dict[int, tuple[float, Path | None]] = {}
 
     def connect(self) -> None:
         """Before the first spawn (several hosts: join the cluster). OSError when it cannot."""
 
     def configure(self, cfg: Config) -> None:
-        """A reload: the configuration now in force (this host's launcher keeps none of it)."""
+        """A reload: the configuration now in force (its stop grace, for a worker's remains)."""
+        self.stop_grace_s = cfg.stop_grace_s
 
     def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
-        """Once a tick: events about the hosts (several hosts: joined, lost, rebooted)."""
+        """Once a tick: events about the hosts (several hosts: joined, lost, rebooted); here,
+        the remains of stopped workers past their grace are killed."""
+        self._reap_draining(time.monotonic())
         return []
 
     def stop_leftovers(self, grace_s: float) -> list[str]:
@@ -88,7 +101,29 @@ class Launcher:
         return []
 
     def forget(self, proc: WorkerProcess) -> None:
-        """The tick loop is done with `proc` (it exited and was reaped)."""
+        """The tick loop is done with `proc` (it exited and was reaped): nothing of its session
+        may outlive it. What remains is killed at once, unless it was asked to stop: then the
+        rest of its group had the SIGTERM too and may finish (a wrapper that died at once, its
+        child writing the final checkpoint) until the grace ends."""
+        log_path = self._logs.pop(proc.pid, None)
+        grace_end = self._asked.pop(proc.pid, None)
+        sid = proc.pid
+        if not sessions.is_ours(sid, proc.start_ticks) or not sessions.members(sid):
+            return
+        if grace_end is not None and time.monotonic() < grace_end:
+            self._draining[sid] = (grace_end, log_path)
+            return
+        sessions.kill_session(sid)
+
+    def _reap_draining(self, now: float, log_path: Path | None = None) -> None:
+        """Kill the draining sessions past their grace, or (`log_path`) the one whose game
+        starts its next worker now: never two writers of one run."""
+        for sid, (grace_end, log) in list(self._draining.items()):
+            if not sessions.members(sid):
+                del self._draining[sid]
+            elif now >= grace_end or (log_path is not None and log == log_path):
+                sessions.kill_session(sid)
+                del self._draining[sid]
 
     def tend_spare(self, want: SpareWant, now: float) -> list[tuple[str, str | None, Any]]:
         """Once a tick: keep (or drop) this host's spare worker as `want` says; its events."""
@@ -114,17 +149,21 @@ class Launcher:
         is one (`served` "spare"); else a fresh process (`served` "cold"). `env`: variables
         set for this worker alone (its GPU); a spare started before the placement cannot
         take them, so such a worker always starts cold."""
+        self._reap_draining(time.monotonic(), log_path)
         if (
             self.spare is not None
             and not env
             and not command
             and (taken := self.spare.take(argv, log_path, cwd, now_mono)) is not None
         ):
+            self._logs[taken.pid] = log_path
             return taken
         cmd = list(argv) if command else [self.python, "-P", "-m", self.module, *argv]
         popen = start_worker_process(cmd, log_path, cwd, extra_env=env)
         try:
-            return self._track(popen, now_mono)
+            proc = self._track(popen, now_mono)
+            self._logs[proc.pid] = log_path
+            return proc
         except BaseException:
             # Never leave a child running that nobody tracks: kill and reap it, then fail.
             with contextlib.suppress(OSError):
@@ -143,23 +182,26 @@ class Launcher:
         return WorkerProcess(popen, pidfd, create_time, now_mono, start_ticks(popen.pid))
 
     def terminate(self, proc: WorkerProcess) -> None:
-        """Ask to checkpoint and exit; SIGCONT too, since a stopped process cannot act on it."""
-        self._signal(proc.pid, signal.SIGTERM)
-        self._signal(proc.pid, signal.SIGCONT)
+        """Ask to checkpoint and exit: its whole process group, so that a wrapper's children
+        (`sh -c`, `uv run`) checkpoint too; SIGCONT too, since a stopped process cannot act
+        on it."""
+        self._asked.setdefault(proc.pid, time.monotonic() + self.stop_grace_s)
+        sessions.signal_group(proc.pid, signal.SIGTERM)
+        sessions.signal_group(proc.pid, signal.SIGCONT)
 
     def close(self) -> None:
-        """At the supervisor's exit: no spare outlives it."""
+        """At the supervisor's exit: no spare outlives it, nor a stopped worker's remains
+        (given what is left of their grace)."""
         if self.spare is not None:
             self.spare.close()
+        if self._draining:
+            last = max(end for end, _ in self._draining.values())
+            sessions.wait_empty(self._draining, max(0.0, last - time.monotonic()))
+            self._reap_draining(float("inf"))
 
     def kill(self, proc: WorkerProcess) -> None:
-        # The worker leads its own process group: take anything it spawned with it.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            self._signal(proc.pid, signal.SIGKILL)
-
-    @staticmethod
-    def _signal(pid: int, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+        # The worker leads its own process group and session: take anything it spawned with it
+        # (what left the group, a shell's job with its own, is still in the session).
+        sessions.signal_group(proc.pid, signal.SIGKILL)
+        if sessions.is_ours(proc.pid, proc.start_ticks):
+            sessions.signal_members(proc.pid, signal.SIGKILL)

@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 
 from supervisor.config import Config, GameSpec, ModeSpec, worker_config
+from supervisor.launch import sessions
 from supervisor.launch.crashlog import death_from_log
 from supervisor.launch.process import same_process
 from supervisor.ledger.db import make_private_dir
@@ -158,24 +158,48 @@ def _command_game(proc: psutil.Process) -> bool:
     return bool(env.get(P.GAME_ENV)) and bool(env.get(P.RUN_DIR_ENV))
 
 
-def stop_leftovers(procs: list[psutil.Process], grace_s: float) -> list[int]:
-    """SIGTERM (+SIGCONT) them all, wait against one deadline, SIGKILL the rest. Returns pids."""
+def orphaned_remains(pid: int | None, ticks: int | None) -> list[int]:
+    """What is left of the session of a worker `pid` (started at `ticks`) that is gone or a
+    zombie nobody reaps (`find_leftover` found no live leader): the processes still in its
+    session (`sh -c "sleep 1000 & exec python train.py"` after train.py exited, a forked child
+    holding the run-dir lock), each one started by a supervisor (its environment says so):
+    never a stranger's session that reused the id."""
+    if not pid or not sessions.is_ours(pid, ticks):
+        return []
+    return [m for m in sessions.members(pid) if _started_by_rlsup(m)]
+
+
+def _started_by_rlsup(pid: int) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return any(v.startswith(f"{PARENT_PID_ENV}=".encode()) for v in environ.split(b"\0"))
+
+
+def stop_leftovers(
+    procs: list[psutil.Process], grace_s: float, orphaned: Mapping[int, list[int]] | None = None
+) -> list[int]:
+    """Stop leftover workers, each with its whole session: SIGTERM (+SIGCONT) each leader's
+    process group and the remains of sessions whose leader is gone (`orphaned`: session id ->
+    its members), wait for them all against one deadline, then SIGKILL whatever is left in
+    any of those sessions. Returns the pids stopped (leaders, and the orphaned remains)."""
+    orphaned = orphaned or {}
     for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGTERM)
-            p.send_signal(signal.SIGCONT)
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=5)
-    deadline = time.monotonic() + 5
-    while (
-        any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in alive)
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.05)
-    return [p.pid for p in procs]
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            sessions.signal_group(p.pid, sig)
+    for sid, pids in orphaned.items():
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            sessions.signal_members(sid, sig, pids)
+    sids = [p.pid for p in procs] + list(orphaned)
+    if not sessions.wait_empty(sids, grace_s, poll_s=0.05):
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()  # the leader itself, whatever session it has moved to
+        for sid in sids:
+            sessions.signal_members(sid, signal.SIGKILL)
+        sessions.wait_empty(sids, 5, poll_s=0.05)
+    return [p.pid for p in procs] + [pid for pids in orphaned.values() for pid in pids]
 
 
 @dataclass(frozen=True)

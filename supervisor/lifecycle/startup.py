@@ -15,7 +15,7 @@ import structlog
 from checkpoints.names import newest_step
 from supervisor.config import Config
 from supervisor.launch.process import start_ticks
-from supervisor.launch.spawn import find_leftover, stop_leftovers
+from supervisor.launch.spawn import find_leftover, orphaned_remains, stop_leftovers
 from supervisor.ledger import db
 from supervisor.ledger.db import BootOutcome
 from supervisor.lifecycle.liveness import REPORT_KINDS, new_reports, reported_from_events
@@ -121,18 +121,23 @@ def start_event(
 
 def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Notifier) -> list[int]:
     """Same boot, new supervisor: stop the workers of the database's rows still alive (same
-    pid and start time) BEFORE any worker is started. Draining them can outlast systemd's
-    start timeout: ask it for the time. Returns the pids stopped."""
-    procs = [
-        p
-        for row in rows
-        if (p := find_leftover(row["pid"], row.get("pid_start_ticks"), row["pid_create_time"]))
-    ]
-    if not procs:
+    pid and start time), and what is left of the sessions of those that are gone (a wrapper's
+    children, a forked child still holding the run-dir lock), BEFORE any worker is started.
+    Draining them can outlast systemd's start timeout: ask it for the time. Returns the pids
+    stopped."""
+    procs: list[psutil.Process] = []
+    orphaned: dict[int, list[int]] = {}
+    for row in rows:
+        ticks = row.get("pid_start_ticks")
+        if p := find_leftover(row["pid"], ticks, row["pid_create_time"]):
+            procs.append(p)
+        elif remains := orphaned_remains(row["pid"], ticks):
+            orphaned[row["pid"]] = remains
+    if not procs and not orphaned:
         return []
     notifier.extend_timeout(cfg.stop_grace_s + 30, "stopping leftover workers")
-    log.warning("leftover_workers", pids=[p.pid for p in procs])
-    return stop_leftovers(procs, cfg.stop_grace_s)
+    log.warning("leftover_workers", pids=[p.pid for p in procs], orphaned=orphaned)
+    return stop_leftovers(procs, cfg.stop_grace_s, orphaned)
 
 
 _CATCH_UP_WINDOW = 500  # report events of a game searched for a worker's pid
