@@ -12,11 +12,11 @@ from typing import Any, Protocol
 class Logger(Protocol):
     """What the store calls: structlog's bound loggers and `StdlibLogger` both are one."""
 
-    def info(self, event: str, /, **kw: Any) -> Any: ...
+    def info(self, event: str, **kw: Any) -> Any: ...
 
-    def warning(self, event: str, /, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
 
-    def error(self, event: str, /, **kw: Any) -> Any: ...
+    def error(self, event: str, **kw: Any) -> Any: ...
 
 
 class StdlibLogger:
@@ -36,16 +36,16 @@ class StdlibLogger:
             pairs = " ".join(f"{k}={v!r}" for k, v in {**self._bound, **kw}.items())
             self._log.log(level, "%s %s", event, pairs)
 
-    def debug(self, event: str, /, **kw: Any) -> None:
+    def debug(self, event: str, **kw: Any) -> None:
         self._emit(logging.DEBUG, event, kw)
 
-    def info(self, event: str, /, **kw: Any) -> None:
+    def info(self, event: str, **kw: Any) -> None:
         self._emit(logging.INFO, event, kw)
 
-    def warning(self, event: str, /, **kw: Any) -> None:
+    def warning(self, event: str, **kw: Any) -> None:
         self._emit(logging.WARNING, event, kw)
 
-    def error(self, event: str, /, **kw: Any) -> None:
+    def error(self, event: str, **kw: Any) -> None:
         self._emit(logging.ERROR, event, kw)
 
 
