@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from checkpoints.errors import CheckpointCorrupt, CheckpointError, CheckpointWri
 from checkpoints.manifest import FileEntry, parse_file_entries, parse_manifest
 from checkpoints.names import MANIFEST_NAME, CheckpointRef, ckpt_name
 from checkpoints.remote import RemoteContentError, RemoteError, RemoteStore
+from checkpoints.repair import RepairSource
 from checkpoints.retention import RetentionPolicy, eval_score
 from checkpoints.store import CheckpointStore
 
@@ -175,6 +176,19 @@ def _download(
         writer.abort()
         raise
     return total
+
+
+def blob_source(remote: RemoteStore) -> RepairSource:
+    """The mirror as a source of good bytes for a damaged local file (CheckpointStore's
+    `sources`): its blob of the file's sha256, verified as it is written. A blob that is
+    missing or damaged, or a mirror that cannot be read, repairs nothing (the store goes on
+    to salvage or quarantine, as without a mirror)."""
+    where = f"the mirror s3://{remote.where.bucket}/{remote.where.prefix}"
+
+    def candidates(entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
+        yield where, remote.blob_chunks(entry.sha256, entry.size)
+
+    return candidates
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """`rlsup pull --game G`: restore a game's newest mirrored checkpoint into its local run dir
-by hand (what a worker does by itself at start when it finds none)."""
+by hand (what a worker does by itself at start when it finds none). `--repair` first puts
+right the damaged files of the game's local checkpoints from the mirror's copies of their bytes
+(a rotten replay chunk that every checkpoint shares through hard links): what a command game's
+script cannot do itself, the SDK having no S3 client."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriteFailed
 from supervisor.commands._common import (
@@ -24,6 +28,9 @@ from supervisor.commands._common import (
 )
 from training.protocol import CHECKPOINT_DIR, LOCK_FILE
 
+if TYPE_CHECKING:
+    from checkpoints.remote import RemoteStore
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -36,6 +43,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_config_argument(p)
     p.add_argument("--game", required=True, help="the game's name from the configuration")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="first verify the game's local checkpoints and restore each damaged file from "
+        "the mirror's copy of its bytes (by sha256), in every checkpoint that shares it; "
+        "exit 1 when a file stays damaged",
+    )
     p.set_defaults(func=run)
 
 
@@ -72,19 +86,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlsup pull: {args.game}: {exc}", file=sys.stderr)
         return EXIT_FAIL
 
+    damaged = False
     try:
         with _run_dir_lock(run_dir):
-            steps = remote.manifest_steps(args.game)
+            steps = remote.manifest_steps(args.game)  # first: a mirror that is down says so
+            if args.repair:
+                damaged = not _repair_local(store, remote, args.game)
             local = store.latest()
             if not steps:
                 print(f"rlsup pull: the mirror {cfg.mirror.url} has no checkpoint of {args.game}")
-                return EXIT_OK
+                return EXIT_FAIL if damaged else EXIT_OK
             if local is not None and local.step >= steps[-1]:
                 print(
                     f"rlsup pull: {args.game} already has {local.path.name} locally "
                     f"(the mirror's newest is step {steps[-1]}): nothing to pull"
                 )
-                return EXIT_OK
+                return EXIT_FAIL if damaged else EXIT_OK
             # A command game's checkpoints are its own (the SDK's meta holds what the script
             # put there, no env id of ours): nothing of ours to compare them with.
             want: dict[str, object] = {"game": game.env_id, "algo": game.algo}
@@ -108,7 +125,40 @@ def run(args: argparse.Namespace) -> int:
         f"rlsup pull: {args.game}: restored ckpt step {restored.step} "
         f"({restored.bytes_downloaded / 2**20:.1f} MiB) into {store.root}"
     )
-    return EXIT_OK
+    return EXIT_FAIL if damaged else EXIT_OK
+
+
+def _repair_local(store: CheckpointStore, remote: RemoteStore, game: str) -> bool:
+    """Verify each local checkpoint, newest first, repairing damaged files from an identical
+    local file or the mirror's blob; say what was repaired and what stays damaged (nothing is
+    quarantined or deleted here: the next load decides). True when every one is whole."""
+    from checkpoints.errors import CheckpointCorrupt, CheckpointUnreadable
+    from checkpoints.mirror import blob_source
+
+    whole = True
+    for ref in reversed(store.committed()):
+        try:
+            loaded = store.verify_or_repair(ref, [blob_source(remote)])
+        except CheckpointCorrupt as exc:
+            _say_repaired(game, ref.path.name, exc.repaired)
+            print(
+                f"rlsup pull: {game}: {ref.path.name}: still damaged: {', '.join(sorted(exc.bad))}"
+                " (neither this disk nor the mirror holds a good copy)",
+                file=sys.stderr,
+            )
+            whole = False
+            continue
+        except CheckpointUnreadable as exc:
+            print(f"rlsup pull: {game}: {exc}", file=sys.stderr)
+            whole = False
+            continue
+        _say_repaired(game, ref.path.name, loaded.repaired)
+    return whole
+
+
+def _say_repaired(game: str, name: str, repaired: dict[str, str]) -> None:
+    for file, where in sorted(repaired.items()):
+        print(f"rlsup pull: {game}: {name}: repaired {file} from {where}")
 
 
 @contextlib.contextmanager
