@@ -18,7 +18,13 @@ import psutil  # type: ignore[import-untyped]
 
 from supervisor.launch import sessions
 from supervisor.launch.process import start_ticks
-from supervisor.launch.spawn import WORKER_MODULE, WorkerProcess, start_worker_process
+from supervisor.launch.spawn import (
+    LOG_ROTATE_BYTES,
+    WORKER_MODULE,
+    WorkerProcess,
+    rotate_live_log,
+    start_worker_process,
+)
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -52,6 +58,11 @@ class LauncherSeam(Protocol):
     def close(self) -> None: ...
 
 
+# How often the live workers' log sizes are looked at (a stat each): at 50 MB/s of output
+# (a script printing every step) a log passes its limit by at most this many seconds of it.
+LOG_CHECK_S = 0.5
+
+
 class Launcher:
     """Spawns `python -m training.worker ARGV` in its own session, logs to a private file.
 
@@ -70,6 +81,8 @@ class Launcher:
         module: str = WORKER_MODULE,
         spare: SpareKeeper | None = None,
         stop_grace_s: float = 60.0,
+        log_limit_bytes: int = LOG_ROTATE_BYTES,
+        log_check_s: float = LOG_CHECK_S,
     ) -> None:
         self.python = python
         self.module = module
@@ -78,6 +91,8 @@ class Launcher:
         # Workers asked to stop (SIGTERM to their group): pid -> when their grace ends.
         self._asked: dict[int, float] = {}
         self._logs: dict[int, Path] = {}  # live workers' logs, by pid
+        self.log_limit_bytes, self.log_check_s = log_limit_bytes, log_check_s
+        self._logs_checked = 0.0  # monotonic
         # Sessions whose leader exited after a stop request while others in them still finish
         # (a wrapper gone, its child checkpointing): sid -> (grace end, its log).
         self._draining: dict[int, tuple[float, Path | None]] = {}
@@ -91,8 +106,14 @@ class Launcher:
 
     def observe(self, now: float) -> list[tuple[str, str | None, dict[str, Any]]]:
         """Once a tick: events about the hosts (several hosts: joined, lost, rebooted); here,
-        the remains of stopped workers past their grace are killed."""
-        self._reap_draining(time.monotonic())
+        the remains of stopped workers past their grace are killed and the live workers'
+        logs kept within their limit."""
+        mono = time.monotonic()
+        self._reap_draining(mono)
+        if mono - self._logs_checked >= self.log_check_s:
+            self._logs_checked = mono
+            for path in set(self._logs.values()):
+                rotate_live_log(path, self.log_limit_bytes)
         return []
 
     def stop_leftovers(self, grace_s: float) -> list[str]:
