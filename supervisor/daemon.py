@@ -19,7 +19,7 @@ import random
 import signal
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -89,9 +89,9 @@ class StartFailed(RuntimeError):
 
 
 # The stability policy's seam: called once a tick (before modes are applied) with the state
-# connection, the config and the step-free clock; it changes modes via modes.set_auto_mode().
-# Default: scaling.StabilityPolicy. An optional `request()` makes it run at its next call.
-PolicyStep = Callable[[sqlite3.Connection, Config, float], None]
+# connection, the config and the step-free clock; returns the mode changes it decided, which the
+# tick records. Default: scaling.StabilityPolicy. `request()`, if any: run at the next call.
+PolicyStep = Callable[[sqlite3.Connection, Config, float], Sequence[modes.ModeChange] | None]
 _DEFAULT = "default"
 
 
@@ -155,6 +155,7 @@ class Supervisor:
         self.finished = False
         self._tick_errors = 0
         self._no_room: set[str] = set()  # games told "no host has room" (once each)
+        self.pins = modes.PinWatch()  # operators' pins, recorded as the tick reads them
 
     @property
     def on(self) -> Started:
@@ -265,7 +266,8 @@ class Supervisor:
             elsewhere = self.launcher.stop_leftovers(self.cfg.stop_grace_s)
         except OSError as exc:
             raise StartFailed(f"backend {self.launcher.backend}: {exc}") from exc
-        host_mode = modes.resume_host_mode(conn, self.cfg, self.steady(), write=journal.write)
+        host_mode, change = modes.resume_host_mode(conn, self.cfg, self.steady(), journal.write)
+        modes.record(recorder, [change])
         if any(g.device != "cpu" for g in self.cfg.games):
             # CUDA workers: expandable segments (less fragmentation) unless the operator chose.
             # The launcher passes the supervisor's environment on.
@@ -425,7 +427,7 @@ class Supervisor:
             # the state database to take writes again; supervision goes on.
             return
         try:
-            self.policy(on.conn, self.cfg, self.steady())
+            modes.record(on.recorder, self.policy(on.conn, self.cfg, self.steady()) or ())
         except sqlite3.Error as exc:
             log.warning("policy_skipped", reason=f"state database: {exc}")
         except Exception:
@@ -433,10 +435,11 @@ class Supervisor:
             log.exception("policy_failed")
 
     def refresh_modes(self) -> None:
-        """Read the modes in force once a tick (operators' pins arrive through the database);
-        when the database cannot be read, keep supervising with the last view."""
+        """Read the modes in force once a tick (operators' pins arrive through the database and
+        are recorded as read); when it cannot be read, keep supervising with the last view."""
         try:
             self.on.mode_view = modes.view(self.on.conn, self.cfg)
+            modes.record(self.on.recorder, self.pins.read(self.on.conn))
         except sqlite3.Error as exc:
             log.warning("modes_unreadable", error=str(exc), kept="the modes last read")
 
@@ -471,11 +474,10 @@ class Supervisor:
             if admission.never is not None:
                 self.life.set(rt, S.FATAL, admission.never)  # no driver will ever end the wait
             elif admission.ok and admission.fallback is not None:
-                modes.set_auto_mode(
-                    self.on.conn, self.cfg, name, admission.fallback.name,
-                    [admission.reason], self.steady(),
-                    write=self.on.journal.write,
-                )  # fmt: skip
+                change = modes.auto_mode_change(self.on.conn, self.cfg, name,
+                                                admission.fallback.name, [admission.reason],
+                                                self.steady())  # fmt: skip
+                modes.record(self.on.recorder, [change])
                 # In force now, whether or not the database has taken it yet.
                 games = {**self.view.games, name: admission.fallback}
                 self.on.mode_view = dataclasses.replace(self.view, games=games)
@@ -587,7 +589,8 @@ class Supervisor:
             part.reconfigure(new)
         self.life.reconfigure(new, now)
         self._apply()
-        modes.resume_host_mode(self.on.conn, new, self.steady(), write=self.on.journal.write)
+        _, change = modes.resume_host_mode(self.on.conn, new, self.steady(), self.on.journal.write)
+        modes.record(self.on.recorder, [change])
         self.refresh_modes()
         detail = {"path": str(new.path), "games": list(self.games)}
         self.on.recorder.event("config_reload", None, detail, {"games": list(self.games)})

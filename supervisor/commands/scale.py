@@ -1,4 +1,5 @@
-"""`rlsup scale --mode <rung>|auto [--game NAME]`: pin a mode (writes `desired`)."""
+"""`rlsup scale --mode <rung>|auto [--game NAME]`: pin a mode (writes `desired`, the wish; the
+supervisor records `mode_pinned`, and its hooks fire, when it reads it)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="pin a mode for all games or one (or hand back to auto)",
         description="Pin a rung of the mode ladder (host-wide, or for one game "
         "with --game), or 'auto' to hand the scope back to the stability policy. "
-        "A running supervisor applies it within a tick.",
+        "A running supervisor applies it within a tick (a stopped one at its start) and "
+        "records it as a mode_pinned event.",
     )
     add_config_argument(p)
     p.add_argument("--mode", required=True, help="a mode name from the config, or 'auto'")

@@ -7,7 +7,9 @@ transaction, at once while the database is healthy. When a flush fails (the disk
 database stays locked past the busy timeout, an I/O error) the transaction is rolled back, the
 queue is kept in order, and the flush is retried after a capped, jittered backoff. The first
 failure and the recovery are logged, and after the recovery one `state_db_unavailable` event
-says for how long and how many writes waited.
+says for how long and how many writes waited: the journal hands its detail to `on_recovered`
+(the Recorder, which records it as every other event, hooks included) and writes no event
+itself.
 
 An operation with a `key` replaces a queued one with the same key (the latest row of a worker,
 the last tick time, the latest sample), so an outage grows the queue by events only; past
@@ -68,6 +70,8 @@ class Journal:
         self._ids = count()
         self._retry_at = 0.0
         self.outage: Outage | None = None
+        # Told how an outage went once it is over (the Recorder: its state_db_unavailable).
+        self.on_recovered: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -113,7 +117,7 @@ class Journal:
         self._ops.clear()
         self._keyed.clear()
         self._recovered()
-        return True
+        return not self._ops  # the outage's own event may have met a new one
 
     def _run(self, op_id: int, op: Op) -> None:
         try:
@@ -168,11 +172,9 @@ class Journal:
             "events_dropped": outage.dropped_events,
         }
         log.warning("state_db_recovered", **detail)
-        try:
-            with db.transaction(self.conn):
-                db.add_event(self.conn, "state_db_unavailable", None, detail, self.wall())
-        except sqlite3.Error as exc:  # it failed again at once: the next outage will say so
-            log.error("state_db_unavailable_event_lost", error=str(exc))
+        if self.on_recovered is not None:
+            # Queued like any write: should the database fail again at once, it waits too.
+            self.on_recovered(detail)
 
 
 class _BadOp(Exception):

@@ -1,6 +1,8 @@
 """What the supervisor tells its state database: events, worker rows, the tick, vitals samples,
 the clean stop; and the one thing it reads back each tick, an operator's stop request.
 
+The Recorder is the one funnel for events: every event of every wing (the journal's own
+`state_db_unavailable` included) is recorded, logged and handed to the alert hooks here.
 Every write goes through the `Journal` (kept in order, retried after an outage, never wedging
 the tick). Rows that only the newest copy of matters (a game's worker row, the tick, samples)
 are keyed, so an outage queues one of each rather than one per tick.
@@ -17,7 +19,7 @@ from typing import Any
 import structlog
 
 from supervisor.ledger import db
-from supervisor.ledger.journal import Journal
+from supervisor.ledger.journal import Journal, Op
 
 log = structlog.get_logger("rlsup.supervisor")
 
@@ -29,7 +31,7 @@ LOG_LEVEL = {
             "worker_hang", "device_fallback", "no_host", "checkpoint_corrupt",
             "checkpoint_failed", "checkpoint_unreadable", "replay_damaged", "write_failed",
             "node_lost", "node_reboot", "hook_failed", "metrics_failed", "mirror_failed",
-            "uploader_exit", "spare_lost", "leftovers_stopped",
+            "uploader_exit", "spare_lost", "leftovers_stopped", "scale_down",
         ),
         "warning",
     ),
@@ -72,6 +74,10 @@ class Recorder:
         self._last_sample_ts: float | None = None
         # Every event, as recorded (kind, game, detail, ts): the alert hooks'. Must not block.
         self.on_event: Callable[[str, str | None, dict[str, Any], float], None] | None = None
+        # The journal's outage ends in an event like any other (its own line is logged).
+        journal.on_recovered = lambda detail: self.event(
+            "state_db_unavailable", None, detail, log_as=False
+        )
 
     def event(
         self,
@@ -79,12 +85,23 @@ class Recorder:
         game: str | None,
         detail: dict[str, Any],
         log_as: dict[str, Any] | bool | None = None,
+        *,
+        along: Op | None = None,
+        mono: float | None = None,
     ) -> None:
         """Record the event (and hand it to the alert hooks), and log it once: with its detail,
         or `log_as` (a shorter line: what and where, not a traceback), or not at all (False:
-        its own line is logged already, as a state transition's is)."""
-        ts, mono = self.wall(), self.steady()
-        self.journal.write(lambda c: db.add_event(c, kind, game, detail, ts, mono))
+        its own line is logged already, as a state transition's is). `along`: a write that
+        lands in the same transaction (a mode change's row); `mono`: the event's step-free
+        time when the step that decided it kept its own (default: now)."""
+        ts, mono = self.wall(), self.steady() if mono is None else mono
+
+        def op(c: sqlite3.Connection) -> None:
+            if along is not None:
+                along(c)
+            db.add_event(c, kind, game, detail, ts, mono)
+
+        self.journal.write(op)
         if log_as is not False:
             fields = detail if log_as is None or log_as is True else log_as
             getattr(log, LOG_LEVEL.get(kind, "info"))(kind, game=game, **log_fields(fields))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sqlite3
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import psutil  # type: ignore[import-untyped]
 import structlog
 
 from checkpoints.names import newest_step
-from supervisor.config import Config
+from supervisor.config import PREEMPTION_GRACE_S, Config
 from supervisor.launch.process import start_ticks
 from supervisor.launch.spawn import find_leftover, orphaned_remains, stop_leftovers
 from supervisor.ledger import db
@@ -42,8 +43,21 @@ def supervisor_row(boot_id: str, now_wall: float, config: Path) -> dict[str, Any
     }
 
 
-# A preemption notice this close to the previous boot's last sign of life explains its end.
-PREEMPTED_LOOKBACK_S = 900.0
+# How far past a notice's deadline the boot's last sign of life may lie and the notice still
+# explain its end: the last tick's write before the loss, a provider a little late.
+PREEMPTED_MARGIN_S = 60.0
+
+
+def ended_near_deadline(notice: dict[str, Any], last_seen: float) -> bool:
+    """The boot's last sign of life came near the notice's deadline: no earlier than the
+    provider's longest notice (plus the margin) before it, no later than the margin after.
+    A boot that ran on long past the deadline, or died long before it (a `time` in 2099, as
+    an older supervisor recorded it unclamped), ended for another reason."""
+    deadline = notice.get("deadline")
+    if not isinstance(deadline, int | float) or not math.isfinite(deadline):
+        return False
+    longest = PREEMPTION_GRACE_S.get(str(notice.get("provider")), max(PREEMPTION_GRACE_S.values()))
+    return deadline - longest - PREEMPTED_MARGIN_S <= last_seen <= deadline + PREEMPTED_MARGIN_S
 
 
 def preemption_of(
@@ -51,7 +65,7 @@ def preemption_of(
 ) -> dict[str, Any] | None:
     """The previous boot's standing preemption notice when this start follows that boot's
     end (its detail, with `notice_ts`), else None: no notice, one that lapsed (a later
-    `preemption_cleared`), or one long before the boot's last sign of life."""
+    `preemption_cleared`), or one whose deadline was not near when the boot ended."""
     prev = outcome.previous_boot_id
     if outcome.same_boot or prev is None:
         return None
@@ -61,8 +75,7 @@ def preemption_of(
     cleared = db.boot_event(conn, "preemption_cleared", prev)
     if cleared is not None and cleared.id > notice.id:
         return None
-    last_seen = now - (outcome.downtime_s or 0.0)
-    if notice.ts < last_seen - PREEMPTED_LOOKBACK_S:
+    if not ended_near_deadline(notice.detail, now - (outcome.downtime_s or 0.0)):
         return None
     return {**notice.detail, "notice_ts": notice.ts}
 

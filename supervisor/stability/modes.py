@@ -2,20 +2,25 @@
 
 Effective mode of a game = pinned `desired` for the game, else pinned `desired` for '*', else
 the lighter of the `modes` table's mode for the game and for '*' (the host's, else
-`initial_mode`): a host step down reaches every unpinned game. The automatic policy
-(written elsewhere) calls `set_auto_mode`; the CLI calls `pin_mode`.
+`initial_mode`): a host step down reaches every unpinned game.
+
+Steps return, the loop records: `auto_mode_change` (the policy's, the GPU gate's, a resume's)
+returns a `ModeChange`, and `PinWatch` the operators' new pins; the supervisor records each
+through its Recorder (the one funnel for events, which runs the hooks). The CLI's `pin_mode`
+writes the wish (`desired`) only: the supervisor records `mode_pinned` when it reads it.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from supervisor.config import Config, ModeSpec
 from supervisor.ledger import db
+from supervisor.ledger.recorder import Recorder
 from supervisor.stability.policy import resume_mode
 
 # How a writer hands over one database write: db.transaction at once (the CLI), or the
@@ -113,8 +118,9 @@ def ensure_initial_mode(
 
 def resume_host_mode(
     conn: sqlite3.Connection, cfg: Config, now: float | None = None, write: Write | None = None
-) -> str:
-    """On (re)start, a reboot included: the persisted host mode, never above the ceiling.
+) -> tuple[str, ModeChange | None]:
+    """On (re)start, a reboot included: the persisted host mode, never above the ceiling, and
+    the change (for the caller to record) when the ceiling lowers it.
 
     `initial_mode` applies only when nothing valid was persisted: a host stepped down because
     it kept rebooting must not climb back by rebooting again. `modes.since` is kept (the
@@ -128,10 +134,10 @@ def resume_host_mode(
         persisted = cfg.initial_mode
     ceiling = cfg.stability.ceiling or cfg.mode_names[-1]
     mode = resume_mode(cfg.mode_names, persisted, cfg.initial_mode, ceiling)
-    if mode != persisted:
-        reason = [f"resumed at most at the ceiling ({ceiling})"]
-        set_auto_mode(conn, cfg, HOST, mode, reason, now, write=write, current=persisted)
-    return mode
+    if mode == persisted:
+        return mode, None
+    reason = [f"resumed at most at the ceiling ({ceiling})"]
+    return mode, auto_mode_change(conn, cfg, HOST, mode, reason, now, current=persisted)
 
 
 def is_pinned(conn: sqlite3.Connection, scope: str) -> bool:
@@ -139,7 +145,34 @@ def is_pinned(conn: sqlite3.Connection, scope: str) -> bool:
     return bool(desired and desired[1])
 
 
-def set_auto_mode(
+@dataclass(frozen=True)
+class ModeChange:
+    """A scope's automatic mode changed: its `modes` row and its scale_down / scale_up event
+    (naming the reasons), recorded together by the loop (`record`)."""
+
+    scope: str
+    old: str
+    new: str
+    reasons: tuple[str, ...]
+    since: float  # modes.since and the event's mono: the policy's step-free clock
+    kind: str  # scale_down | scale_up
+
+    @property
+    def game(self) -> str | None:
+        return None if self.scope == HOST else self.scope
+
+    def detail(self) -> dict[str, Any]:
+        return {"scope": self.scope, "from": self.old, "to": self.new, "reasons": [*self.reasons]}
+
+    def write(self, conn: sqlite3.Connection) -> None:
+        db.set_mode(conn, self.scope, self.new, self.since, "; ".join(self.reasons))
+
+    def record(self, recorder: Recorder) -> None:
+        # One transaction: the row and its event land (or wait through an outage) together.
+        recorder.event(self.kind, self.game, self.detail(), along=self.write, mono=self.since)
+
+
+def auto_mode_change(
     conn: sqlite3.Connection,
     cfg: Config,
     scope: str,
@@ -147,17 +180,13 @@ def set_auto_mode(
     reasons: list[str],
     now: float | None = None,
     *,
-    write: Write | None = None,
     current: str | None = None,
-) -> bool:
-    """The stability policy's seam: change the automatic mode of a scope ('*' or a game).
-
-    Writes `modes` and emits scale_down / scale_up naming the reasons. Returns False (and
-    changes nothing) when the mode is already in force. A pinned scope keeps its pin: the
-    automatic mode applies again after `rlsup scale --mode auto`. `current`: the scope's mode
-    as the caller knows it (else read from the database). `now` is also the event's `mono`
-    (the policy's clock) and `modes.since`; the event's `ts` is the wall clock.
-    """
+) -> ModeChange | None:
+    """The stability policy's seam: the change that puts a scope ('*' or a game) on `mode`,
+    or None when that mode is already in force. Writes nothing: the caller records it. A
+    pinned scope keeps its pin: the automatic mode applies again after `rlsup scale --mode
+    auto`. `current`: the scope's mode as the caller knows it (else read from the database).
+    `now` is the change's `modes.since` and its event's `mono` (the policy's clock)."""
     if mode not in cfg.mode_names:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(cfg.mode_names)}")
     now = time.time() if now is None else now
@@ -166,25 +195,17 @@ def set_auto_mode(
         current = row[0] if row else None
     old = current if current is not None else host_mode_unpinned(conn, cfg).name
     if current is not None and old == mode:
-        return False
+        return None
     order = cfg.mode_names
     kind = "scale_down" if old in order and order.index(mode) < order.index(old) else "scale_up"
-    detail = {"scope": scope, "from": old, "to": mode, "reasons": reasons}
-    game = None if scope == HOST else scope
-    wall = time.time()
-
-    def op(c: sqlite3.Connection) -> None:
-        db.set_mode(c, scope, mode, now, "; ".join(reasons))
-        db.add_event(c, kind, game, detail, wall, mono=now)
-
-    (write or _transaction(conn))(op)
-    return True
+    return ModeChange(scope, old, mode, tuple(reasons), now, kind)
 
 
 def pin_mode(
     conn: sqlite3.Connection, cfg: Config, scope: str, mode: str, now: float | None = None
 ) -> None:
-    """CLI `scale`: pin a rung for a scope, or `auto` to hand it back to the policy."""
+    """CLI `scale`: pin a rung for a scope, or `auto` to hand it back to the policy. Writes
+    the wish only; the supervisor records `mode_pinned` when it reads it (`PinWatch`)."""
     if mode != AUTO and mode not in cfg.mode_names:
         raise ValueError(
             f"unknown mode {mode!r}; expected one of {', '.join(cfg.mode_names)}, auto"
@@ -192,10 +213,54 @@ def pin_mode(
     now = time.time() if now is None else now
     with db.transaction(conn):
         db.set_desired(conn, scope, mode, mode != AUTO, now)
-        db.add_event(
-            conn,
-            "mode_pinned",
-            None if scope == HOST else scope,
-            {"scope": scope, "mode": mode, "pinned": mode != AUTO},
-            now,
-        )
+
+
+@dataclass(frozen=True)
+class Pin:
+    """An operator's wish for a scope, as `desired` holds it (`updated`: when it was written)."""
+
+    scope: str
+    mode: str
+    pinned: bool
+    updated: float
+
+    def detail(self) -> dict[str, Any]:
+        return {"scope": self.scope, "mode": self.mode, "pinned": self.pinned}
+
+    def record(self, recorder: Recorder) -> None:
+        recorder.event("mode_pinned", None if self.scope == HOST else self.scope, self.detail())
+
+
+class PinWatch:
+    """The operators' pins as they arrive in `desired`: each new or changed row once, for the
+    loop to record as `mode_pinned`. At the first read, a row already recorded (the newest
+    `mode_pinned` of its scope says the same and was recorded after the row was written) is
+    not recorded again: a restart does not repeat a pin, a pin written while no supervisor
+    ran is recorded at its start."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Pin] | None = None
+
+    def read(self, conn: sqlite3.Connection) -> list[Pin]:
+        rows = [
+            Pin(str(r["scope"]), str(r["mode"]), bool(r["pinned"]), float(r["updated"]))
+            for r in db.desired_rows(conn).values()
+        ]
+        if self._seen is None:
+            self._seen = {p.scope: p for p in rows if _recorded(conn, p)}
+        new = [p for p in rows if self._seen.get(p.scope) != p]
+        self._seen.update((p.scope, p) for p in new)
+        return new
+
+
+def record(recorder: Recorder, steps: Iterable[ModeChange | Pin | None]) -> None:
+    """The loop's half: record what the mode steps returned (None: nothing changed)."""
+    for step in steps:
+        if step is not None:
+            step.record(recorder)
+
+
+def _recorded(conn: sqlite3.Connection, pin: Pin) -> bool:
+    last = db.events(conn, kind="mode_pinned", game=None if pin.scope == HOST else pin.scope)
+    last = [e for e in last if e.detail.get("scope") == pin.scope][-1:]
+    return bool(last) and last[0].detail == pin.detail() and last[0].ts >= pin.updated

@@ -4,25 +4,30 @@ A cloud warns before it takes a spot machine: AWS posts a spot `instance-action`
 ahead (IMDSv2: a token PUT, then GET /latest/meta-data/spot/instance-action; 404 = none), GCE
 turns /computeMetadata/v1/instance/preempted TRUE about 30 s before an ACPI soft off, Azure
 posts a `Preempt` scheduled event (>= 30 s ahead). `PreemptionWatcher` polls the provider's
-endpoint every `poll_s` with short timeouts (stdlib urllib, proxies bypassed: the service is
-link-local) and queues what it learns; the tick drains the queue and never waits on the network.
-A metadata service that hangs, errs or talks nonsense costs one `failed` item per failure
-streak, never a blocked tick.
+endpoint every `poll_s`, each poll bounded by `timeout_s` in all (stdlib http.client, no
+proxies: the service is link-local), and queues what it learns; the tick drains the queue and
+never waits on the network. A metadata service that hangs, trickles, errs or talks nonsense
+costs one `failed` item per failure streak, never a blocked tick.
+
+A posted deadline is believed only as far as the provider's longest notice (`MAX_NOTICE_S`)
+from when this watcher first saw it: a `time` in 2099 must not hold every start and excuse
+every crash until then. Times without a zone are UTC, as AWS documents them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import email.utils
+import http.client
 import json
 import queue
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -41,6 +46,10 @@ GCP_HEADERS = {"Metadata-Flavor": "Google"}
 AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 AZURE_HEADERS = {"Metadata": "true"}
 MAX_BODY = 1 << 16  # a metadata answer is small; more is nonsense
+# The longest notice each provider documents (AWS spot: 2 min; GCE: ~30 s before the ACPI soft
+# off; Azure Spot eviction: a `Preempt` event's NotBefore, ~30 s): a deadline is clamped to this
+# much after the notice's first sighting.
+MAX_NOTICE_S = PREEMPTION_GRACE_S
 
 
 class WatchError(Exception):
@@ -53,33 +62,93 @@ class Notice:
 
     provider: str
     action: str  # "terminate" | "stop" | "hibernate" (AWS); "terminate" (GCE); "preempt"
-    deadline: float
+    deadline: float  # `posted`, never more than the provider's longest notice after notice_at
     notice_at: float  # when this watcher first saw it
+    posted: float  # the deadline as the provider posted it (GCE: none, its first sighting's)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def new_notice(provider: str, action: str, posted: float, now: float) -> Notice:
+    """A notice first seen `now`, its deadline clamped to the provider's longest notice."""
+    deadline = min(posted, now + MAX_NOTICE_S[provider])
+    if deadline < posted:
+        log.warning(
+            "preemption_deadline_clamped", provider=provider, posted=posted, deadline=deadline,
+            reason=f"{provider} gives at most {MAX_NOTICE_S[provider]:g} s of notice",
+        )  # fmt: skip
+    return Notice(provider, action, deadline, now, posted)
+
+
+def _utc(when: datetime) -> float:
+    """Unix seconds; a time without a zone is UTC (as the providers write theirs), never the
+    host's local time."""
+    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+
+
 # ---- HTTP -----------------------------------------------------------------------------------
 
-# The metadata service is link-local: an http_proxy in the service's environment must not
-# route the requests elsewhere.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+class _Cutoff:
+    """Ends one request at its deadline, whatever the service does: a timer shuts the socket
+    down (a read blocked on it returns at once), so a service that trickles its answer a byte
+    at a time, each within the socket timeout, still cannot hold the poll past the deadline."""
+
+    def __init__(self, conn: http.client.HTTPConnection, left_s: float) -> None:
+        self.conn, self.fired = conn, False
+        self._timer = threading.Timer(left_s, self._cut)
+        self._timer.daemon = True
+
+    def _cut(self) -> None:
+        self.fired = True
+        if (sock := self.conn.sock) is not None:
+            with contextlib.suppress(OSError):  # the base class's: also under TLS, no unwrap
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self._timer.start()
+        try:
+            yield
+        finally:
+            self._timer.cancel()
+            self._timer.join()  # no thread outlives its request
 
 
-def _http(method: str, url: str, headers: dict[str, str], timeout_s: float) -> tuple[int, bytes]:
-    """(status, body); 4xx answers are answers. Raises WatchError for anything else."""
-    req = urllib.request.Request(url, method=method, headers=headers)
+def _http(
+    method: str, url: str, headers: dict[str, str], timeout_s: float, deadline: float | None = None
+) -> tuple[int, bytes]:
+    """(status, body), all of it (connect, headers, body) by `deadline` (monotonic; default:
+    timeout_s from now). 4xx answers are answers. Raises WatchError for anything else.
+    http.client, not urllib: no proxy from the service's environment may route a link-local
+    request elsewhere, and no redirect is followed."""
+    deadline = time.monotonic() + timeout_s if deadline is None else deadline
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise WatchError(f"{url}: timed out (the poll's {timeout_s:g} s were spent)")
+    parts = urllib.parse.urlsplit(url)
+    https = parts.scheme == "https"
+    cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = cls(parts.hostname or "", parts.port, timeout=left)
+    cutoff = _Cutoff(conn, left)
     try:
-        with _OPENER.open(req, timeout=timeout_s) as resp:
-            return int(resp.status), resp.read(MAX_BODY)
-    except urllib.error.HTTPError as exc:
-        if 400 <= exc.code < 500:
-            with contextlib.closing(exc):
-                return exc.code, b""
-        raise WatchError(f"HTTP {exc.code} from {url}") from None
-    except (OSError, ValueError) as exc:  # timeouts, refusals, resets, a bad status line
-        raise WatchError(f"{url}: {exc}") from None
+        with cutoff.running():
+            conn.request(method, path, headers=headers)
+            resp = conn.getresponse()
+            status, body = int(resp.status), resp.read(MAX_BODY)
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # timeouts, refusals, resets
+        raise WatchError(f"{url}: {'timed out' if cutoff.fired else exc}") from None
+    finally:
+        conn.close()
+    if cutoff.fired:  # cut mid-body: what arrived is not the answer
+        raise WatchError(f"{url}: timed out after {timeout_s:g} s in all")
+    if 400 <= status < 500:
+        return status, b""
+    if not 200 <= status < 300:
+        raise WatchError(f"HTTP {status} from {url}")
+    return status, body
 
 
 # ---- the providers' answers (pure) ----------------------------------------------------------
@@ -94,10 +163,10 @@ def parse_aws(status: int, body: bytes, now: float) -> Notice | None:
     try:
         data = json.loads(body)
         action = str(data["action"])
-        deadline = datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00")).timestamp()
-    except (ValueError, KeyError, TypeError) as exc:
+        posted = _utc(datetime.fromisoformat(str(data["time"]).replace("Z", "+00:00")))
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
         raise WatchError(f"spot/instance-action: not a notice: {body[:200]!r} ({exc})") from None
-    return Notice("aws", action, deadline, now)
+    return new_notice("aws", action, posted, now)
 
 
 def parse_gcp(status: int, body: bytes, now: float) -> Notice | None:
@@ -108,7 +177,7 @@ def parse_gcp(status: int, body: bytes, now: float) -> Notice | None:
     if text == b"FALSE":
         return None
     if text == b"TRUE":
-        return Notice("gcp", "terminate", now + PREEMPTION_GRACE_S["gcp"], now)
+        return new_notice("gcp", "terminate", now + MAX_NOTICE_S["gcp"], now)
     raise WatchError(f"instance/preempted: neither TRUE nor FALSE: {body[:200]!r}")
 
 
@@ -126,10 +195,10 @@ def parse_azure(status: int, body: bytes, now: float) -> Notice | None:
     deadlines = []
     for e in preempts:
         try:
-            deadlines.append(email.utils.parsedate_to_datetime(e.get("NotBefore")).timestamp())
-        except (TypeError, ValueError):
-            deadlines.append(now + PREEMPTION_GRACE_S["azure"])  # begun, or unreadable
-    return Notice("azure", "preempt", min(deadlines), now)
+            deadlines.append(_utc(email.utils.parsedate_to_datetime(e.get("NotBefore"))))
+        except (TypeError, ValueError, OverflowError):
+            deadlines.append(now + MAX_NOTICE_S["azure"])  # begun, or unreadable
+    return new_notice("azure", "preempt", min(deadlines), now)
 
 
 # ---- the clients ------------------------------------------------------------------------------
@@ -144,32 +213,35 @@ class MetadataClient:
         self._token_until = 0.0
 
     def read(self, now: float) -> Notice | None:
-        """The notice standing now, or None. Raises WatchError."""
+        """The notice standing now, or None, within timeout_s in all (AWS's token and a retry
+        included). Raises WatchError."""
+        by = time.monotonic() + self.timeout_s
         if self.provider == "aws":
-            return self._aws(now)
+            return self._aws(now, by)
         if self.provider == "gcp":
-            status, body = _http("GET", self.endpoint + GCP_PREEMPTED_PATH, GCP_HEADERS,
-                                 self.timeout_s)  # fmt: skip
+            status, body = self._get(GCP_PREEMPTED_PATH, GCP_HEADERS, by)
             return parse_gcp(status, body, now)
-        status, body = _http("GET", self.endpoint + AZURE_EVENTS_PATH, AZURE_HEADERS,
-                             self.timeout_s)  # fmt: skip
+        status, body = self._get(AZURE_EVENTS_PATH, AZURE_HEADERS, by)
         return parse_azure(status, body, now)
 
-    def _aws(self, now: float) -> Notice | None:
+    def _get(self, path: str, headers: dict[str, str], by: float) -> tuple[int, bytes]:
+        return _http("GET", self.endpoint + path, headers, self.timeout_s, by)
+
+    def _aws(self, now: float, by: float) -> Notice | None:
         for _ in range(2):  # a token the service no longer takes (401): one fresh one
-            token = self._aws_token()
-            headers = {AWS_TOKEN_HEADER: token}
-            status, body = _http("GET", self.endpoint + AWS_ACTION_PATH, headers, self.timeout_s)
+            token = self._aws_token(by)
+            status, body = self._get(AWS_ACTION_PATH, {AWS_TOKEN_HEADER: token}, by)
             if status != 401:
                 return parse_aws(status, body, now)
             self._token = None
         raise WatchError("spot/instance-action: HTTP 401 with a fresh token")
 
-    def _aws_token(self) -> str:
+    def _aws_token(self, by: float) -> str:
         if self._token is not None and time.monotonic() < self._token_until:
             return self._token
         headers = {AWS_TOKEN_TTL_HEADER: str(AWS_TOKEN_TTL_S)}
-        status, body = _http("PUT", self.endpoint + AWS_TOKEN_PATH, headers, self.timeout_s)
+        url = self.endpoint + AWS_TOKEN_PATH
+        status, body = _http("PUT", url, headers, self.timeout_s, by)
         token = body.decode("ascii", "replace").strip()
         if status != 200 or not token:
             raise WatchError(f"IMDSv2 token: HTTP {status}")
@@ -272,8 +344,9 @@ class PreemptionWatcher:
             if standing is not None:
                 self.reports.put(Report("cleared", standing))
             return None
-        # GCE's TRUE has no time of its own: the first sighting sets the deadline.
-        same = standing is not None and notice.deadline == standing.deadline
+        # The same posted deadline is the same notice, clamped as when first seen; GCE's TRUE
+        # has no time of its own: the first sighting sets the deadline.
+        same = standing is not None and notice.posted == standing.posted
         if same or (standing is not None and notice.provider == "gcp"):
             return standing
         self.reports.put(Report("notice", notice))

@@ -18,8 +18,9 @@ daemon's `on_move` records `gpu_moved` and requeues the worker); GPU pressure is
 attributed to the games on that GPU, not the host (`stability.GpuAttribution`). Each game's
 last move is read back from the `gpu_moved` events, so the cooldown outlives a restart.
 
-Each 'down' / 'up' goes through `modes.set_auto_mode`, which writes `modes` and emits
-scale_down / scale_up naming the scope, the rungs and the causes. 'stay' decisions are logged
+Each 'down' / 'up' becomes a `modes.ModeChange` (the `modes` row and its scale_down /
+scale_up event naming the scope, the rungs and the causes), returned to the daemon, which
+records it through its Recorder (so hooks hear of it). 'stay' decisions are logged
 only when their causes change (numbers aside: ages tick on). The step runs every `every_s`
 (monotonic) and at once after `request()` (the daemon calls it when a worker fails, so an
 early OOM steps its game down before the restart, and the restart happens at the new size).
@@ -159,9 +160,9 @@ def step(
     now: float,
     placed: Sequence[PlacedGame] | None = None,
     on_move: Callable[[GpuMove], None] | None = None,
-) -> list[Decision]:
-    """One policy step: GPU moves (when `placed` is known), then decide and apply every
-    down/up. Returns all mode decisions."""
+) -> tuple[list[Decision], list[modes.ModeChange]]:
+    """One policy step: GPU moves (when `placed` is known), then decide every down/up.
+    Returns all mode decisions and the changes they make, for the caller to record."""
     pcfg = policy_config(cfg)
     scopes = scope_states(conn, cfg)
     found = incidents(conn, now, pcfg.window_s)
@@ -173,22 +174,18 @@ def step(
             if on_move is not None:
                 on_move(move)
     decisions = decide(cfg.mode_names, scopes, found, vitals, pcfg, now, attribution)
-    for d in decisions:
-        if d.action in ("down", "up"):
-            changed = modes.set_auto_mode(conn, cfg, d.scope, d.to_mode, list(d.causes), now)
-            if changed:
-                log.warning(
-                    "scale_down" if d.action == "down" else "scale_up",
-                    scope=d.scope,
-                    from_mode=d.from_mode,
-                    to_mode=d.to_mode,
-                    causes=list(d.causes),
-                )
-    return decisions
+    changes = [
+        change
+        for d in decisions
+        if d.action in ("down", "up")
+        and (change := modes.auto_mode_change(conn, cfg, d.scope, d.to_mode, [*d.causes], now))
+    ]
+    return decisions, changes
 
 
 class StabilityPolicy:
-    """The daemon's policy step (`PolicyStep`): `policy(conn, cfg, now_wall)` once a tick."""
+    """The daemon's policy step (`PolicyStep`): `policy(conn, cfg, now)` once a tick returns
+    the mode changes for the daemon to record."""
 
     def __init__(
         self,
@@ -213,13 +210,13 @@ class StabilityPolicy:
         """Run at the next call (a worker just failed)."""
         self._next = 0.0
 
-    def __call__(self, conn: sqlite3.Connection, cfg: Config, now: float) -> None:
+    def __call__(self, conn: sqlite3.Connection, cfg: Config, now: float) -> list[modes.ModeChange]:
         mono = self.clock()
         if mono < self._next:
-            return
+            return []
         self._next = mono + (self.every_s if self.every_s is not None else policy_every_s(cfg))
         placed = self.gpu_games() if self.gpu_games is not None else None
-        self.last_decisions = step(
+        self.last_decisions, changes = step(
             conn, cfg, self.latest_vitals(), now, placed=placed, on_move=self.on_move
         )
         for d in self.last_decisions:
@@ -228,3 +225,4 @@ class StabilityPolicy:
             elif self._stay_causes.get(d.scope) != _gist(d.causes):
                 self._stay_causes[d.scope] = _gist(d.causes)
                 log.info("policy_stay", scope=d.scope, mode=d.from_mode, causes=list(d.causes))
+        return changes

@@ -1,7 +1,8 @@
 """A loopback cloud metadata service that speaks one provider's preemption endpoints as each
 documents them (AWS IMDSv2: a token PUT, then the spot instance-action with the token; GCE:
 `instance/preempted`, 403 without `Metadata-Flavor: Google`; Azure: scheduled events, 400
-without `Metadata: true`), and can be told to post a notice, hang, answer garbage or 500."""
+without `Metadata: true`), and can be told to post a notice, hang, answer garbage or 500, or
+trickle a whole answer one byte every `trickle_s` (each read well within a socket timeout)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ TOKEN = "fake-imds-token"
 class FakeMetadata:
     def __init__(self, provider: str) -> None:
         self.provider = provider
-        self.mode = "calm"  # calm | notice | hang | garbage | error
+        self.mode = "calm"  # calm | notice | hang | garbage | error | trickle
         self.deadline: float | None = None
+        self.aws_time: str | None = None  # AWS's `time` as written, instead of the deadline's
+        self.trickle_s = 0.5
         self.requests: list[tuple[str, str]] = []
         self.release = threading.Event()  # ends the hanging answers
         fake = self
@@ -77,7 +80,20 @@ class FakeMetadata:
         if body is None:
             return
         code, data = body
+        if self.mode == "trickle":
+            return self._trickle(h, code, data)
         h._send(code, data)
+
+    def _trickle(self, h: Any, code: int, data: bytes) -> None:
+        raw = b"HTTP/1.0 %d OK\r\nContent-Length: %d\r\n\r\n%s" % (code, len(data), data)
+        for i in range(len(raw)):
+            if self.release.wait(self.trickle_s):
+                return
+            try:
+                h.wfile.write(raw[i : i + 1])
+                h.wfile.flush()
+            except OSError:  # the client gave up
+                return
 
     def _answer(self, h: Any) -> tuple[int, bytes] | None:
         path, hd = h.path, h.headers
@@ -108,7 +124,9 @@ class FakeMetadata:
     def _aws(self) -> tuple[int, bytes]:
         if self.mode != "notice" or self.deadline is None:
             return 404, b""
-        when = datetime.fromtimestamp(self.deadline, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        when = self.aws_time or datetime.fromtimestamp(self.deadline, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
         return 200, json.dumps({"action": "terminate", "time": when}).encode()
 
     def _azure(self) -> tuple[int, bytes]:

@@ -360,15 +360,22 @@ def test_policy_seam_changes_modes_and_a_failing_policy_is_contained(make) -> No
     def policy(conn, cfg, now):  # type: ignore[no-untyped-def]
         calls.append(now)
         if len(calls) == 3:
-            modes.set_auto_mode(conn, cfg, "*", "heavy", ["calm for 1 h"], now)
+            return [modes.auto_mode_change(conn, cfg, "*", "heavy", ["calm for 1 h"], now)]
         if len(calls) == 4:
             raise RuntimeError("policy bug")
+        return None
 
     sup = make(game("a", 100_000))
     sup.policy = policy
     spin(sup, lambda: (hb := sup.games["a"].heartbeat) is not None and hb.num_envs == 4)
     assert len(calls) > 4
     assert db.events(sup.on.conn, kind="scale_up")  # type: ignore[arg-type]
+
+
+def set_auto_mode(sup: Supervisor, scope: str, mode: str, reasons: list[str]) -> None:
+    """As the policy would: a change, recorded by the supervisor's Recorder."""
+    change = modes.auto_mode_change(sup.on.conn, sup.cfg, scope, mode, reasons)
+    modes.record(sup.on.recorder, [change])
 
 
 def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_rung(  # type: ignore[no-untyped-def]
@@ -380,13 +387,13 @@ def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_run
     assert sup.on.conn is not None
     sup.refresh_modes()
     assert not sup.on.spare.lowest_rung(), "starting at the lowest rung by initial_mode"
-    modes.set_auto_mode(sup.on.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
-    modes.set_auto_mode(sup.on.conn, sup.cfg, modes.HOST, "light", ["3 crashes in 3600 s"])
+    set_auto_mode(sup, modes.HOST, "heavy", ["calm"])
+    set_auto_mode(sup, modes.HOST, "light", ["3 crashes in 3600 s"])
     sup.refresh_modes()
     assert sup.on.spare.lowest_rung()
     want = sup.on.spare.want()
     assert not want.want and "lowest mode" in want.reason
-    modes.set_auto_mode(sup.on.conn, sup.cfg, modes.HOST, "heavy", ["calm"])
+    set_auto_mode(sup, modes.HOST, "heavy", ["calm"])
     sup.refresh_modes()
     assert not sup.on.spare.lowest_rung()
     modes.pin_mode(sup.on.conn, sup.cfg, modes.HOST, "light")

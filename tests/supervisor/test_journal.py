@@ -17,6 +17,7 @@ import structlog
 
 from supervisor.ledger import db
 from supervisor.ledger.journal import Journal
+from supervisor.ledger.recorder import Recorder
 
 
 class Clock:
@@ -52,6 +53,7 @@ def test_writes_wait_in_order_while_the_database_is_locked_then_land(
 ) -> None:
     clock = Clock()
     journal = Journal(conn, clock=clock, wall=lambda: 1000.0)
+    Recorder(conn, journal, wall=lambda: 1000.0, steady=clock)  # records the outage's event
     locker.execute("BEGIN EXCLUSIVE")
     with structlog.testing.capture_logs() as logs:
         for kind in ("worker_start", "worker_exit", "worker_crash"):
@@ -72,6 +74,7 @@ def test_keyed_writes_keep_only_the_newest_and_events_are_bounded(
 ) -> None:
     clock = Clock()
     journal = Journal(conn, clock=clock, max_pending=5)
+    Recorder(conn, journal, wall=clock, steady=clock)
     locker.execute("BEGIN EXCLUSIVE")
     for state in ("starting", "running", "stopping"):
         journal.write(lambda c, s=state: db.upsert_worker(c, "g", state=s), key="worker:g")

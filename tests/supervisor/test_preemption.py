@@ -3,14 +3,18 @@ that speaks AWS, GCE and Azure, and an in-process supervisor with stand-in worke
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +24,13 @@ from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
 from supervisor.observe.status import collect
-from supervisor.stability.preemption import MetadataClient, PreemptionWatcher, WatchError, detect
+from supervisor.stability.preemption import (
+    MetadataClient,
+    PreemptionWatcher,
+    WatchError,
+    detect,
+    parse_azure,
+)
 from tests.supervisor.fake_metadata import FakeMetadata
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
@@ -57,7 +67,7 @@ def reports_until(w: PreemptionWatcher, kind: str, timeout: float = 5.0) -> list
 def test_each_provider_reads_no_notice_then_the_posted_one(fake: FakeMetadata) -> None:
     client = MetadataClient(fake.provider, fake.url, 1.0)
     assert client.read(time.time()) is None
-    deadline = fake.post_notice(in_s=120)
+    deadline = fake.post_notice(in_s=25)  # within every provider's longest notice
     now = time.time()
     notice = client.read(now)
     assert notice is not None and notice.provider == fake.provider
@@ -152,6 +162,70 @@ def test_a_hung_service_costs_the_client_its_timeout_only(fake: FakeMetadata) ->
     assert time.monotonic() - began < 1.5
 
 
+@pytest.mark.parametrize("fake", ["gcp", "aws"], indirect=True)
+def test_a_service_that_trickles_its_answer_is_cut_at_the_polls_deadline(
+    fake: FakeMetadata,
+) -> None:
+    """One byte every 0.5 s never trips a 1 s read timeout: the poll's whole request (AWS:
+    the token and the instance-action together) must still end at timeout_s, leaving no
+    thread behind."""
+    client = MetadataClient(fake.provider, fake.url, 1.0)
+    if fake.provider == "aws":
+        client.read(time.time())  # the token, fetched at full speed
+    fake.mode = "trickle"
+    began = time.monotonic()
+    with pytest.raises(WatchError, match="timed out"):
+        client.read(time.time())
+    assert time.monotonic() - began < 1.6
+    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+
+
+Y2099 = 4102444800.0
+
+
+@pytest.mark.parametrize(
+    ("fake", "posted_at", "max_s"),
+    [("aws", Y2099, 120), ("aws", 600, 120), ("azure", 900, 30)],
+    indirect=["fake"],
+    ids=["aws-2099", "aws-in-10-min", "azure-in-15-min"],
+)
+def test_a_deadline_beyond_the_providers_longest_notice_counts_from_the_first_sighting(
+    fake: FakeMetadata, posted_at: float, max_s: float
+) -> None:
+    """AWS gives 2 minutes, Azure's Spot eviction about 30 s: a `time` in 2099 (or any time
+    further out than that) would hold every start and excuse every crash for as long."""
+    client = MetadataClient(fake.provider, fake.url, 1.0)
+    posted = fake.post_notice(in_s=posted_at - time.time() if posted_at > 1e9 else posted_at)
+    now = time.time()
+    notice = client.read(now)
+    assert notice is not None
+    assert notice.deadline == pytest.approx(now + max_s) and notice.posted == posted
+    later = client.read(now + 10)  # the watcher keeps the first sighting's (one notice)
+    assert later is not None and later.posted == posted
+
+
+def test_an_aws_time_without_a_zone_is_read_as_utc(
+    fake: FakeMetadata, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS documents `time` in UTC; a zone-less one must not be read in the host's zone."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # UTC+9, no daylight saving
+    time.tzset()
+    try:
+        deadline = fake.post_notice(in_s=60)
+        fake.aws_time = datetime.fromtimestamp(deadline, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        notice = MetadataClient("aws", fake.url, 1.0).read(time.time())
+        # Azure's RFC 1123 NotBefore with "-0000" (no zone information) is UTC too.
+        soon = float(int(time.time() + 20))
+        when = email.utils.formatdate(soon).rsplit(" ", 1)[0] + " -0000"
+        events = {"Events": [{"EventType": "Preempt", "NotBefore": when}]}
+        azure = parse_azure(200, json.dumps(events).encode(), time.time())
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert notice is not None and notice.deadline == deadline
+    assert azure is not None and azure.deadline == soon
+
+
 def test_the_watcher_reports_one_notice_then_its_clearing(fake: FakeMetadata) -> None:
     w = watcher(fake)
     w.start()
@@ -224,10 +298,10 @@ def make(
     path.write_text(CONFIG.format(url=fake.url))
     made: list[Supervisor] = []
 
-    def factory() -> Supervisor:
+    def factory(**kw: Any) -> Supervisor:
         launcher = Launcher(python=sys.executable, module="tests.supervisor.fake_worker")
         sup = Supervisor(load_config(path), launcher=launcher, cores=2,
-                         gpu_probe=FakeNvml(None))  # type: ignore[arg-type]  # fmt: skip
+                         gpu_probe=FakeNvml(None), **kw)  # type: ignore[arg-type]  # fmt: skip
         sup.start()
         made.append(sup)
         return sup
@@ -363,6 +437,70 @@ def test_beyond_max_preemptions_a_lost_boot_is_an_unexpected_reboot(
     assert kinds(sup2, "preempted") == []
     [ev] = kinds(sup2, "host_reboot")
     assert ev.detail["over_max_preemptions"] is True
+
+
+def test_a_notice_for_2099_lapses_like_any_other_and_starts_resume(
+    make: Callable[..., Supervisor], fake: FakeMetadata
+) -> None:
+    """Clamped to AWS's 2 minutes from its first sighting, a notice whose `time` is 2099
+    lapses PREEMPTION_LAPSE_S after that: starts resume, deaths count again."""
+    shift = [0.0]
+    sup = make(wall=lambda: time.time() + shift[0])
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING)
+    fake.post_notice(in_s=Y2099 - time.time())
+    spin(sup, lambda: kinds(sup, "preemption_notice"))
+    [ev] = kinds(sup, "preemption_notice")
+    assert ev.detail["deadline"] <= ev.detail["notice_at"] + 120
+    assert ev.detail["posted"] == Y2099
+    assert sup.on.preemption.holding() and sup.on.preemption.excuses_deaths()
+    shift[0] = 120 + 300 + 5  # past the clamped deadline's lapse
+    spin(sup, lambda: kinds(sup, "preemption_cleared"))
+    assert not sup.on.preemption.holding() and not sup.on.preemption.excuses_deaths()
+    for _ in range(20):  # the metadata still posts 2099: the same notice, never again
+        sup.safe_tick()
+        sup.wait(0.02)
+    assert len(kinds(sup, "preemption_notice")) == 1
+
+
+def _previous_boot_ended(sup: Supervisor, *, deadline: float, notice_age_s: float) -> None:
+    """The notice sup recorded, rewritten as if seen `notice_age_s` ago with `deadline`
+    (what an older supervisor, or a machine that ran on past it, leaves in the ledger)."""
+    [ev] = kinds(sup, "preemption_notice")
+    detail = {**ev.detail, "deadline": deadline}
+    with db.transaction(sup.on.conn):
+        sup.on.conn.execute(
+            "UPDATE events SET ts = ?, detail = ? WHERE id = ?",
+            (time.time() - notice_age_s, json.dumps(detail), ev.id),
+        )
+
+
+@pytest.mark.parametrize(
+    ("deadline_in_s", "notice_age_s"),
+    [(Y2099 - time.time(), 10), (-250, 370)],
+    ids=["deadline-in-2099", "ran-on-250-s-past-the-deadline"],
+)
+def test_a_boot_that_ended_far_from_the_notices_deadline_is_an_unexpected_reboot(
+    make: Callable[..., Supervisor],
+    fake: FakeMetadata,
+    tmp_path: Path,
+    deadline_in_s: float,
+    notice_age_s: float,
+) -> None:
+    """A boot is `preempted` only when it ended near the deadline (within the provider's
+    longest notice before it, a margin after): not after any notice ever seen that boot."""
+    sup = make()
+    fake.post_notice(120)
+    spin(sup, lambda: kinds(sup, "preemption_notice"))
+    close_supervisors([sup])  # no clean stop; the boot's last sign of life is now
+    fake.mode = "calm"
+    sup = make()  # the same boot: rewrite the notice, then the machine goes
+    _previous_boot_ended(sup, deadline=time.time() + deadline_in_s, notice_age_s=notice_age_s)
+    close_supervisors([sup])
+    (tmp_path / "boot").write_text("boot-2")
+    sup2 = make()
+    assert kinds(sup2, "preempted") == []
+    [ev] = kinds(sup2, "host_reboot")
+    assert ev.detail["previous_boot_id"] == "boot-1"
 
 
 def test_a_checkpoint_plus_upload_longer_than_the_grace_is_a_warning_naming_the_knobs(

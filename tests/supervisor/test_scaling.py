@@ -107,6 +107,12 @@ def fake_script(sup: Supervisor, name: str, script: dict[str, Any]) -> None:
     (run / "fake.json").write_text(json.dumps(script))
 
 
+def set_auto_mode(sup: Supervisor, scope: str, mode: str, reasons: list[str], *now: float) -> None:
+    """As the policy would: a change, recorded by the supervisor's Recorder."""
+    change = modes.auto_mode_change(sup.on.conn, sup.cfg, scope, mode, reasons, *now)
+    modes.record(sup.on.recorder, [change])
+
+
 def evs(sup: Supervisor, kind: str, game: str | None = None) -> list[db.Event]:
     assert sup.on.conn is not None
     return db.events(sup.on.conn, kind=kind, game=game)
@@ -166,7 +172,7 @@ def test_a_sigkill_from_outside_is_a_crash_unless_the_kernel_says_oom(make, tmp_
 def test_calm_steps_back_up_and_stay_decisions_are_applied_nowhere(make) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a"), stability="", initial="heavy")
     assert sup.on.conn is not None
-    modes.set_auto_mode(sup.on.conn, sup.cfg, "*", "light", ["test"], time.time() - 7200)
+    set_auto_mode(sup, "*", "light", ["test"], time.time() - 7200)
     db.set_mode(sup.on.conn, "*", "light", time.time() - 7200, "test")  # long calm
     sup.sampler.sample_once()
     spin(sup, lambda: sup.games["a"].state is S.RUNNING and sup.games["a"].mode.name == "heavy")
@@ -239,7 +245,7 @@ def test_gpu_gate_waits_then_falls_back_one_rung_after_the_timeout(make, monkeyp
 def test_mode_persisted_across_a_reboot_is_resumed_never_above_the_ceiling(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
     sup = make(game("a"), initial="heavy", policy=None)
     assert sup.on.conn is not None
-    modes.set_auto_mode(sup.on.conn, sup.cfg, "*", "light", ["2 unexpected reboots"])
+    set_auto_mode(sup, "*", "light", ["2 unexpected reboots"])
     since = db.get_mode(sup.on.conn, "*")[1]  # type: ignore[index]
     sup.close()  # no clean stop: a power loss
     (tmp_path / "boot").write_text("boot-2")
@@ -252,7 +258,7 @@ def test_mode_persisted_across_a_reboot_is_resumed_never_above_the_ceiling(make,
     spin(sup2, lambda: sup2.games["a"].state is S.RUNNING)
     assert sup2.games["a"].heartbeat.num_envs == 2
     # A persisted mode above a lowered ceiling resumes at the ceiling.
-    modes.set_auto_mode(sup2.on.conn, sup2.cfg, "*", "heavy", ["x"])
+    set_auto_mode(sup2, "*", "heavy", ["x"])
     proc = sup2.games["a"].proc
     assert proc is not None
     sup2.launcher.kill(proc)
