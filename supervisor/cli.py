@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
+import select
 import sys
 from collections.abc import Sequence
 
@@ -63,7 +66,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     args = build_parser(argv).parse_args(argv)
-    return int(args.func(args) or 0)
+    # `rlsup results --json | head`: a reader that stops reading is no failure of the command,
+    # and no traceback (as `rlsup events -f | head` and `rlsup logs | head` already end): the
+    # command's own exit code when it had finished (status's 0/3/4), else 0. stdout is flushed
+    # here, not by the interpreter at exit, where the error would print "Exception ignored".
+    try:
+        code = int(args.func(args) or 0)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe (a hook's): a real error
+        _silence_stdout()
+        return 0
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    return code
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: whatever is still buffered goes nowhere, quietly."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

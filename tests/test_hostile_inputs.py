@@ -275,3 +275,54 @@ def test_state_db_run_dirs_and_checkpoints_are_private(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ---- numbers in a heartbeat the supervisor cannot use ---------------------------------------
+
+
+def _beat(**changes: object) -> dict[str, object]:
+    hb: dict[str, object] = {
+        "seq": 3, "pid": os.getpid(), "phase": "training", "phase_deadline_s": 60.0,
+        "global_step": 100, "total_steps": 1000, "episodes": 2, "sps": 50.0,
+        "mean_return": 1.5, "last_checkpoint_step": None, "resumed_from_step": None,
+        "num_envs": 4, "batch_size": 64, "device": "cpu", "gpu_mem_mb": None, "time": time.time(),
+    }  # fmt: skip
+    return hb | changes
+
+
+def test_a_heartbeats_unusable_numbers_never_reach_the_supervisors_tick(tmp_path: Path) -> None:
+    """The tick compares and adds a heartbeat's numbers: `"abc" > 100` is a TypeError, `inf` a
+    step no int holds. A field liveness is judged by that is unusable makes the heartbeat
+    unreadable (as one that is not JSON); any other reads as its neutral value."""
+    from supervisor.lifecycle.liveness import Liveness, Reported, new_reports
+    from training import protocol as P
+
+    live, live_reported = Liveness(since=0.0), Reported()
+    path = tmp_path / P.HEARTBEAT_FILE
+
+    def beat(**changes: object) -> P.Heartbeat | None:
+        path.write_text(json.dumps(_beat(**changes)))
+        hb = P.read_heartbeat(tmp_path)
+        if hb is not None:  # what the daemon does with each heartbeat it reads
+            live.observe(hb, time.monotonic())
+            new_reports(live_reported, hb)
+        return hb
+
+    assert beat() is not None
+    for bad in ("abc", float("inf"), float("nan"), -5, True, None):
+        assert beat(global_step=bad) is None, bad
+        assert beat(seq=bad) is None, bad
+    odd = beat(
+        sps=float("nan"), mean_return=float("inf"), episodes="many", time="x", num_envs=[4],
+        eval={"mean": 2.0, "step": float("inf")}, write_failures={"log": float("nan")},
+        metrics={"loss": float("nan"), "ok": 1.0},
+    )  # fmt: skip
+    assert odd is not None
+    assert (odd.sps, odd.mean_return, odd.episodes, odd.time, odd.num_envs) == (
+        0.0,
+        None,
+        0,
+        0.0,
+        0,
+    )
+    assert odd.eval == {"mean": 2.0} and odd.write_failures == {} and odd.metrics == {"ok": 1.0}

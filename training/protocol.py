@@ -290,9 +290,145 @@ class Heartbeat:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Heartbeat:
+    def from_json(cls, data: Mapping[str, Any]) -> Heartbeat:
+        """The heartbeat of a JSON object, each field checked (`clean_heartbeat`): an unusable
+        one reads as its neutral value. ValueError when a field liveness is judged by (seq,
+        pid, phase, global_step) is unusable; TypeError when a required one is missing."""
+        clean, bad = clean_heartbeat(data)
+        unusable = [k for k in LIVENESS_FIELDS if k in bad or (k in clean and clean[k] is None)]
+        if unusable:
+            raise ValueError(f"heartbeat fields unusable: {', '.join(sorted(unusable))}")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {key: _NEUTRAL[key] for key in bad if key in _NEUTRAL}
+        values |= {k: v for k, v in clean.items() if k in known}
+        return cls(**values)
+
+
+# ---- reading what another process wrote: every number checked where it is read --------------
+# A heartbeat or an evaluation is written by rlsup's worker, by a user's script, or by anyone
+# with access to the run dir; `json.dump(float("inf"))` writes `Infinity`. A value of the wrong
+# type, not finite or out of range is no value: readers leave it out (status shows `-`), never
+# convert it blindly (int(inf) raises OverflowError, "abc" > 0 TypeError).
+
+MAX_COUNT = 2**63 - 1  # steps, episodes, pids: SQLite's INTEGER holds them
+MAX_UNIX_TIME = 1e11  # seconds (year 5138): datetime can still show it
+
+
+def whole_number(value: Any, lo: int = 0, hi: int = MAX_COUNT) -> int | None:
+    """A JSON number in [lo, hi] as an int (a float is truncated), else None (bool, text,
+    NaN, infinity or out of range)."""
+    number = finite_number(value, lo, hi)
+    return None if number is None else int(value)
+
+
+def finite_number(value: Any, lo: float = -math.inf, hi: float = math.inf) -> float | None:
+    """A JSON number that is finite and in [lo, hi], else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        return None
+    return number if math.isfinite(number) and lo <= number <= hi else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _dict(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _list(value: Any) -> list[Any] | None:
+    return value if isinstance(value, list) else None
+
+
+def _seconds(value: Any) -> float | None:
+    return finite_number(value, 0.0)
+
+
+def _time(value: Any) -> float | None:
+    return finite_number(value, 0.0, MAX_UNIX_TIME)
+
+
+# Each heartbeat field's check: the value to keep, or None when it is unusable.
+_COUNT = whole_number
+_SECONDS = _seconds
+_TIME = _time
+HEARTBEAT_CHECKS: dict[str, Any] = {
+    **dict.fromkeys(("seq", "pid", "global_step", "total_steps", "episodes", "num_envs",
+                     "batch_size", "last_checkpoint_step", "resumed_from_step", "schema",
+                     "resume_count", "threads", "checkpoint_failures"), _COUNT),
+    **dict.fromkeys(("phase_deadline_s", "sps", "gpu_mem_mb"), _SECONDS),
+    **dict.fromkeys(("time", "last_checkpoint_time"), _TIME),
+    "mean_return": finite_number,
+    **dict.fromkeys(("phase", "device", "game", "algo", "last_checkpoint_error", "host",
+                     "precision", "writer"), _text),
+    **dict.fromkeys(("mirror_restore", "superseded", "torch_build", "checkpoint_request",
+                     "start"), _dict),
+    **dict.fromkeys(("quarantined", "replay_damage"), _list),
+}  # fmt: skip
+LIVENESS_FIELDS = frozenset({"seq", "pid", "phase", "global_step"})
+# What a required field reads as when its value is unusable (the dataclass has no default).
+_NEUTRAL: dict[str, Any] = {
+    "total_steps": 0, "episodes": 0, "sps": 0.0, "mean_return": None, "num_envs": 0,
+    "batch_size": 0, "last_checkpoint_step": None, "resumed_from_step": None, "device": "",
+    "gpu_mem_mb": None, "phase_deadline_s": 0.0,
+}  # fmt: skip
+EVAL_CHECKS: dict[str, Any] = {
+    "mean": finite_number, "step": _COUNT, "episodes": _COUNT, "seconds": _SECONDS,
+    "time": _TIME,
+}  # fmt: skip
+
+
+def clean_eval(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """An evaluation's fields (eval.json, a heartbeat's `eval`) with every unusable number
+    left out, and the names of those left out."""
+    return _checked(data, EVAL_CHECKS)
+
+
+def clean_heartbeat(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A heartbeat's fields with every unusable value left out (fields unknown here are kept
+    as they are), and the names of those left out; an `eval` is cleaned field by field
+    ("eval.step" names one of its numbers), `metrics` and `write_failures` keep their numbers."""
+    out, bad = _checked(data, HEARTBEAT_CHECKS)
+    if "eval" in data:
+        ev = _dict(data["eval"])
+        if ev is None and data["eval"] is not None:
+            bad.append("eval")
+        if ev is not None:
+            out["eval"], bad_eval = clean_eval(ev)
+            bad += [f"eval.{key}" for key in bad_eval]
+    if "evals" in data:
+        evals = _list(data["evals"])
+        out["evals"] = [clean_eval(e)[0] for e in evals or [] if isinstance(e, dict)]
+        if evals is None:
+            bad.append("evals")
+    for key, check in (("metrics", finite_number), ("write_failures", _COUNT)):
+        if key in data:
+            given = _dict(data[key])
+            kept = {k: v for k, v in (given or {}).items() if check(v) is not None}
+            out[key] = kept
+            if given is None or len(kept) < len(given):
+                bad.append(key)
+    return out, bad
+
+
+def _checked(
+    data: Mapping[str, Any], checks: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    out: dict[str, Any] = {}
+    bad: list[str] = []
+    for key, value in data.items():
+        check = checks.get(key)
+        if check is None or value is None:
+            out[key] = value
+        elif (kept := check(value)) is not None:
+            out[key] = kept
+        else:
+            bad.append(key)
+    return out, bad
 
 
 MAX_STATE_FILE_BYTES = 4 << 20

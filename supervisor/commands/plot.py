@@ -198,7 +198,9 @@ def _series(rows: list[dict[str, str]]) -> dict[str, list[float | None]]:
         keep.append(rows[-1])
     cols: dict[str, list[float | None]] = {"time": [], "step": [], "ret": [], "sps": []}
     for r in keep:
-        t, step = readonly.to_float(r.get("time")), readonly.to_float(r.get("global_step"))
+        # A row whose time or step is no usable number has no place on either axis (a time
+        # past datetime's range would stop the whole plot).
+        t, step = readonly.to_time(r.get("time")), readonly.to_float(r.get("global_step"))
         if t is None or step is None:
             continue
         cols["time"].append(t)

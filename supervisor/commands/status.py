@@ -341,10 +341,11 @@ def _games_table(games: list[GameDoc], now: float) -> str:
 def _lost_cell(g: GameDoc) -> str:
     """`6%`: the share of its life lost to instability (redone work, restarts, backoff, the
     supervisor or host down): games[].time's lost_s / wall_s."""
-    t = g["time"]
-    if not t or t["wall_s"] <= 0:
-        return "-"
-    return f"{100 * t['lost_s'] / t['wall_s']:.0f}%"
+    t = g["time"] or {}
+    wall, lost = t.get("wall_s"), t.get("lost_s")
+    if not isinstance(wall, int | float) or not isinstance(lost, int | float) or not wall > 0:
+        return "-"  # no split (or, from a document of another writer, an incomplete one)
+    return f"{100 * lost / wall:.0f}%"
 
 
 def _eval_cell(g: GameDoc) -> str:

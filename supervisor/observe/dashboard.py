@@ -427,13 +427,12 @@ def thin(rows: list[dict[str, str]], max_points: int = MAX_POINTS) -> dict[str, 
         keep.append(rows[-1])
     cols: dict[str, list[float | None]] = {"time": [], "step": [], "mean_return": [], "sps": []}
     for r in keep:
-        t = readonly.to_float(r.get("time"))
+        t = readonly.to_time(r.get("time"))
         if t is None:
             continue
         cols["time"].append(t)
-        cols["step"].append(readonly.to_float(r.get("global_step")))
-        ret = readonly.to_float(r.get("mean_return"))
-        cols["mean_return"].append(ret if ret is None or math.isfinite(ret) else None)
+        cols["step"].append(readonly.to_float(r.get("global_step")))  # finite or None
+        cols["mean_return"].append(readonly.to_float(r.get("mean_return")))
         cols["sps"].append(readonly.to_float(r.get("sps")))
     return cols
 

@@ -87,6 +87,11 @@ class SyslogPrefix:
         return f"<{priority}>{line}"
 
 
+def is_configured() -> bool:
+    """Whether this process's log is set up (`rlsup run`): a warning then goes through it."""
+    return _configured
+
+
 def configure_logging(
     stream: TextIO | None = None,
     level: int = logging.INFO,

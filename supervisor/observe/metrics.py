@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -239,12 +238,17 @@ class MetricsExporter:
 
     def refresh(self, *, stopping: bool = False) -> None:
         """Recompute the snapshot and rewrite the textfile; `stopping`: the last time, with
-        the supervisor down (whatever its row still says) and the games as recorded."""
+        the supervisor down (whatever its row still says) and the games as recorded.
+
+        Whatever one collection raises is reported (once, until it heals) and the previous
+        snapshot stays: the files it reads are other processes', and neither the supervisor's
+        start-up nor this thread may end on one of them (a thread that died would leave the
+        textfile to go stale unnoticed)."""
         try:
             metrics = self._collect(stopping)
             self._healed("collect")
-        except (sqlite3.Error, OSError, ValueError, KeyError, TypeError) as exc:
-            self._fail("collect", f"cannot collect the metrics: {exc}")
+        except Exception as exc:  # any kind: see above (reported, never fatal)
+            self._fail("collect", f"cannot collect the metrics: {type(exc).__name__}: {exc}")
             if not stopping:
                 return
             metrics = families(_DOWN_DOC | {"generated_at": time.time()}, {})

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from supervisor.config import PREEMPTION_GRACE_S, Config
 from supervisor.mirror.state import MirrorState
+from training.protocol import finite_number
 
 LOG_TAIL_BYTES = 256 * 1024
 
@@ -32,8 +33,9 @@ def slowest_checkpoint_s(log: Path) -> float | None:
             continue
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             entry = json.loads(line)
-            if entry.get("event") == "checkpoint" and entry.get("seconds") is not None:
-                seconds = float(entry["seconds"])
+            # A worker's log is another process's file: only a finite duration counts.
+            seconds = finite_number(entry.get("seconds"), 0.0)
+            if entry.get("event") == "checkpoint" and seconds is not None:
                 slowest = seconds if slowest is None else max(slowest, seconds)
     return slowest
 

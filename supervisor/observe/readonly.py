@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import sqlite3
 import urllib.parse
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.ledger import db
-from training.protocol import PROGRESS_FILE
+from training.protocol import MAX_UNIX_TIME, PROGRESS_FILE
 
 DB_FILE = db.DB_NAME
 
@@ -185,9 +186,18 @@ def read_progress(run_dir: Path) -> list[dict[str, str]]:
 
 
 def to_float(value: Any) -> float | None:
-    if value is None or value == "":
+    """A cell's (or a JSON value's) finite number, else None: `inf`, `nan` or text is no
+    figure a curve or a rate can use."""
+    if value is None or value == "" or isinstance(value, bool):
         return None
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    return number if math.isfinite(number) else None
+
+
+def to_time(value: Any) -> float | None:
+    """A cell's Unix time (seconds in [0, MAX_UNIX_TIME]: datetime can show it), else None."""
+    t = to_float(value)
+    return t if t is not None and 0.0 <= t <= MAX_UNIX_TIME else None

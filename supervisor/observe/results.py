@@ -33,8 +33,8 @@ from typing import Any
 
 from supervisor.config import Config, split_run_name
 from supervisor.ledger import accounting
-from supervisor.observe import atari_scores, readonly
-from training.protocol import EVAL_FILE, HEARTBEAT_FILE, read_json_file
+from supervisor.observe import atari_scores, fields, readonly
+from training.protocol import EVAL_FILE, HEARTBEAT_FILE, PROGRESS_FILE, read_json_file
 
 SCHEMA = 1
 DONE_STATES = ("done",)
@@ -150,20 +150,25 @@ def _run_state(conn: sqlite3.Connection | None) -> dict[str, str]:
 def run_figures(
     name: str, run_dir: Path, state: str, env_id: str = "", algo: str = ""
 ) -> RunFigures:
-    hb = read_json_file(run_dir / HEARTBEAT_FILE) or {}
-    final = read_json_file(run_dir / EVAL_FILE)
-    ev = final if isinstance(final, dict) and final.get("mean") is not None else None
+    """A run's figures from its run dir, each value checked where it is read (`fields`): an
+    unusable one is None (`-`), reported once."""
+    hb_path, eval_path = run_dir / HEARTBEAT_FILE, run_dir / EVAL_FILE
+    hb = fields.heartbeat(read_json_file(hb_path), hb_path)
+    raw_final = read_json_file(eval_path)
+    final = None if raw_final is None else fields.evaluation(raw_final, eval_path)
+    ev = final if final is not None and final.get("mean") is not None else None
     periodic = hb.get("eval") if isinstance(hb.get("eval"), dict) else None
     if ev is None and periodic is not None and periodic.get("mean") is not None:
         ev = periodic
     tail = readonly.read_progress_tail(run_dir, max_bytes=8 * 1024)
-    last = tail[-1] if tail else {}
-    steps = _int(hb.get("global_step"))
-    last_100 = readonly.to_float(hb.get("mean_return"))
-    csv_step = _int(readonly.to_float(last.get("global_step")))
+    last, progress = (tail[-1] if tail else {}), run_dir / PROGRESS_FILE
+    steps = hb.get("global_step")
+    last_100 = hb.get("mean_return")
+    csv_step = fields.count(last, "global_step", progress)
     if csv_step is not None and (steps is None or csv_step > steps or last_100 is None):
         steps = max(steps or 0, csv_step)
-        last_100 = readonly.to_float(last.get("mean_return")) if last_100 is None else last_100
+        if last_100 is None:
+            last_100 = fields.number(last, "mean_return", progress)
     group, seed = split_run_name(name)
     return RunFigures(
         name=name,
@@ -173,10 +178,10 @@ def run_figures(
         algo=algo or str(hb.get("algo") or ""),
         state=state,
         steps=steps,
-        total_steps=_int(hb.get("total_steps")),
-        eval=None if ev is None else readonly.to_float(ev.get("mean")),
-        eval_step=None if ev is None else _int(ev.get("step")),
-        eval_episodes=None if ev is None else _int(ev.get("episodes")),
+        total_steps=hb.get("total_steps"),
+        eval=None if ev is None else ev.get("mean"),
+        eval_step=None if ev is None else ev.get("step"),
+        eval_episodes=None if ev is None else ev.get("episodes"),
         eval_final=ev is not None and ev is final,
         last_100=last_100,
     )
@@ -185,10 +190,6 @@ def run_figures(
 def _sum(values: Iterable[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return sum(xs) if xs else None
-
-
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def collect(cfg: Config, only: Sequence[str] = ()) -> Results:

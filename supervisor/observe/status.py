@@ -13,21 +13,25 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from checkpoints.names import ckpt_name, newest_step
-from supervisor.config import Config, GameSpec
+from supervisor.config import Config
 from supervisor.ledger import accounting, db
-from supervisor.lifecycle.states import ALIVE
-from supervisor.mirror.state import MirrorState
-from supervisor.observe import readonly
+from supervisor.observe import fields, readonly
+from supervisor.observe.games import (  # re-exported: the status document's names
+    EPH_WINDOW_S,
+    HEARTBEAT_STALE_S,
+    LIVE_STATES,
+    episodes_per_hour,
+    pid_alive,
+)
+from supervisor.observe.games import games as games_of
 from supervisor.observe.preemption_fit import fit_warnings
 from supervisor.observe.schema import (
     SCHEMA,
     CostDoc,
-    ErrorDoc,
     GameDoc,
     HostDoc,
     ModeDoc,
@@ -38,25 +42,14 @@ from supervisor.observe.schema import (
     StatusDoc,
     SupervisorDoc,
 )
-from training import torchbuild
-from training.protocol import (
-    CHECKPOINT_DIR,
-    ERROR_FILE,
-    EVAL_FILE,
-    HEARTBEAT_FILE,
-    read_json_file,
-)
+from training.protocol import MAX_UNIX_TIME
+
+__all__ = [
+    "EPH_WINDOW_S", "HEARTBEAT_STALE_S", "LIVE_STATES", "STALE_TICK_S", "collect",
+    "episodes_per_hour", "pid_alive",
+]  # fmt: skip
 
 STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
-
-
-HEARTBEAT_STALE_S = 30.0  # a live worker's heartbeat older than this is flagged
-
-
-LIVE_STATES = frozenset(str(state) for state in ALIVE)  # a worker process exists
-
-
-EPH_WINDOW_S = 3600.0
 
 
 def collect(cfg: Config, now: float, *, fit: bool = False) -> StatusDoc:
@@ -67,7 +60,7 @@ def collect(cfg: Config, now: float, *, fit: bool = False) -> StatusDoc:
         supervisor = _supervisor(conn, now)
         host = _host(conn, now)
         mode = _mode(conn, cfg)
-        games = _games(conn, cfg, now)
+        games = games_of(conn, cfg, now)
         nodes = _nodes(conn, games, running=supervisor["state"] == "running")
         spare = _spare(conn, supervisor)
         preemption = _preemption(conn, supervisor, now)
@@ -129,19 +122,23 @@ def _times(
     """Each game's time split (and money, with a price) into `games[].time`; returns the
     money lost to instability (`cost.lost`). From the supervisor's snapshot (`accounting.json`,
     at most SNAPSHOT_EVERY_S old while it runs) with each game's current part carried on to
-    now ("down" while the supervisor is not running); else a replay of the ledger."""
+    now ("down" while the supervisor is not running); else a replay of the ledger. A game
+    whose snapshot entry is unusable shows no split (`-`), reported once."""
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
     snap = accounting.read_snapshot(cfg.state_dir)
+    source = cfg.state_dir / accounting.SNAPSHOT_FILE
+    upto = None if snap is None else fields.number(snap, "upto", source, 0.0, MAX_UNIX_TIME)
     usable = (
         snap is not None
-        and (not running or now - snap["upto"] <= accounting.SNAPSHOT_STALE_S)
+        and upto is not None
+        and (not running or now - upto <= accounting.SNAPSHOT_STALE_S)
         and snap.get("per_hour") == rate
         and snap.get("gpu_share") == share
     )
-    if snap is not None and usable:
-        dt = now - float(snap["upto"])
+    if snap is not None and upto is not None and usable:
+        dt = now - upto
         for g in games:
-            entry = snap["games"].get(g["name"])
+            entry = _snapshot_entry(snap["games"], g["name"], source)
             if entry is None:
                 g["time"] = None
                 continue
@@ -155,6 +152,37 @@ def _times(
         t = times.get(g["name"])
         g["time"] = t.as_json(rate > 0) if t is not None and t.first is not None else None
     return sum(t.money[c] for t in times.values() for c in accounting.LOST)
+
+
+# A snapshot's time split: these are seconds (>= 0), each required; money only with a price.
+SPLIT_SECONDS = ("wall_s", "downtime_s", "lost_s", *(f"{c}_s" for c in accounting.CATEGORIES))
+SPLIT_MONEY = ("money", "money_lost")
+
+
+def _snapshot_entry(entries: Mapping[str, Any], name: str, source: Path) -> dict[str, Any] | None:
+    """A game's entry of accounting.json, checked: {"time": its split, "open": the part it is
+    in (or None), "rate": money per second}; None when it has none or any figure is unusable
+    (a split with a hole would show shares that do not add up)."""
+    entry = entries.get(name)
+    if entry is None:
+        return None
+    where = f"games.{name}"
+    if not isinstance(entry, dict) or not isinstance(entry.get("time"), dict):
+        fields.report(source, where, entry, "an object with a time split")
+        return None
+    split: dict[str, Any] = dict(entry["time"])
+    priced = split.get("money") is not None
+    for key in (*SPLIT_SECONDS, *(SPLIT_MONEY if priced else ())):
+        label = f"{where}.time.{key}"
+        value = fields.number(split, key, source, 0.0, label=label)
+        if value is None:
+            if split.get(key) in (None, ""):  # absent: `number` reports only what is there
+                fields.report(source, label, None, "a number >= 0")
+            return None
+        split[key] = value
+    part = entry.get("open")
+    rate = fields.number(entry, "rate", source, 0.0, label=f"{where}.rate")
+    return {"time": split, "open": part if isinstance(part, str) else None, "rate": rate or 0.0}
 
 
 NODE_EVENTS = ["node_joined", "node_lost", "node_reboot"]
@@ -248,15 +276,6 @@ def _memory_mib(pid: int, fallback: float | None) -> tuple[float | None, float |
     except (OSError, ValueError, IndexError):
         pass
     return rss, pss
-
-
-def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = None) -> bool:
-    """Is this pid alive and the same process as recorded (procid.same_process)?"""
-    if not pid:
-        return False
-    from supervisor.launch.process import same_process  # only when a pid is recorded
-
-    return same_process(pid, ticks, create_time)
 
 
 def _supervisor(conn: sqlite3.Connection | None, now: float) -> SupervisorDoc:
@@ -406,210 +425,6 @@ def _mode(conn: sqlite3.Connection | None, cfg: Config) -> ModeDoc:
     }
 
 
-def _fresher(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
-    if a is None or b is None:
-        return a or b
-    return a if (a.get("time") or 0) >= (b.get("time") or 0) else b
-
-
-def episodes_per_hour(rows: Sequence[dict[str, str]], now: float) -> float | None:
-    """Episodes per hour over the last hour of progress rows (one resume segment), walking
-    back from the newest row only as far as it needs to."""
-    newest: tuple[float, float] | None = None
-    t0 = e0 = 0.0
-    pairs = (
-        rows.column_pairs("time", "episodes")
-        if isinstance(rows, readonly.ProgressRows)
-        else ((r.get("time"), r.get("episodes")) for r in reversed(rows))
-    )
-    for tt, ee in pairs:
-        t, e = readonly.to_float(tt), readonly.to_float(ee)
-        if t is None or e is None:
-            continue
-        if newest is None:
-            newest = t0, e0 = t, e
-            continue
-        if t < newest[0] - EPH_WINDOW_S or e > e0:  # out of the window, or a counter reset
-            break
-        t0, e0 = t, e
-    if newest is None or newest[0] - t0 < 10.0:
-        return None
-    return round((newest[1] - e0) / (newest[0] - t0) * 3600.0, 1)
-
-
-def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | None:
-    t = hb.get("last_checkpoint_time")
-    if t:
-        return max(0.0, now - float(t))
-    step = hb.get("last_checkpoint_step")
-    if step is None:
-        return None
-    try:
-        ckpt = run_dir / CHECKPOINT_DIR / ckpt_name(int(step))
-        return max(0.0, now - ckpt.stat().st_mtime)
-    except (OSError, ValueError):
-        return None
-
-
-def _last_error(run_dir: Path) -> ErrorDoc | None:
-    err = read_json_file(run_dir / ERROR_FILE)
-    if not err:
-        return None
-    return {"kind": err.get("kind"), "message": err.get("message"), "step": err.get("step")}
-
-
-def _games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[GameDoc]:
-    workers = {r["game"]: r for r in (db.workers(conn) if conn is not None else [])}
-    modes = {r["scope"]: r["mode"] for r in db.mode_rows(conn)}
-    out = [
-        _game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
-        for g in cfg.games
-    ]
-    for doc, spec in zip(out, cfg.games, strict=True):
-        _kind(cfg, spec, doc)
-    configured = {g.name for g in cfg.games}
-    for name in sorted(set(workers) - configured):
-        out.append(_game(cfg, name, None, None, 0, workers[name], modes, now, in_config=False))
-    mirror = MirrorState.read(cfg.state_dir) if cfg.mirror is not None else None
-    for g in out:
-        if mirror is not None:
-            g["mirror_step"], g["mirror_age_s"] = mirror.game_view(g["name"], now)
-    return out
-
-
-def _game(
-    cfg: Config,
-    name: str,
-    env_id: str | None,
-    algo: str | None,
-    total_steps: int,
-    w: dict[str, Any] | None,
-    modes: dict[str, str],
-    now: float,
-    in_config: bool = True,
-) -> GameDoc:
-    run_dir = cfg.run_dir(name)
-    w = w or {}
-    db_hb = w.get("heartbeat") if isinstance(w.get("heartbeat"), dict) else None
-    hb = _fresher(read_json_file(run_dir / HEARTBEAT_FILE), db_hb) or {}
-    tail = readonly.read_progress_tail(run_dir)
-    last_row = tail[-1] if tail else {}
-    state = w.get("state") or "not_started"
-    pid = w.get("pid") or hb.get("pid")
-    # Several hosts: a worker on another host (its heartbeat relayed, naming the host) is no
-    # process of this one: its liveness is the heartbeat's to tell.
-    host = hb.get("host") if isinstance(hb.get("host"), str) else None
-    alive = (
-        pid_alive(pid, w.get("pid_start_ticks"), w.get("pid_create_time"))
-        if state in LIVE_STATES and host is None
-        else None
-    )
-
-    step = hb.get("global_step")
-    if step is None:
-        step = readonly.to_float(last_row.get("global_step"))
-    step = int(step or 0)
-    total = int(hb.get("total_steps") or total_steps or 0)
-    if in_config and total_steps:
-        total = total_steps
-    sps = hb.get("sps", readonly.to_float(last_row.get("sps")))
-    episodes = hb.get("episodes", readonly.to_float(last_row.get("episodes")))
-    mean_return = hb.get("mean_return") if hb else readonly.to_float(last_row.get("mean_return"))
-    hb_age = max(0.0, now - hb["time"]) if hb.get("time") else None
-    stale = state == "running" and (hb_age is None or hb_age > HEARTBEAT_STALE_S)
-    eta = None
-    eval_return, eval_step = _last_eval(run_dir, hb)
-    if not (state in LIVE_STATES and (alive or (host is not None and not stale))):
-        sps = None  # the last speed of a worker that is not running is no current speed
-    if state == "running" and sps and sps > 0 and total > step and not stale:
-        eta = (total - step) / sps
-    return {
-        "name": name,
-        "env_id": env_id,
-        "algo": algo,
-        "in_config": in_config,
-        "state": state,
-        "reason": w.get("reason"),
-        "state_since": w.get("state_since"),
-        "pid": pid,
-        "pid_alive": alive,
-        "host": host,
-        "phase": hb.get("phase"),
-        "mode": w.get("mode") or modes.get(name) or modes.get("*"),
-        "num_envs": w.get("num_envs") or hb.get("num_envs") or None,
-        "batch_size": w.get("batch_size") or hb.get("batch_size") or None,
-        "global_step": step,
-        "total_steps": total,
-        "percent": round(100.0 * step / total, 2) if total else 0.0,
-        "episodes": None if episodes is None else int(episodes),
-        "episodes_per_hour": episodes_per_hour(tail, now),
-        "sps": None if sps is None else float(sps),
-        "mean_return": mean_return,
-        "last_checkpoint_step": hb.get("last_checkpoint_step"),
-        "last_checkpoint_age_s": _checkpoint_age(run_dir, hb, now),
-        "mirror_step": None,
-        "mirror_age_s": None,
-        "restarts": int(w.get("restarts") or 0),
-        "eta_s": eta,
-        "heartbeat_age_s": hb_age,
-        "heartbeat_stale": stale,
-        "last_error": _last_error(run_dir) if state in ("fatal", "backoff", "exited") else None,
-        "start": w.get("last_start") if isinstance(w.get("last_start"), dict) else None,
-        "device": hb.get("device") if isinstance(hb.get("device"), str) else None,
-        "gpu": w.get("gpu") if isinstance(w.get("gpu"), dict) else None,
-        "device_note": _device_note(cfg, name, hb),
-        "precision": hb.get("precision") if isinstance(hb.get("precision"), str) else None,
-        "eval_return": eval_return,
-        "eval_step": eval_step,
-        "kind": None,  # set from the configuration by `_kind`
-        "command": None,
-        "contract_level": None,
-        "hang_detection": True,
-        "time": None,
-    }
-
-
-def _kind(cfg: Config, spec: GameSpec, doc: GameDoc) -> None:
-    """What kind of game (rlsup's worker or the user's command), and for a command game the
-    contract level it reached (docs/own-trainer.md): L0 no heartbeat seen, L1 heartbeats, L2 a
-    committed checkpoint. A command game that promised no heartbeat and sent none has no hang
-    detection: its missing heartbeat is no stale one."""
-    doc["kind"] = spec.kind
-    if spec.command is None:
-        return
-    beats = doc["heartbeat_age_s"] is not None
-    level = "L1" if beats else "L0"
-    if newest_step(cfg.run_dir(spec.name) / CHECKPOINT_DIR) is not None:
-        level = "L2"
-    doc["command"] = list(spec.command)
-    doc["contract_level"] = level
-    doc["hang_detection"] = spec.heartbeat or beats
-    if not doc["hang_detection"]:
-        doc["heartbeat_stale"] = False
-
-
-def _device_note(cfg: Config, name: str, hb: dict[str, Any]) -> str | None:
-    """Why a `device = "auto"` game trains on the CPU of a host with an NVIDIA driver ("no CUDA
-    torch", "CUDA unavailable"), from what its worker reported (`torch_build`); else None."""
-    build = hb.get("torch_build")
-    requested = next((g.device for g in cfg.games if g.name == name), "auto")
-    if requested != "auto" or hb.get("device") != "cpu" or not isinstance(build, dict):
-        return None
-    return torchbuild.cpu_fallback_reason(
-        build.get("driver"), build.get("cuda") is not None, build.get("cuda_available")
-    )
-
-
-def _last_eval(run_dir: Path, hb: dict[str, Any]) -> tuple[float | None, int | None]:
-    """eval_return / eval_step: the heartbeat's newest evaluation, else eval.json's (the one a
-    finished run, or an earlier worker, left)."""
-    ev = hb.get("eval") if isinstance(hb.get("eval"), dict) else None
-    if ev is None or ev.get("mean") is None:
-        ev = read_json_file(run_dir / EVAL_FILE) or ev or {}
-    mean, step = readonly.to_float(ev.get("mean")), ev.get("step")
-    return mean, int(step) if isinstance(step, int | float) and mean is not None else None
-
-
 def _cost(
     cfg: Config,
     games: list[GameDoc],
@@ -622,7 +437,10 @@ def _cost(
     if rate <= 0:
         return None
     since = first_seen or supervisor.get("started") or now
-    spent = rate * (now - since) / 3600.0
+    # The games' money: each instant's price while some game's life spans it. Once every game
+    # has ended the host's time is nobody's cost (it was `rate * (now - since)`: growing for
+    # ever after the last game was done).
+    spent = sum(float((g.get("time") or {}).get("money") or 0.0) for g in games)
     todo = sum(
         max(0, g["total_steps"] - g["global_step"])
         for g in games
