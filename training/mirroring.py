@@ -55,6 +55,25 @@ class Mirror:
     def name(self) -> str:
         return self.cfg.mirror_name or self.run_dir.name
 
+    def repair_sources(self) -> list[Any]:
+        """The mirror as a source of good bytes for a damaged local file (a replay chunk every
+        checkpoint shares): its blob of the file's sha256. None without a mirror; the client is
+        made only when a file is found damaged."""
+        if not self.cfg.mirror_url:
+            return []
+
+        def from_mirror(entry: Any) -> Any:
+            from checkpoints.mirror import blob_source
+            from checkpoints.remote import RemoteError
+
+            try:
+                remote = self.remote()
+            except Exception as exc:  # no client at all (boto3, endpoint): no repair, no crash
+                raise RemoteError(f"mirror {self.cfg.mirror_url}: no client: {exc}") from exc
+            yield from blob_source(remote)(entry)
+
+        return [from_mirror]
+
     def check_fence(self) -> None:
         """Before each commit: raise PlacementFenced when the game was placed elsewhere since.
         A mirror that cannot be read cannot say so: the commit goes on (a checkpoint of an

@@ -258,7 +258,7 @@ class TrainingSession:
             Phase.LOADING, loading_deadline_s(_dir_bytes(latest.path if latest else None))
         )
         try:
-            loaded = store.load_latest(salvage=is_chunk_file)
+            loaded = store.load_latest(salvage=is_chunk_file, sources=self.mirror.repair_sources())
         except NoValidCheckpoint as exc:
             # Every local checkpoint was damaged (now quarantined): the mirror's may be whole.
             url = None if self.mirror.tried else self.cfg.mirror_url
@@ -283,6 +283,15 @@ class TrainingSession:
             names = [f"{name} ({reason})" for name, reason in loaded.quarantined]
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
+        if loaded.repaired:  # rot put right from a good copy: nothing lost, still reported
+            entry = {
+                "checkpoint": loaded.path.name,
+                "when": "load",
+                "files": sorted(loaded.repaired),
+                "repaired": dict(loaded.repaired),
+                "transitions_dropped": 0,
+            }
+            self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
         return loaded
 
     def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:

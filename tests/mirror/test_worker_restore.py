@@ -45,11 +45,12 @@ def test_every_local_checkpoint_damaged_restores_from_the_mirror(
     store = CheckpointStore(run_dir / "checkpoints")
     newest = store.committed()[-1]
     upload_checkpoint(remote, "g", newest)
-    for ref in store.committed():  # the local disk rots under every checkpoint
-        path = ref.path / "learner.pt"
-        data = bytearray(path.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        path.write_bytes(bytes(data))
+    # The local disk rots under every checkpoint's manifest: nothing says what their files
+    # should hold, so no file of them can be repaired (a damaged file whose blob the mirror
+    # holds is repaired in place instead: test_a_rotten_chunk_...).
+    for ref in store.committed():
+        path = ref.path / "MANIFEST.json"
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
     mirror = ("--mirror-url", url, "--mirror-endpoint-url", weed.endpoint, "--mirror-name", "g")
     again = _worker(run_dir, "--total-steps", "6000", *mirror)
@@ -68,3 +69,59 @@ def test_every_local_checkpoint_damaged_restores_from_the_mirror(
         path.write_bytes(bytes(data))
     refused = _worker(run_dir, "--total-steps", "9000")
     assert refused.returncode == 78
+
+
+# DQN with a ring of many small chunks (CartPole frames are 16 bytes: 64 slots a chunk), so
+# that most chunks are cold and every retained checkpoint hard-links the same inodes.
+DQN = (
+    "--game", "CartPole-v1", "--algo", "dqn", "--num-envs", "4", "--threads", "1",
+    "--eval-episodes", "0", "--batch-size", "32", "--buffer-size", "3000",
+    "--learning-starts", "200", "--replay-chunk-kib", "1", "--checkpoint-every-steps", "512",
+    "--keep-checkpoints", "3",
+)  # fmt: skip
+
+
+def _dqn(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "training.worker", "--run-dir", str(run_dir), *DQN, *args],
+        cwd=REPO,
+        env={**os.environ, **TEST_AWS_ENV, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_a_rotten_chunk_every_checkpoint_shares_comes_back_from_the_mirror(
+    weed: Weed, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Without a mirror its transitions are dropped (tests/training); with one, the mirror's
+    blob of the chunk's sha256 replaces it in every checkpoint: nothing is lost."""
+    url, remote = remote_for(weed, request)
+    run_dir = tmp_path / "run"
+    first = _dqn(run_dir, "--total-steps", "4096")
+    assert first.returncode == 0, first.stderr[-2000:]
+    store = CheckpointStore(run_dir / "checkpoints")
+    newest = store.committed()[-1]
+    upload_checkpoint(remote, "g", newest)
+    shared = [
+        p
+        for p in sorted((newest.path / "replay").glob("frames-*.bin"))
+        if os.stat(p).st_nlink == 3  # one inode in all three retained checkpoints
+    ]
+    assert shared, "expected cold chunks linked by every retained checkpoint"
+    data = bytearray(shared[0].read_bytes())
+    data[40] ^= 0x01
+    with open(shared[0], "r+b") as f:  # in place: every link sees it
+        f.write(data)
+
+    mirror = ("--mirror-url", url, "--mirror-endpoint-url", weed.endpoint, "--mirror-name", "g")
+    again = _dqn(run_dir, "--total-steps", "6144", *mirror)
+    assert again.returncode == 0, again.stderr[-3000:]
+    hb = json.loads((run_dir / "heartbeat.json").read_text())
+    assert hb["resumed_from_step"] == newest.step
+    [damage] = hb["replay_damage"]
+    name = f"replay/{shared[0].name}"
+    assert damage["files"] == [name] and damage["transitions_dropped"] == 0
+    assert damage["repaired"][name].startswith("the mirror s3://")
+    assert hb["quarantined"] == [] and hb.get("mirror_restore") is None, "not a restore"
