@@ -162,7 +162,9 @@ def test_crash_loop_goes_fatal_while_the_other_game_finishes(tmp_path: Path) -> 
         done = rlsup("run", "--config", str(config), "--exit-when-done", env=env, timeout=200)
     finally:
         os.close(lock)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # --exit-when-done: a game ended FATAL, so the run failed (1), naming it.
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "ended FATAL: bad" in done.stderr
     rows = {r["game"]: r for r in query(state, "SELECT * FROM workers")}
     assert rows["good"]["state"] == "done"
     assert rows["bad"]["state"] == "fatal"
