@@ -233,7 +233,8 @@ class Supervisor:
         # On several hosts each host mirrors its own games: events from mirror.json only.
         uploads = MirrorUploads(self.cfg, recorder, local=self.launcher.local)
         parts: list[Participant] = [
-            pre, spare, uploads, hooks, MetricsExport(self.cfg, recorder), TimeLedger(self.cfg),
+            pre, spare, uploads, hooks, MetricsExport(self.cfg, recorder),
+            TimeLedger(self.cfg, self.steady),
         ]  # fmt: skip
         self._started = Started(conn, journal, recorder, view, parts, spare, hooks, uploads, pre)
         self.life.queue_new()

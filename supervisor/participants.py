@@ -8,6 +8,7 @@ lists them in one place (`Supervisor._participants`) and calls them in that orde
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -108,12 +109,18 @@ class HookAlerts:
 
 class TimeLedger:
     """Each game's time split and money (ledger/accounting.py), written to
-    `<state_dir>/accounting.json` every SNAPSHOT_EVERY_S by its own thread (a replay of the
-    ledger, read-only) and once more at the supervisor's exit: `rlsup status` reads it and
-    carries each game's current part on to now, instead of replaying a week of events."""
+    `<state_dir>/accounting.json` at start, every SNAPSHOT_EVERY_S by its own thread and once
+    more at the supervisor's exit: `rlsup status` reads it and carries each game's current part
+    on to now. The split is a fold kept in memory and brought up to date with the events after
+    the last one folded (a tick reads only what is new); the file keeps the fold too, so a
+    restart folds only the tail (a fold there that does not validate is folded anew)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, steady: Callable[[], float] | None = None) -> None:
         self.cfg = cfg
+        self.steady = steady  # the supervisor's step-free clock: the events' `mono`
+        self.rows_read = 0  # by the last write: the new events only, after the first
+        self._fold: accounting.Fold | None = None
+        self._lock = threading.Lock()  # the thread's writes and the one at close
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,45 +129,65 @@ class TimeLedger:
         self._thread.start()
 
     def _run(self) -> None:
+        self.write()  # at once: status has a fresh split (and the fold) from the start
         while not self._stop.wait(accounting.SNAPSHOT_EVERY_S):
             self.write()
 
     def write(self) -> None:
-        from checkpoints import write_json_atomic
-        from training.protocol import read_heartbeat
+        with self._lock:
+            conn = readonly.connect_readonly(self.cfg.db_path)
+            if conn is None:
+                return
+            try:
+                self._write(conn)
+            except (sqlite3.Error, OSError, ValueError) as exc:  # status folds the tail meanwhile
+                log.warning("accounting_snapshot_failed", error=str(exc))
+            finally:
+                conn.close()
 
+    def _write(self, conn: sqlite3.Connection) -> None:
         cfg = self.cfg
-        conn = readonly.connect_readonly(cfg.db_path)
-        if conn is None:
-            return
-        try:
-            names = [g.name for g in cfg.games]
-            steps = {}
-            for name in names:
-                hb = read_heartbeat(cfg.run_dir(name))
-                if hb is not None:
-                    steps[name] = hb.global_step
-            now = time.time()
-            rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
-            times = accounting.account_db(conn, names, now, rate, share, steps)
-            snap = accounting.snapshot(times, now, rate, share, accounting.host_gpus(conn))
-            write_json_atomic(cfg.state_dir / accounting.SNAPSHOT_FILE, snap, durable=False)
-        except (sqlite3.Error, OSError) as exc:  # status replays the ledger meanwhile
-            log.warning("accounting_snapshot_failed", error=str(exc))
-        finally:
-            conn.close()
+        names = [g.name for g in cfg.games]
+        fold = self._fold
+        if fold is None or set(fold.games) != set(names):  # the first, or games (re)configured
+            snap = accounting.read_snapshot(cfg.state_dir)
+            fold = accounting.resume_fold(conn, snap, names, self._bad)
+            if fold is not None and set(fold.games) != set(names):
+                fold = None
+            fold = fold or accounting.Fold(names)
+        fold.gpus = accounting.host_gpus(conn)
+        # Chunks with a pause between: a first fold of a big ledger must not starve the tick.
+        self.rows_read = accounting.catch_up(conn, fold, accounting.CHUNK_PAUSE_S)
+        self._fold = fold
+        steps = {}
+        for name in names:
+            hb = protocol.read_heartbeat(cfg.run_dir(name))
+            if hb is not None:
+                steps[name] = hb.global_step
+        now = time.time()
+        steady = self.steady() if self.steady is not None else None
+        t_now = fold.t_at(now, steady, os.getpid())
+        rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
+        times = fold.result(now, rate, share, steps, t_now=t_now)
+        rates = fold.money_rates(rate, share)
+        snap = accounting.snapshot(times, now, rate, share, rates, fold)
+        write_json_atomic(cfg.state_dir / accounting.SNAPSHOT_FILE, snap, durable=False)
+
+    @staticmethod
+    def _bad(message: str) -> None:
+        log.warning("accounting_fold_rebuilt", reason=message)
 
     def tick(self, now: float, stopping: bool) -> None:
         pass
 
     def reconfigure(self, cfg: Config) -> None:
-        self.cfg = cfg
+        self.cfg = cfg  # games added or removed: the next write folds them anew
 
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10.0)
-        self.write()  # the split up to the stop: status carries it on as "down"
+        self.write()  # the split up to the stop: status carries it on as "paused"
 
 
 class MetricsExport:

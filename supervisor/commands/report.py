@@ -91,9 +91,8 @@ def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[
     names = [g.name for g in cfg.games]
     names += sorted({r["game"] for r in db.workers(conn)} - set(names))
     rate = float(cfg.cost_per_hour or 0.0)
-    times = accounting.account_db(conn, names, now)  # priced below, with the days
     buckets = _days(now, days)
-    accounting.price(times, rate, buckets, cfg.gpu_cost_share, accounting.host_gpus(conn))
+    times = accounting.account_db(conn, names, now, rate, cfg.gpu_cost_share, buckets=buckets)
     crashes_total = sum(
         1
         for e in db.events(conn, kind="supervisor_start")
@@ -214,11 +213,12 @@ def render_text(doc: dict[str, Any]) -> str:
                 [g["name"], render.fmt_duration(w), _pct(g["training_s"], w),
                  _pct(g["evaluation_s"], w), _pct(g["redone_s"], w),
                  _pct(g["setup_s"] + g["starting_s"], w), _pct(g["waiting_s"], w),
-                 _pct(g["backoff_s"], w), _pct(g["down_s"], w), _pct(g["lost_s"], w),
+                 _pct(g["backoff_s"], w), _pct(g["down_s"], w), _pct(g["paused_s"], w),
+                 _pct(g["lost_s"], w),
                  "-" if g.get("money") is None else f"{g['money']:.2f}",
                  "-" if g.get("money_lost") is None else f"{g['money_lost']:.2f}"]
             )  # fmt: skip
         heads_g = ("GAME", "WALL", "TRAIN", "EVAL", "REDONE", "STARTS", "WAIT", "BACKOFF",
-                 "DOWN", "LOST", "$", "LOST $")  # fmt: skip
+                 "DOWN", "PAUSED", "LOST", "$", "LOST $")  # fmt: skip
         lines += ["", render.render_table(heads_g, rows)]
     return "\n".join(lines)

@@ -190,9 +190,19 @@ class Lifecycle:
             # never judged hung (status says it has no hang detection).
             if rt.state is S.STARTING:
                 self.set(rt, S.RUNNING, "started (no heartbeat: no hang detection)")
+            if not life.start_reported:  # nothing tells its steps: its running time trains
+                life.start_reported = True
+                detail = {"served": life.proc.served, "pid": life.proc.pid, "heartbeat": False}
+                self.record("worker_training", rt.spec.name, detail)
             return False
         if not life.start_reported and (hb := life.live.heartbeat) is not None:
             self._report_start(rt, life, hb.start)
+            if not life.start_reported and rt.spec.command is not None and life.live.progressed:
+                # A command game's heartbeat (the SDK's) has no start marks: it trains from
+                # its step moving past the one it started from.
+                life.start_reported = True
+                detail = {"served": life.proc.served, "pid": life.proc.pid, "from": "step"}
+                self.record("worker_training", rt.spec.name, detail)
         hang = hang_reason(life.live, watchdog, now)
         if not hang:
             return False

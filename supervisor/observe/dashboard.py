@@ -438,7 +438,7 @@ def thin(rows: list[dict[str, str]], max_points: int = MAX_POINTS) -> dict[str, 
 
 
 TIME_PARTS = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",
-              "down")  # fmt: skip
+              "down", "paused")  # fmt: skip
 
 
 def _time_table(doc: dict[str, Any]) -> str:

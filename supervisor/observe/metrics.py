@@ -84,7 +84,7 @@ def families(doc: dict[str, Any], decisions: dict[str, int]) -> list[Metric]:
     spent = counter(
         "rlsup_game_seconds",
         "seconds of each game's life by part (training, evaluation, redone, setup, starting, "
-        "waiting, backoff, down: they sum to its wall time)",
+        "waiting, backoff, down, paused: they sum to its wall time)",
         ["game", "part"],
     )
     money = counter("rlsup_game_cost", "money each game accrued (cost_per_hour shared)", ["game"])

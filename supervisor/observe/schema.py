@@ -126,8 +126,8 @@ class GameDoc(TypedDict):
     contract_level: str | None
     hang_detection: bool
     # Where its time went since its first start (ledger/accounting.py): wall_s and its parts
-    # training_s, evaluation_s, redone_s, setup_s, starting_s, waiting_s, backoff_s, down_s (sum:
-    # wall_s), downtime_s, lost_s, redone_steps, since; with cost_per_hour, money and
+    # training_s, evaluation_s, redone_s, setup_s, starting_s, waiting_s, backoff_s, down_s,
+    # paused_s (sum: wall_s), downtime_s, lost_s, redone_steps, since; with cost_per_hour, money and
     # money_lost (the host's price shared among the games alive). Null before its first start.
     time: dict[str, Any] | None
 

@@ -121,8 +121,9 @@ def _times(
 ) -> float:
     """Each game's time split (and money, with a price) into `games[].time`; returns the
     money lost to instability (`cost.lost`). From the supervisor's snapshot (`accounting.json`,
-    at most SNAPSHOT_EVERY_S old while it runs) with each game's current part carried on to
-    now ("down" while the supervisor is not running); else a replay of the ledger. A game
+    at most SNAPSHOT_STALE_S old while it runs) with each game's current part carried on to
+    now ("paused" or "down" while the supervisor is not running); else the fold persisted there
+    brought up to date with the events after it, never a replay of the whole ledger. A game
     whose snapshot entry is unusable shows no split (`-`), reported once."""
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
     snap = accounting.read_snapshot(cfg.state_dir)
@@ -142,16 +143,41 @@ def _times(
             if entry is None:
                 g["time"] = None
                 continue
-            part = entry.get("open")
-            g["time"] = accounting.carried(entry, dt, part if running or part is None else "down")
+            part = accounting.carry_part(entry.get("open"), running)
+            g["time"] = accounting.carried(entry, dt, part)
         return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
+    return _folded(conn, cfg, games, now, running, snap)
+
+
+def _folded(
+    conn: sqlite3.Connection | None,
+    cfg: Config,
+    games: list[GameDoc],
+    now: float,
+    running: bool,
+    snap: Mapping[str, Any] | None,
+) -> float:
+    """The split from the fold in accounting.json brought up to date with the events after it
+    (a fold that does not validate: folded from the ledger's start, reported once); with the
+    supervisor not running, each open part is carried on from the last event as paused or
+    down."""
+    rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
     names = [g["name"] for g in games]
+    source = cfg.state_dir / accounting.SNAPSHOT_FILE
+    bad = lambda why: fields.report(source, "fold", why, "a fold of this ledger")  # noqa: E731
+    fold = accounting.current_fold(conn, snap, names, bad)
     steps = {g["name"]: g["global_step"] for g in games}
-    times = accounting.account_db(conn, names, now, rate, share, steps)
+    upto = now if running or fold.ts is None else min(now, fold.ts)
+    times = fold.result(upto, rate, share, steps)
+    rates = fold.money_rates(rate, share)
     for g in games:
         t = times.get(g["name"])
-        g["time"] = t.as_json(rate > 0) if t is not None and t.first is not None else None
-    return sum(t.money[c] for t in times.values() for c in accounting.LOST)
+        if t is None or t.first is None:
+            g["time"] = None
+            continue
+        entry = {"time": t.as_json(rate > 0), "rate": rates.get(g["name"], 0.0)}
+        g["time"] = accounting.carried(entry, now - upto, accounting.carry_part(t.open, False))
+    return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
 
 
 # A snapshot's time split: these are seconds (>= 0), each required; money only with a price.

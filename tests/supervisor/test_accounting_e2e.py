@@ -1,6 +1,6 @@
 """The time split of a real game's life: a real worker SIGKILLed past its checkpoint, the
-supervisor stopped and started again, periodic evaluations; the parts sum to the wall time
-within 1 %, and each part is where the test put it."""
+supervisor stopped and started again (a pause), periodic evaluations; the parts sum to the wall
+time within 1 %, and each part is where the test put it."""
 
 from __future__ import annotations
 
@@ -64,14 +64,17 @@ def test_a_lifes_time_splits_into_parts_that_sum_to_its_wall_time(tmp_path: Path
     doc = json.loads(out.stdout)
     [game] = doc["games"]
     t = game["time"]
-    parts = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff", "down")
+    parts = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff", "down",
+             "paused")  # fmt: skip
     assert sum(t[f"{p}_s"] for p in parts) == pytest.approx(t["wall_s"], rel=0.01)
     first = events(state, "worker_start", "cart")[0]["ts"]
     done = events(state, "game_done", "cart")[-1]["ts"]
     assert t["wall_s"] == pytest.approx(done - first, rel=0.01)
-    # Where the test put the time: 2 s down (plus the stop and the start-up, a second or two),
-    # restarts, redone steps, evaluations.
-    assert (restarted - stopped) <= t["down_s"] <= (restarted - stopped) + 5.0, t
+    # Where the test put the time: 2 s paused (a clean stop, then a run: the operator's pause,
+    # not down and never lost; plus the stop and the start-up, a second or two), restarts,
+    # redone steps, evaluations.
+    assert (restarted - stopped) <= t["paused_s"] <= (restarted - stopped) + 5.0, t
+    assert t["down_s"] == 0.0, t
     kill_exit = next(e for e in events(state, "worker_exit", "cart")
                      if e["detail"]["exit"] == "killed_by_signal")  # fmt: skip
     d = kill_exit["detail"]
