@@ -118,7 +118,12 @@ def repair_file(
                 _unlink(tmp)
                 log.debug("checkpoint_repair_candidate_wrong", where=where, name=name)
                 continue
-            _install(tmp, target, name, damaged, sharers, log)
+            try:
+                _install(tmp, target, name, damaged, sharers, log)
+            except OSError as exc:  # not in place (or not durably): still damaged, as before
+                _unlink(tmp)
+                log.warning("checkpoint_repair_failed", path=str(target), error=str(exc))
+                return None
             return where
     return None
 

@@ -228,3 +228,26 @@ def test_whole_first_salvages_the_newest_when_the_damage_is_shared_by_all(root: 
         str(store.path_for(20)),
         str(store.path_for(10)),
     ]
+
+
+def test_a_repair_that_cannot_be_put_in_place_leaves_the_damage_as_it_was(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk or a failed fsync while installing the good copy: no OSError out of the
+    load, no leftover, and the file counts as damaged (salvaged here), as without a copy."""
+    import errno
+
+    from checkpoints import repair
+
+    def no_space(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(repair, "_install", no_space)
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20])
+    name = "replay/frames-000001.bin"
+    flip_bit(store.path_for(20) / name)
+    loaded = store.load_latest(salvage=is_chunk, sources=[good_bytes("the mirror", CHUNKS)])
+    assert loaded is not None and loaded.step == 20
+    assert list(loaded.damaged) == [name] and loaded.repaired == {}
+    assert not list(root.rglob(".repair-*"))

@@ -131,3 +131,23 @@ def test_damage_in_the_newest_alone_still_resumes_the_previous_checkpoint_exactl
         want = buf.copy()
         want[3] = 0  # step 2's buffer: row 3 not yet written
         assert np.array_equal(run.load_arrays("replay"), want)
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunk_bytes", "chunks", "rows"),
+    [
+        ([64, 1024], 16384, [3], [(48, 64)]),
+        ([64, 1024], 16384, [0, 1, 3], [(0, 32), (48, 64)]),
+        ([10, 3], 8, [1], [(2, 6)]),  # rows of 3 bytes split by the chunk's edges: both lost
+        ([10, 3], 8, [3], [(8, 10)]),  # the last, short chunk
+        ([], 8, [0], [(0, 1)]),  # a 0-d array is one row
+    ],
+)
+def test_the_rows_a_lost_chunk_held(
+    shape: list[int], chunk_bytes: int, chunks: list[int], rows: list[tuple[int, int]]
+) -> None:
+    from rlsup import _damage
+
+    nbytes = int(np.prod(shape)) if shape else 1
+    header = {"shape": shape, "nbytes": nbytes, "chunk_bytes": chunk_bytes}
+    assert _damage.rows_of_chunks(header, chunks) == rows
