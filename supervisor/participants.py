@@ -150,7 +150,7 @@ class TimeLedger:
         names = [g.name for g in cfg.games]
         fold = self._fold
         if fold is None or set(fold.games) != set(names):  # the first, or games (re)configured
-            snap = accounting.read_snapshot(cfg.state_dir)
+            snap = accounting.read_snapshot(cfg.state_dir, self._bad)
             fold = accounting.resume_fold(conn, snap, names, self._bad)
             if fold is not None and set(fold.games) != set(names):
                 fold = None
@@ -174,8 +174,10 @@ class TimeLedger:
         write_json_atomic(cfg.state_dir / accounting.SNAPSHOT_FILE, snap, durable=False)
 
     @staticmethod
-    def _bad(message: str) -> None:
-        log.warning("accounting_fold_rebuilt", reason=message)
+    def _bad(key: str, value: Any, want: str) -> None:
+        shown = repr(value)[:80]
+        log.warning("accounting_fold_rebuilt", key=key, value=shown, expected=want,
+                    action="folded again from the ledger's start")  # fmt: skip
 
     def tick(self, now: float, stopping: bool) -> None:
         pass

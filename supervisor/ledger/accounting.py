@@ -296,37 +296,54 @@ def snapshot(
     return out
 
 
-def read_snapshot(state_dir: Path) -> dict[str, Any] | None:
-    """accounting.json as this rlsup writes it, or None (no file, not JSON, written by an older
-    rlsup: folded anew, quietly). Its values are the reader's to check where it uses them
+# Told what of accounting.json could not be used: (key, value, what it should be).
+OnBad = Callable[[str, Any, str], None]
+
+
+def read_snapshot(state_dir: Path, on_bad: OnBad | None = None) -> dict[str, Any] | None:
+    """accounting.json as this rlsup writes it, or None: no file, one written by an older rlsup
+    (folded anew, quietly), or one that is not a JSON object with a `games` object (folded
+    anew, and `on_bad` told). Its entries are the reader's to check where it uses them
     (status: `observe/status.py`); the fold's state is checked by `resume_fold`."""
     import json
 
     try:
-        data = json.loads((state_dir / SNAPSHOT_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        text = (state_dir / SNAPSHOT_FILE).read_text(encoding="utf-8")
+    except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("version") != SNAPSHOT_VERSION:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        if on_bad is not None:
+            on_bad("(the file)", text[:40], "a JSON object")
         return None
-    return data if isinstance(data.get("games"), dict) else None
+    if data.get("version") != SNAPSHOT_VERSION:
+        return None
+    if not isinstance(data.get("games"), dict):
+        if on_bad is not None:
+            on_bad("games", data.get("games"), "an object")
+        return None
+    return data
 
 
 def resume_fold(
     conn: sqlite3.Connection | None,
     snap: Mapping[str, Any] | None,
     games: Sequence[str],
-    on_bad: Callable[[str], None] | None = None,
+    on_bad: OnBad | None = None,
 ) -> Fold | None:
     """The fold persisted in `snap` when it validates, holds `games` and was folded from this
     ledger (the event at its last id has its wall time); else None: fold from the start.
-    `on_bad`: told once what did not validate (a fold that does not is never trusted)."""
+    `on_bad`: told what did not validate (a fold that does not is never trusted)."""
     if snap is None or snap.get("fold") is None or conn is None:
         return None
     try:
         fold = fold_state.load(snap["fold"])
     except fold_state.BadState as exc:
         if on_bad is not None:
-            on_bad(f"{SNAPSHOT_FILE}: {exc}: folded again from the ledger's start")
+            on_bad(exc.where, exc.value, exc.why.replace("not ", "", 1))
         return None
     if not set(games) <= set(fold.games):
         return None
@@ -344,7 +361,7 @@ def current_fold(
     conn: sqlite3.Connection | None,
     snap: Mapping[str, Any] | None,
     games: Sequence[str],
-    on_bad: Callable[[str], None] | None = None,
+    on_bad: OnBad | None = None,
     pause_s: float = 0.0,
 ) -> Fold:
     """The persisted fold (or, when it cannot be trusted, a new one) brought up to date with

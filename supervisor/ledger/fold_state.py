@@ -69,7 +69,7 @@ class BadState(ValueError):
 
     def __init__(self, where: str, value: Any, why: str) -> None:
         super().__init__(f"{where} = {str(value)[:80]!s}: {why}")
-        self.where = where
+        self.where, self.value, self.why = where, value, why
 
 
 def _num(v: Any, where: str) -> float:

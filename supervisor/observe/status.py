@@ -126,8 +126,8 @@ def _times(
     brought up to date with the events after it, never a replay of the whole ledger. A game
     whose snapshot entry is unusable shows no split (`-`), reported once."""
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
-    snap = accounting.read_snapshot(cfg.state_dir)
     source = cfg.state_dir / accounting.SNAPSHOT_FILE
+    snap = accounting.read_snapshot(cfg.state_dir, lambda *bad: fields.report(source, *bad))
     upto = None if snap is None else fields.number(snap, "upto", source, 0.0, MAX_UNIX_TIME)
     usable = (
         snap is not None
@@ -164,8 +164,7 @@ def _folded(
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
     names = [g["name"] for g in games]
     source = cfg.state_dir / accounting.SNAPSHOT_FILE
-    bad = lambda why: fields.report(source, "fold", why, "a fold of this ledger")  # noqa: E731
-    fold = accounting.current_fold(conn, snap, names, bad)
+    fold = accounting.current_fold(conn, snap, names, lambda *bad: fields.report(source, *bad))
     steps = {g["name"]: g["global_step"] for g in games}
     upto = now if running or fold.ts is None else min(now, fold.ts)
     times = fold.result(upto, rate, share, steps)

@@ -331,3 +331,35 @@ def test_a_detail_that_is_not_json_is_read_leniently(tmp_path: Path) -> None:
     got = accounting.read_rows(conn, 0)
     assert [r.id for r in got] == [r.id for r in rows]
     assert got[2].detail == {} and got[5].detail == accounting.read_rows(conn, 5, 1)[0].detail
+
+
+@pytest.mark.parametrize("kind", ["nan", "game-text", "games-text"])
+def test_status_rebuilds_a_fold_that_does_not_validate_and_says_so_once(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from supervisor.observe import fields, status
+    from supervisor.participants import TimeLedger
+
+    cfg, conn, rows = ledger(tmp_path)
+    write_rows(conn, rows[:600])
+    TimeLedger(cfg).close()
+    path = cfg.state_dir / accounting.SNAPSHOT_FILE
+    snap = json.loads(path.read_text())
+    if kind == "games-text":
+        snap["games"] = "x"
+    else:
+        _corrupt(kind)(snap)
+    path.write_text(json.dumps(snap))
+    now = snap["upto"] + 10 * accounting.SNAPSHOT_STALE_S
+    fields.forget_reported()
+    capsys.readouterr()
+    for _ in range(3):  # status --watch, the dashboard, the metrics thread
+        games: list[Any] = [{"name": g, "global_step": 0} for g in names(cfg)]
+        status._times(conn, cfg, games, now, running=True)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "accounting.json" in ln]
+    assert len(err) == 1, err
+    assert {"nan": "fold.cum", "game-text": "fold.game.b", "games-text": "games"}[kind] in err[0]
+    want = accounting.account_db(conn, names(cfg), now, 3.6)
+    for g in games:
+        if g["time"] is not None:
+            assert g["time"]["wall_s"] == pytest.approx(want[g["name"]].wall_s, abs=0.01)
