@@ -182,7 +182,7 @@ class RemoteStore:
         body = resp["Body"]
         try:
             return bytes(body.read())
-        except (*_endpoint_failures(), OSError) as exc:
+        except _read_failures() as exc:
             raise self.error(what, exc) from exc
         finally:
             body.close()
@@ -241,7 +241,7 @@ class RemoteStore:
             while True:
                 try:
                     chunk = body.read(_CHUNK)
-                except (*_endpoint_failures(), OSError) as exc:  # the connection broke
+                except _read_failures() as exc:  # the connection broke
                     raise self.error(what, exc) from exc
                 if not chunk:
                     break
@@ -391,6 +391,11 @@ def _endpoint_failures() -> tuple[type[Exception], ...]:
     from botocore.parsers import ResponseParserError
 
     return (BotoCoreError, Boto3Error, ResponseParserError, ValueError, LookupError, TypeError)
+
+
+def _read_failures() -> tuple[type[Exception], ...]:
+    """Reading an answer's body: the endpoint's failures, and a connection that breaks."""
+    return (*_endpoint_failures(), OSError)
 
 
 def _code(exc: Any) -> str:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,8 +61,9 @@ def _flip(path: Path, offset: int = 100) -> None:
         f.write(bytes([byte ^ 0x10]))
 
 
-def _heartbeat(run_dir: Path) -> dict:  # type: ignore[type-arg]
-    return json.loads((run_dir / P.HEARTBEAT_FILE).read_text())
+def _heartbeat(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run_dir / P.HEARTBEAT_FILE).read_text())
+    return data
 
 
 def test_a_flipped_byte_in_a_chunk_every_checkpoint_shares_costs_rows_not_checkpoints(
