@@ -435,7 +435,10 @@ class Run:
             return
         totals: dict[str, int] = {}
         for array, chunks in _damage.chunks_by_array(loaded.damaged).items():
-            header = loaded.read_json(f"{ARRAYS_DIR}/{array}.json")
+            try:  # the header verified (it is not salvageable): only a read error is left
+                header = loaded.read_json(f"{ARRAYS_DIR}/{array}.json")
+            except CheckpointError as exc:
+                raise SdkError(f"cannot read the checkpoints in {self.store.root}: {exc}") from exc
             self._lost_rows[array] = _damage.rows_of_chunks(header, chunks)
             totals[array] = int(header["shape"][0]) if header["shape"] else 1
         entry: dict[str, Any] = {
