@@ -64,6 +64,7 @@ from training.protocol import (
     PROGRESS_COLUMNS,
     ExitCode,
     Phase,
+    clean_eval,
     read_json_file,
 )
 from training.replay import is_chunk_file
@@ -575,7 +576,10 @@ class TrainingSession:
         if self.cfg.eval_episodes == 0:
             return True
         data = read_json_file(self.run_dir / EVAL_FILE)
-        return data is not None and int(data.get("step", -1)) >= step
+        # Its step as read, checked: an infinite, NaN or string step (a hand edit, another
+        # writer) is no evaluation of this step, so it is evaluated again, never a crash.
+        evaluated = clean_eval(data)[0].get("step") if data is not None else None
+        return evaluated is not None and evaluated >= step
 
     def _evaluate(self, interrupt: Callable[[], bool] | None = None) -> bool | None:
         """Evaluate and write eval.json; False when it could not be written (counted); None

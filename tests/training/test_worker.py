@@ -106,6 +106,20 @@ def test_finished_run_exits_0_at_once(tmp_path: Path):
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.parametrize("bad", ["Infinity", "NaN", '"abc"', "-1e999"])
+def test_a_finished_runs_unusable_eval_json_is_evaluated_again_not_a_crash(
+    tmp_path: Path, bad: str
+):
+    """eval.json's step as `json.dump(float("inf"))` writes it, or a string: not current."""
+    run_dir = tmp_path / "run"
+    args = (*CARTPOLE_PPO, "--total-steps", "2000")
+    assert run(run_dir, *args).returncode == 0
+    (run_dir / "eval.json").write_text(f'{{"step": {bad}, "mean": 1.0, "episodes": 2}}')
+    again = run(run_dir, *args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((run_dir / "eval.json").read_text())["step"] == max(committed_steps(run_dir))
+
+
 def test_sigterm_checkpoints_and_exits_75(tmp_path: Path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, *CARTPOLE_PPO, "--total-steps", "10000000")
