@@ -52,6 +52,7 @@ bench: $(VENV)/.installed-run
 	$(PY) benchmarks/supervision_overhead.py
 	$(PY) benchmarks/status_latency.py
 	$(PY) benchmarks/status_latency.py --games 30
+	$(PY) benchmarks/accounting_fold.py
 	$(PY) benchmarks/preemption.py
 	$(PY) benchmarks/peers.py $(if $(PEER_DIR),--peer-dir '$(PEER_DIR)')
 
