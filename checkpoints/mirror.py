@@ -185,7 +185,7 @@ def blob_source(remote: RemoteStore) -> RepairSource:
     to salvage or quarantine, as without a mirror)."""
     where = f"the mirror s3://{remote.where.bucket}/{remote.where.prefix}"
 
-    def candidates(entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
+    def candidates(name: str, entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
         yield where, remote.blob_chunks(entry.sha256, entry.size)
 
     return candidates

@@ -34,9 +34,11 @@ _READ_BLOCK = 1 << 20
 
 Inode = tuple[int, int]
 Stream = Iterable[bytes | bytearray | memoryview]
-# Good bytes for a file, by its manifest entry: candidates as (where they come from, the bytes),
-# each checked against the entry as it is written; one that fails is dropped for the next.
-RepairSource = Callable[[FileEntry], Iterator[tuple[str, Stream]]]
+# Good bytes for a file, by its name and manifest entry: candidates as (where they come from,
+# the bytes), each checked against the entry as it is written; one that fails is dropped for the
+# next. A source may offer nothing for some names (the worker asks the mirror for replay chunks
+# only: a damaged learner has an exact predecessor).
+RepairSource = Callable[[str, FileEntry], Iterator[tuple[str, Stream]]]
 
 
 def inode(path: Path) -> Inode | None:
@@ -58,7 +60,7 @@ class LocalCopies:
         self._by_sha: dict[str, list[tuple[str, Path]]] | None = None
 
     def source(self, avoid: set[Inode]) -> RepairSource:
-        def candidates(entry: FileEntry) -> Iterator[tuple[str, Stream]]:
+        def candidates(name: str, entry: FileEntry) -> Iterator[tuple[str, Stream]]:
             for where, path in self._index().get(entry.sha256, []):
                 if inode(path) not in avoid:  # never the damaged copy, under another name
                     yield where, _file_blocks(path)
@@ -106,7 +108,7 @@ def repair_file(
     target = ref.path / name
     damaged = inode(target)
     for source in sources:
-        for where, stream in _candidates(source, entry, log):
+        for where, stream in _candidates(source, name, entry, log):
             tmp = target.with_name(f"{REPAIR_PREFIX}{uuid.uuid4().hex}")
             try:
                 got = _write_hashed(tmp, stream)
@@ -128,10 +130,12 @@ def repair_file(
     return None
 
 
-def _candidates(source: RepairSource, entry: FileEntry, log: Any) -> Iterator[tuple[str, Stream]]:
+def _candidates(
+    source: RepairSource, name: str, entry: FileEntry, log: Any
+) -> Iterator[tuple[str, Stream]]:
     """A source's candidates; a source that fails while listing them offers no more."""
     try:
-        yield from source(entry)
+        yield from source(name, entry)
     except (OSError, CheckpointError) as exc:
         log.debug("checkpoint_repair_source_failed", error=str(exc))
 

@@ -56,13 +56,19 @@ class Mirror:
         return self.cfg.mirror_name or self.run_dir.name
 
     def repair_sources(self) -> list[Any]:
-        """The mirror as a source of good bytes for a damaged local file (a replay chunk every
-        checkpoint shares): its blob of the file's sha256. None without a mirror; the client is
-        made only when a file is found damaged."""
+        """The mirror as a source of good bytes for a damaged replay chunk (one that every
+        checkpoint may share, so that no older checkpoint is whole): its blob of the chunk's
+        sha256. Any other damaged file has an exact predecessor (the previous checkpoint), as
+        without a mirror. None without a mirror; the client is made only when a chunk is found
+        damaged."""
         if not self.cfg.mirror_url:
             return []
 
-        def from_mirror(entry: Any) -> Any:
+        def from_mirror(name: str, entry: Any) -> Any:
+            from training.replay import is_chunk_file
+
+            if not is_chunk_file(name):
+                return
             from checkpoints.mirror import blob_source
             from checkpoints.remote import RemoteError
 
@@ -70,7 +76,7 @@ class Mirror:
                 remote = self.remote()
             except Exception as exc:  # no client at all (boto3, endpoint): no repair, no crash
                 raise RemoteError(f"mirror {self.cfg.mirror_url}: no client: {exc}") from exc
-            yield from blob_source(remote)(entry)
+            yield from blob_source(remote)(name, entry)
 
         return [from_mirror]
 

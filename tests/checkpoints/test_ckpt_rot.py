@@ -132,7 +132,7 @@ def good_bytes(label: str, data: dict[str, bytes]):  # type: ignore[no-untyped-d
     """A repair source that has the right bytes of `data`'s files (e.g. the mirror)."""
     by_sha = {hashlib.sha256(b).hexdigest(): b for b in data.values()}
 
-    def source(entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
+    def source(name: str, entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
         if entry.sha256 in by_sha:
             yield label, [by_sha[entry.sha256]]
 
@@ -163,7 +163,7 @@ def test_a_source_with_the_wrong_bytes_repairs_nothing(root: Path) -> None:
     flip_bit(store.path_for(20) / name)
     liar = good_bytes("a liar", {name: b"not these" * 100})
 
-    def also_liar(entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
+    def also_liar(name: str, entry: FileEntry) -> Iterator[tuple[str, Iterable[bytes]]]:
         yield "a truncated copy", [CHUNKS[name][:-1]]
 
     loaded = store.load_latest(salvage=is_chunk, sources=[liar, also_liar])

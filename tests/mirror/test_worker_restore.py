@@ -45,12 +45,14 @@ def test_every_local_checkpoint_damaged_restores_from_the_mirror(
     store = CheckpointStore(run_dir / "checkpoints")
     newest = store.committed()[-1]
     upload_checkpoint(remote, "g", newest)
-    # The local disk rots under every checkpoint's manifest: nothing says what their files
-    # should hold, so no file of them can be repaired (a damaged file whose blob the mirror
-    # holds is repaired in place instead: test_a_rotten_chunk_...).
+    # The local disk rots under every checkpoint's learner. The mirror holds the newest's
+    # blob, but a learner is never patched from it file by file (only a replay chunk is:
+    # test_a_rotten_chunk_...): the whole mirrored checkpoint is restored.
     for ref in store.committed():
-        path = ref.path / "MANIFEST.json"
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        path = ref.path / "learner.pt"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
 
     mirror = ("--mirror-url", url, "--mirror-endpoint-url", weed.endpoint, "--mirror-name", "g")
     again = _worker(run_dir, "--total-steps", "6000", *mirror)
