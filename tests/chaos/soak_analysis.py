@@ -375,6 +375,13 @@ class Analyst:
         counts, pids = self.monitor.worker_processes()
         if counts:
             out.append(f"worker processes left running after the end: {pids}")
+        left = {g: found for g, found in self.monitor.wrapper_children().items() if found}
+        if left:
+            out.append(f"a wrapped game's children left running after the end: {left}")
+        out += [
+            f"a wrapped game's child outlived its life: {d}"
+            for d in self.monitor.leaked_children[:3]
+        ]
         out += self._verified_checkpoints_kept()
         return out
 

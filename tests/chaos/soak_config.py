@@ -1,5 +1,6 @@
-"""What a soak runs: its four games (three of rlsup's learners and a command game of a user's
-own, tests/chaos/soak_trainer.py), their sizes, and the settings of one run."""
+"""What a soak runs: its five games (three of rlsup's learners and two command games of a
+user's own, tests/chaos/soak_trainer.py, one of them started through a `sh -c` wrapper that
+leaves a child of its own), their sizes, and the settings of one run."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ class GameDef:
     algo: str
     total_steps: int
     args: str
+    wrapped: bool = False
+    """A command game started as `sh -c "CHILD & python soak_trainer.py"`: the SDK runs as the
+    supervisor's grandchild, beside a child (`child_mark`) that must never outlive its game."""
+
+    @property
+    def child_mark(self) -> str:
+        """The argv word of a wrapped game's extra child (the soak counts them by it)."""
+        return f"rlsup-soak-child-{self.name}"
 
     @property
     def command(self) -> bool:
@@ -40,11 +49,13 @@ class GameDef:
 
 # Agent steps per second of fault phase each game gets: about half of what it trains at here
 # (2 cores, three workers) so that it is still training when the schedule ends.
-STEPS_PER_FAULT_S = {"cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170, "byo": 600}
+STEPS_PER_FAULT_S = {
+    "cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170, "byo": 600, "byo_sh": 600,
+}  # fmt: skip
 
 
 def default_games(fault_phase_s: float) -> list[GameDef]:
-    """Four games whose total_steps last about the fault phase."""
+    """Five games whose total_steps last about the fault phase."""
     scale = fault_phase_s / 1.0
     return [
         GameDef(
@@ -71,6 +82,10 @@ def default_games(fault_phase_s: float) -> list[GameDef]:
         ),
         # The user's own script (soak_trainer.py, 16 steps per env per ~0.1 s iteration).
         GameDef("byo", "", "command", int(STEPS_PER_FAULT_S["byo"] * scale), ""),
+        # The same script behind a shell, as people launch theirs (`sh -c`, `uv run`, ...):
+        # the faults that strike the whole host (supervisor kills, reboots, preemption, mode
+        # changes, full disks) reach it; the ones aimed at one worker pick the others.
+        GameDef("byo_sh", "", "command", int(STEPS_PER_FAULT_S["byo_sh"] * scale), "", True),
     ]
 
 

@@ -62,6 +62,15 @@ from training import protocol
 __all__ = ["KINDS", "GameDef", "Soak", "SoakSettings", "clean_workdir", "default_games", "run_soak"]
 
 
+def command_argv(g: GameDef, trainer: str) -> list[str]:
+    """A command game's `command`: the script itself, or behind `sh -c` with a sleeping child
+    of its own (the shell waits for the script and exits with its status, not by `exec`)."""
+    if not g.wrapped:
+        return [PY, trainer, "--name", g.name]
+    script = f'"$0" -c "import time; time.sleep(3600)" {g.child_mark} & "$0" "$@"'
+    return ["sh", "-c", script, PY, trainer, "--name", g.name]
+
+
 class Soak(Injector, Analyst):
     """One soak run: set-up, the supervisor processes, the schedule, the waits between faults.
     Injections come from `Injector`, judgement from `Analyst`, kinds from `soak_kinds.KINDS`."""
@@ -86,7 +95,8 @@ class Soak(Injector, Analyst):
         self.boot_n = 1
         self.game_names = [g.name for g in settings.games]
         self.env = self._env()
-        self.monitor = Monitor(self.state, self.game_names)
+        marks = {g.name: g.child_mark for g in settings.games if g.wrapped}
+        self.monitor = Monitor(self.state, self.game_names, child_marks=marks)
         self.sup: subprocess.Popen[bytes] | None = None
         self.sups: list[tuple[subprocess.Popen[bytes], bool]] = []  # (proc, killed by us)
         self.stopped_pids: set[int] = set()  # SIGSTOPped by the schedule
@@ -132,7 +142,7 @@ class Soak(Injector, Analyst):
         trainer = str(REPO / "tests" / "chaos" / "soak_trainer.py")
         games += "".join(
             f'[[games]]\nname = "{g.name}"\n'
-            f"command = {json.dumps([PY, trainer, '--name', g.name])}\n"
+            f"command = {json.dumps(command_argv(g, trainer))}\n"
             f'heartbeat = true\nknobs = ["num_envs"]\ntotal_steps = {g.total_steps}\n'
             'seed = 1\ndevice = "cpu"\n'
             for g in s.games

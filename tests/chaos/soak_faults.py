@@ -862,13 +862,14 @@ class Injector:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.sup.pid, signal.SIGKILL)
         _, pids = self.monitor.worker_processes()
-        for plist in pids.values():
-            for pid in plist:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        # Every process of the workers' sessions: a wrapped game's shell and its child too.
+        everything = _sessions_of([p for plist in pids.values() for p in plist])
+        for pid in everything:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._mark_killed(self.sup)
         self.sup.wait(10)
-        for pid in [p for plist in pids.values() for p in plist]:
+        for pid in everything:
             self._wait_gone(pid)
 
     def _boot_again(self) -> None:
@@ -1157,6 +1158,54 @@ class Injector:
         fault.event_ids = (first_id, self._last_event_id())
         return fault
 
+    def _f_hostile_files(self) -> Fault | None:
+        """What a buggy script or a bad disk leaves where the supervisor reads: a run dir's
+        eval.json with an infinite step, a heartbeat.json with a string for a step (the worker
+        replaces it within a second), an error.json of wrong types, a garbage progress.csv row,
+        and accounting.json with a string game entry and a non-numeric time. The supervisor
+        ticks on, `status`, `results` and `report` answer without a traceback, /metrics
+        answers, and the game trains on."""
+        game = self.pick_game()
+        if game is None or self.sup is None:
+            return None
+        first_id = self._last_event_id()
+        run_dir = self.monitor.run_dir(game)
+        fault = Fault("hostile_files", [game], time.monotonic())
+        hostile = {
+            run_dir / "eval.json": '{"step": Infinity, "mean": NaN, "episodes": "x"}',
+            run_dir / "heartbeat.json": '{"schema": 1, "seq": "x", "pid": -5, "global_step": "a"}',
+            run_dir / "error.json": '{"pid": "abc", "kind": 7, "message": ["x"], "step": NaN}',
+        }
+        accounting = self.state / "accounting.json"
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(accounting.read_text())
+            if isinstance(doc, dict):
+                doc.setdefault("games", {})[game] = "garbage"
+                doc["wall_s"] = "abc"
+                hostile[accounting] = json.dumps(doc)
+        for path, text in hostile.items():
+            tmp = path.with_name(f".{path.name}.soak")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        with contextlib.suppress(OSError), (run_dir / "progress.csv").open("a") as f:
+            f.write("garbage,Infinity,NaN,,-1e999\n")
+        for args in (("status", "--json"), ("results", "--json"), ("report", "--json")):
+            done = self.rlsup(*args)
+            if done.returncode not in (0, 4) or "Traceback" in done.stderr:
+                fault.problems.append(
+                    f"rlsup {' '.join(args)} exited {done.returncode}: {done.stderr[-300:]}"
+                )
+        body, error = scrape(self.metrics_port)
+        if body is None or b"rlsup_supervisor_up 1" not in body:
+            fault.problems.append(f"GET /metrics after the hostile files: {error or body[:200]!r}")
+        if self.sup.poll() is not None:
+            fault.problems.append(f"the supervisor exited {self.sup.returncode}")
+        if not self._wait_for(lambda: self._healthy_not_stopped(game), 30):
+            fault.problems.append(f"{game}: not training 30 s after the hostile files")
+        fault.note = f"wrote {', '.join(sorted(p.name for p in hostile))} and a progress row"
+        fault.event_ids = (first_id, self._last_event_id())
+        return fault
+
     def _f_hook_storm(self) -> Fault | None:
         """Every game's worker SIGKILLed at once while the `[[hooks]]` program on worker_crash
         and restart misbehaves (megabytes of output, a setsid descendant holding its output,
@@ -1337,6 +1386,20 @@ class Injector:
         moved = self.mirror.objects(MOVED_BUCKET)
         if moved:
             faults[0].problems.append(f"{moved} objects in {MOVED_BUCKET}, the refused mirror")
+
+
+def _sessions_of(pids: list[int]) -> list[int]:
+    """`pids` and every live process that shares a session with one of them."""
+    sids = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            sids.add(os.getsid(pid))
+    out = set(pids)
+    for p in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getsid(p.pid) in sids:
+                out.add(p.pid)
+    return sorted(out)
 
 
 def verify_unless_retired(path: Path, step: int) -> str | None:

@@ -248,6 +248,9 @@ KINDS: dict[str, FaultKind] = {
     ),
     # A burst of idle connections to the metrics endpoint (more than a service has descriptors)
     # and a worker SIGKILLed while they are held: replaced, scraped, descriptors bounded.
+    # Hostile numbers where the supervisor reads (run dir files, accounting.json): every
+    # reader validates; no traceback, no crash, the commands answer, the game trains on.
+    "hostile_files": FaultKind(Injector._f_hostile_files, lambda ev: [], forbid=("fatal",)),
     "metrics_flood": FaultKind(
         Injector._f_metrics_flood, lambda ev: [_crash(ev)], forbid=("fatal", "worker_hang")
     ),

@@ -18,6 +18,8 @@ import psutil
 from checkpoints.names import CORRUPT_PREFIX, MANIFEST_NAME, ckpt_step, corrupt_step
 from supervisor.launch.spawn import process_argv
 
+SHELLS = frozenset({"sh", "bash", "dash"})
+
 
 @dataclass
 class WorkerLife:
@@ -42,9 +44,20 @@ class WorkerLife:
 class Monitor(threading.Thread):
     """Samples processes, heartbeats and checkpoint dirs every `poll_s` seconds."""
 
-    def __init__(self, state: Path, games: list[str], poll_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        state: Path,
+        games: list[str],
+        poll_s: float = 0.2,
+        child_marks: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(daemon=True, name="soak-monitor")
         self.state, self.games, self.poll_s = state, games, poll_s
+        # Wrapped command games: game -> the argv word of the child their shell starts. Never
+        # more than one alive per game: one more is a previous life's, left behind.
+        self.child_marks = dict(child_marks or {})
+        self.most_children: dict[str, int] = dict.fromkeys(self.child_marks, 0)
+        self.leaked_children: list[str] = []
         self.lock = threading.Lock()
         self.lives: dict[tuple[str, int], WorkerLife] = {}
         self.committed: dict[str, dict[int, float]] = {g: {} for g in games}  # step -> first seen
@@ -76,7 +89,12 @@ class Monitor(threading.Thread):
         now = time.monotonic()
         counts, pids = self.worker_processes()
         sups = len(self.supervisor_pids())
+        children = self.wrapper_children()
         with self.lock:
+            for g, found in children.items():
+                self.most_children[g] = max(self.most_children[g], len(found))
+                if len(found) > 1:
+                    self.leaked_children.append(f"{g}: children {found} at t={now:.1f}")
             self.samples += 1
             self.most_supervisors = max(self.most_supervisors, sups)
             for g in self.games:
@@ -95,6 +113,8 @@ class Monitor(threading.Thread):
             cmd = process_argv(p.info["cmdline"] or [])
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
+            if cmd and os.path.basename(cmd[0]) in SHELLS:
+                continue  # a wrapped game's `sh -c`: its script is the worker, counted below
             if any(part.endswith("soak_trainer.py") for part in cmd):  # the command game
                 names = [cmd[i + 1] for i, part in enumerate(cmd[:-1]) if part == "--name"]
                 if names and names[0] in self.games:
@@ -109,6 +129,20 @@ class Monitor(threading.Thread):
                     counts[g] = counts.get(g, 0) + 1
                     pids.setdefault(g, []).append(p.pid)
         return counts, pids
+
+    def wrapper_children(self) -> dict[str, list[int]]:
+        """Live processes carrying each wrapped game's child mark, by game."""
+        found: dict[str, list[int]] = {g: [] for g in self.child_marks}
+        if not found:
+            return found
+        by_mark = {mark: g for g, mark in self.child_marks.items()}
+        for p in psutil.process_iter(["cmdline", "status"]):
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            for part in p.info["cmdline"] or []:
+                if part in by_mark:
+                    found[by_mark[part]].append(p.pid)
+        return found
 
     def supervisor_pids(self) -> list[int]:
         cfg = str(self.state.parent / "rlsup.toml")

@@ -15,8 +15,9 @@ from tests.chaos.soak_analysis import EventLog
 from tests.chaos.soak_engine import KINDS, Soak, SoakSettings
 from tests.chaos.soak_faults import Fault
 
-# Judged inline by its injection (the refused and the accepted reload), not by later events.
-INLINE = {"env_id_change"}
+# Judged inline by their injections (the refused and the accepted reload; the commands' answers
+# over hostile files), not by later events.
+INLINE = {"env_id_change", "hostile_files"}
 
 
 @pytest.mark.parametrize("phase_s", [200.0, 3510.0])
