@@ -506,11 +506,11 @@ class Supervisor:
         try:
             proc = self._launch(rt, mode, threads, now, env)
         except NoRoom as exc:
-            # Several hosts, all full (or none joined): the game waits for room, no failure.
+            # All hosts full, or its last worker's remains still stopping: it waits, no failure.
             self.gpus.unassign(name)
-            if name not in self._no_room:
+            if name not in self._no_room and exc.event:
                 self._no_room.add(name)
-                self.event("no_host", name, {"message": str(exc)})
+                self.event(exc.event, name, {"message": str(exc)})
             return
         except OSError as exc:
             # A full disk, a full process table, a failed pidfd: no child is left running

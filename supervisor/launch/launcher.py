@@ -21,6 +21,7 @@ from supervisor.launch.process import start_ticks
 from supervisor.launch.spawn import (
     LOG_ROTATE_BYTES,
     WORKER_MODULE,
+    StillDraining,
     WorkerProcess,
     rotate_live_log,
     start_worker_process,
@@ -137,14 +138,21 @@ class Launcher:
         sessions.kill_session(sid)
 
     def _reap_draining(self, now: float, log_path: Path | None = None) -> None:
-        """Kill the draining sessions past their grace, or (`log_path`) the one whose game
-        starts its next worker now: never two writers of one run."""
+        """Kill the draining sessions past their grace. `log_path`: the game that starts its
+        next worker now waits (StillDraining) while its last one's remains finish their stop
+        within the grace, rather than lose their final checkpoint: never two writers of one
+        run, and nothing killed that was saving."""
         for sid, (grace_end, log) in list(self._draining.items()):
             if not sessions.members(sid):
                 del self._draining[sid]
-            elif now >= grace_end or (log_path is not None and log == log_path):
+            elif now >= grace_end:
                 sessions.kill_session(sid)
                 del self._draining[sid]
+            elif log_path is not None and log == log_path:
+                raise StillDraining(
+                    f"its last worker's remains (session {sid}) are still finishing their "
+                    f"stop: waiting for them, at most {grace_end - now:.0f} s more"
+                )
 
     def tend_spare(self, want: SpareWant, now: float) -> list[tuple[str, str | None, Any]]:
         """Once a tick: keep (or drop) this host's spare worker as `want` says; its events."""

@@ -40,6 +40,16 @@ def process_argv(cmdline: list[str]) -> list[str]:
 class NoRoom(OSError):
     """No host has room for another game now (several hosts): the game waits, no failure."""
 
+    event: str | None = "no_host"  # recorded once while the game waits
+
+
+class StillDraining(NoRoom):
+    """The game's last worker is gone but what it left is not (a wrapper died of the stop at
+    once; its child still writes the final checkpoint): the next waits, within the stop grace.
+    Nothing failed and nothing is recorded: the game was asked to stop, and is stopping."""
+
+    event = None
+
 
 @dataclass
 class WorkerProcess:

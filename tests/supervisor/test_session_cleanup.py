@@ -107,6 +107,41 @@ def test_a_wrappers_child_may_finish_its_checkpoint_after_the_wrapper_died(
         proc.close()
 
 
+def test_the_next_start_waits_for_the_remains_still_writing_their_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A mode change restarts the game at once: its next worker must wait (no failure) while
+    the last one's child writes its final checkpoint, never kill it for the new start."""
+    from supervisor.launch.spawn import StillDraining
+
+    (tmp_path / "train.py").write_text(CHECKPOINTS_ON_TERM.replace("0.5", "1.5"))
+    saved = tmp_path / "saved"
+    launcher = Launcher(stop_grace_s=10)
+    argv = ["sh", "-c", f"{PY} {tmp_path / 'train.py'} {saved}; echo done"]
+    proc = spawn(launcher, argv, tmp_path)
+    nxt = None
+    try:
+        wait_for(lambda: len(sessions.members(proc.pid)) == 2, 10, "the shell's child")
+        time.sleep(0.3)  # its handler installed
+        launcher.terminate(proc)
+        proc.wait(10)
+        launcher.forget(proc)
+        with pytest.raises(StillDraining, match="still finishing"):
+            spawn(launcher, [PY, "-c", SLEEPER], tmp_path)
+        assert not saved.exists() and sessions.members(proc.pid)  # not killed for it
+        wait_for(saved.exists, 10, "the child's checkpoint")
+        wait_for(lambda: not sessions.members(proc.pid), 5, "the session empty")
+        nxt = spawn(launcher, [PY, "-c", SLEEPER], tmp_path)  # now it starts
+    finally:
+        launcher.kill(proc)
+        if nxt is not None:
+            launcher.kill(nxt)
+            nxt.wait(5)
+            nxt.close()
+        launcher.close()
+        proc.close()
+
+
 HEAD = """\
 state_dir = "state"
 checkpoint_every_s = 1
