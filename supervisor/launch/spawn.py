@@ -351,5 +351,11 @@ def heartbeat_of(hb_pid: int, pid: int, spec: GameSpec) -> bool:
         return False
     try:
         return os.getsid(hb_pid) == pid
+    except ProcessLookupError:
+        # Gone already: a wrapped script's last words, read after the wrapper's exit. The run
+        # dir's heartbeat was removed before this worker started, and nothing of an earlier
+        # life outlives it (its session is emptied before the next start): a heartbeat from a
+        # process that is no more is this life's.
+        return True
     except OSError:
         return False

@@ -374,3 +374,36 @@ def test_a_game_that_promised_no_heartbeat_but_sends_them_is_judged_by_them(
     finally:
         stop_supervisor(sup)
     assert not game_processes("stalls")
+
+
+FINISHES = """
+    import rlsup
+    run = rlsup.attach()
+    step = 0
+    while step < 5000:
+        step += 7
+        run.heartbeat(step)
+    with run.checkpoint(step) as d:
+        (d / "step").write_text(str(step))
+"""
+
+
+def test_a_wrapped_scripts_last_step_reaches_the_supervisor(tmp_path: Path) -> None:
+    """`sh -c "python train.py; true"`: the SDK's last heartbeat, written as it exits, is read
+    after the shell's exit, when the script is no longer in the session: still the game's."""
+    script = write(tmp_path, "train.py", FINISHES)
+    config = tmp_path / "rlsup.toml"
+    game = command_game("mine", script, heartbeat=True, total_steps=5000).replace(
+        json.dumps([sys.executable, script]),
+        json.dumps(["sh", "-c", f"{sys.executable} {script}; sleep 0.3; true"]),
+    )
+    config.write_text(HEAD + game)
+    state, env = tmp_path / "state", env_for(tmp_path)
+    sup = start_supervisor(config, env, "--exit-when-done")
+    try:
+        assert sup.wait(60) == 0, (tmp_path / "supervisor.log").read_text()[-3000:]
+    finally:
+        stop_supervisor(sup)
+    done = events(state, "worker_exit", "mine")[-1]["detail"]
+    assert (done["global_step"], done["last_checkpoint_step"]) == (5005, 5005), done
+    assert status(tmp_path, config)["mine"]["global_step"] == 5005
