@@ -85,6 +85,9 @@ class Fault:
     spare_pid: int | None = None
     # mirror_move: the refusal's event id (the mirror_ok that must follow it).
     after_event_id: int | None = None
+    # A wrapped game's victim (its script) is not the worker the supervisor started (its
+    # shell, the session's leader): game -> that leader's pid, for the events naming it.
+    leaders: dict[str, int] = field(default_factory=dict)
 
 
 class Filler:
@@ -801,6 +804,7 @@ class Injector:
         self.wait_all_healthy(40)
         assert self.sup is not None
         victims = {g: lf.pid for g in self.game_names if (lf := self.monitor.current(g))}
+        leaders = _leaders(victims)  # while they live: a gone process has no session
         first_id = self._last_event_id()
         t = time.monotonic()
         for pid in victims.values():  # frozen: they cannot notice their parent die and leave
@@ -820,6 +824,7 @@ class Injector:
         self.wait_all_healthy(60)
         self._step_clock(-300.0)
         fault = Fault("clock_step", list(victims), t, victims, note="+300 s, then back")
+        fault.leaders = leaders
         fault.event_ids = (first_id, self._last_event_id())
         return fault
 
@@ -904,6 +909,8 @@ class Injector:
         note = ", ".join(f"{g} {s:.1f} s" for g, s in sorted(served.items())) or "none served"
         fault = Fault("preemption", list(victims), t, victims, note=f"notice -> commit: {note}")
         for g in sorted(set(victims) - set(served)):
+            if self._done(g):
+                continue  # it reached total_steps meanwhile: its final checkpoint is its last
             # A healthy worker serves the notice's request within about a minibatch (the SDK's:
             # at its script's next should_checkpoint()); one whose heartbeat never says so
             # leaves its operator blind inside the window.
@@ -1386,6 +1393,16 @@ class Injector:
         moved = self.mirror.objects(MOVED_BUCKET)
         if moved:
             faults[0].problems.append(f"{moved} objects in {MOVED_BUCKET}, the refused mirror")
+
+
+def _leaders(victims: dict[str, int]) -> dict[str, int]:
+    """game -> the session leader of its victim, where that is another process (a wrapper)."""
+    out = {}
+    for game, pid in victims.items():
+        with contextlib.suppress(OSError):
+            if (sid := os.getsid(pid)) != pid:
+                out[game] = sid
+    return out
 
 
 def _sessions_of(pids: list[int]) -> list[int]:

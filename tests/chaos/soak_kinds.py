@@ -55,7 +55,8 @@ def _state_db(ev: EventLog) -> list[tuple[str, bool]]:
 
 
 def _clock_step(ev: EventLog) -> list[tuple[str, bool]]:
-    stopped = set(ev.fault.victims.values())
+    # The workers the supervisor started: a wrapped game's is its shell, the script's leader.
+    stopped = {ev.fault.leaders.get(g, pid) for g, pid in ev.fault.victims.items()}
 
     def found_them(e: dict[str, Any]) -> bool:
         listed = set(e["detail"].get("leftover_workers_stopped") or [])

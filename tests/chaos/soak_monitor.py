@@ -184,13 +184,15 @@ class Monitor(threading.Thread):
             hb = json.loads((self.run_dir(game) / "heartbeat.json").read_text())
         except (OSError, ValueError):
             return
-        pid = int(hb.get("pid", 0))
+        pid, step = hb.get("pid"), hb.get("global_step")
+        if not isinstance(pid, int) or pid <= 0 or not isinstance(step, int | None):
+            return  # no worker's: what `hostile_files` wrote (the worker replaces it in ~1 s)
         with self.lock:
             life = self.lives.get((game, pid))
             if life is None:
                 life = self.lives[(game, pid)] = WorkerLife(game, pid, now, process_start(pid, now))
             life.last_seen = now
-            step = int(hb.get("global_step") or 0)
+            step = int(step or 0)
             if hb.get("phase") in ("training", "checkpointing", "stopping"):
                 if life.first_step is None and hb.get("phase") == "training":
                     life.first_step = step

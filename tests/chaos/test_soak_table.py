@@ -123,3 +123,25 @@ def test_the_soak_config_loads_with_the_services_its_kinds_drive(tmp_path: Path)
     quiet = subprocess.run([str(soak.hook_program)], capture_output=True, timeout=10)
     assert quiet.returncode == 0 and not quiet.stdout, "without the storm flag: exit 0 at once"
     assert not soak.hook_runs.exists()
+
+
+def test_the_monitor_follows_the_worker_through_a_hostile_heartbeat(tmp_path: Path) -> None:
+    """`hostile_files` replaces a heartbeat with one of no worker (pid -5, a string step) for
+    the second until the worker writes again: the soak's eyes must keep following the worker,
+    not take that for a new life (which hid the worker from every later fault)."""
+    import json
+
+    from tests.chaos.soak_monitor import Monitor
+
+    run_dir = tmp_path / "runs" / "g"
+    run_dir.mkdir(parents=True)
+    monitor = Monitor(tmp_path, ["g"])
+    beat = {"pid": os.getpid(), "global_step": 10, "phase": "training"}
+    (run_dir / "heartbeat.json").write_text(json.dumps(beat))
+    monitor._read_heartbeat("g", 1.0)
+    (run_dir / "heartbeat.json").write_text('{"pid": -5, "global_step": "a", "seq": "x"}')
+    monitor._read_heartbeat("g", 2.0)
+    (run_dir / "heartbeat.json").write_text(json.dumps(beat | {"global_step": 20}))
+    monitor._read_heartbeat("g", 3.0)
+    life = monitor.current("g")
+    assert life is not None and life.pid == os.getpid() and life.max_step == 20
