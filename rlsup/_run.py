@@ -662,11 +662,9 @@ class Run:
         a loop that asks `should_stop()` twice can see a SIGTERM that its checkpoint question
         did not; read it once per iteration, before that question."""
         if self._training and self._step > (self.last_checkpoint_step or 0):
-            print(
-                f"rlsup: exiting 75 at step {self._step} without a checkpoint of it (last "
-                f"committed: {self.last_checkpoint_step}); the steps since are redone",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"exiting 75 at step {self._step} without a checkpoint of it (last "
+                f"committed: {self.last_checkpoint_step}); the steps since are redone"
             )
         self.close(phase=Phase.STOPPING)
         raise SystemExit(int(ExitCode.STOPPED))
@@ -767,7 +765,7 @@ class Run:
     def _failed(self, step: int, exc: BaseException | str) -> None:
         self._last_failed = True
         self._requests.failed()
-        print(f"rlsup: checkpoint at step {step} failed: {exc}", file=sys.stderr, flush=True)
+        _say(f"checkpoint at step {step} failed: {exc}")
         if self._hb is not None:
             failures = self._hb.current.checkpoint_failures + 1
             self._hb.update(checkpoint_failures=failures, last_checkpoint_error=str(exc))
@@ -828,7 +826,10 @@ def _check_array_name(name: str) -> None:
 
 
 def _say(message: str) -> None:
-    print(f"rlsup: {message}", file=sys.stderr, flush=True)
+    """A line on stderr: under rlsup that is the game's log, on the state disk, which may be
+    full: a line lost there must never turn into the script's crash (an OSError from print)."""
+    with contextlib.suppress(OSError, ValueError):  # ValueError: stderr closed
+        print(f"rlsup: {message}", file=sys.stderr, flush=True)
 
 
 def _finite(value: Any) -> float | None:

@@ -429,12 +429,16 @@ class Soak(Injector, Analyst):
         """A random game whose worker trains (waiting up to 60 s for one); `builtin`: one of
         rlsup's own workers (a fault about env_id or the worker's argv has no command game)."""
         commands = {g.name for g in self.s.games if g.command}
+        # A wrapped game's script is not the process the supervisor started (its shell is):
+        # the faults aimed at one worker judge the exit of the pid they killed.
+        wrapped = {g.name for g in self.s.games if g.wrapped}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             ok = [
                 g
                 for g in self.game_names
                 if not (builtin and g in commands)
+                and g not in wrapped
                 and not self._done(g)
                 and self.monitor.healthy(g) is not None
                 and len(self.monitor.committed_steps(g)) >= need_ckpts
@@ -461,9 +465,9 @@ class Soak(Injector, Analyst):
         life = self.monitor.current(game)
         if life is None or self.sup is None or life.pid in self.stopped_pids:
             return False
-        try:
-            return bool(psutil.Process(life.pid).ppid() == self.sup.pid)
-        except psutil.Error:
+        try:  # the process the supervisor started leads the session (a wrapper's script not)
+            return bool(psutil.Process(os.getsid(life.pid)).ppid() == self.sup.pid)
+        except (OSError, psutil.Error):
             return False
 
     # ---- the end ----

@@ -1073,7 +1073,13 @@ class Injector:
                     break
             time.sleep(0.05)
         kills = self._oom_kills(cg)
-        if psutil.pid_exists(life.pid) and not kills:
+        gone = True
+        with contextlib.suppress(psutil.Error):
+            gone = psutil.Process(life.pid).status() == psutil.STATUS_ZOMBIE
+        if not kills and gone and self._wait_for(lambda: self._done(game), 5):
+            # It reached total_steps and exited 0 before the kernel struck: no OOM to judge.
+            fault.skipped = "the game finished before the kernel OOM-killed its worker"
+        elif psutil.pid_exists(life.pid) and not kills:
             # not killed: give it back its memory and record the skip honestly
             with contextlib.suppress(OSError):
                 (cg.parent / "cgroup.procs").write_text(f"{life.pid}\n")
@@ -1220,7 +1226,10 @@ class Injector:
         each misbehaving run ends at its timeout, and nothing of a run is left running."""
         self.wait_disk()
         self.wait_all_healthy(40)
-        games = [g for g in self.game_names if not self._done(g) and self._owned(g)]
+        wrapped = {g.name for g in self.s.games if g.wrapped}  # its kill is its script's
+        games = [
+            g for g in self.game_names if not self._done(g) and self._owned(g) and g not in wrapped
+        ]
         if not games or self.sup is None:
             return None
         first_id = self._last_event_id()

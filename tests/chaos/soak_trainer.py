@@ -13,6 +13,7 @@ finishes. Honours the mode's `num_envs` (it lists the knob in its config).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -68,7 +69,8 @@ def main() -> int:
                     (d / "learner.pt").write_text(json.dumps(state))
                     run.save_arrays("replay", replay[:iterations], chunk_bytes=16 << 10)
             except rlsup.CheckpointFailed as exc:  # a full disk: train on, retried later
-                print(f"{args.name}: {exc}", file=sys.stderr, flush=True)
+                with contextlib.suppress(OSError):  # its log is on that disk too
+                    print(f"{args.name}: {exc}", file=sys.stderr, flush=True)
         if stop:
             run.exit_stopped()
     return 0

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,3 +157,40 @@ def test_after_a_failed_checkpoint_the_next_commits_once_space_returns(
         (d / "state").write_text("two")
     assert run.last_checkpoint_step == 2
     assert run._hb is not None and run._hb.current.checkpoint_failures == 1
+
+
+FULL_STDERR_SCRIPT = """
+import sys, numpy as np, rlsup
+run = rlsup.attach(sys.argv[1], checkpoint_every_s=3600, handle_signals=False)
+run.heartbeat(1)
+try:
+    with open(sys.argv[2], "wb") as f:  # the rest of the disk: nothing more fits
+        while True:
+            f.write(b"x" * 4096)
+            f.flush()
+except OSError:
+    pass
+try:
+    with run.checkpoint(1) as d:
+        run.save_arrays("replay", np.arange(10_000, dtype=np.int64))
+except rlsup.CheckpointFailed:
+    sys.exit(42)  # what a script is promised: train on, retried later
+"""
+
+
+def test_a_full_disk_under_the_scripts_own_log_is_still_a_checkpoint_failed(
+    disk: Path, tmp_path: Path
+) -> None:
+    """Under rlsup the script's stderr is its log, on the state disk that is full: the SDK's
+    own word about the failure must not turn it into an OSError from `print`."""
+    script = tmp_path / "full.py"
+    script.write_text(FULL_STDERR_SCRIPT)
+    with (disk / "game.log").open("ab") as log:
+        done = subprocess.run(
+            [sys.executable, str(script), str(disk / "run"), str(disk / "ballast")],
+            stdout=log,
+            stderr=log,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+            timeout=60,
+        )
+    assert done.returncode == 42, (disk / "game.log").read_bytes()[-2000:]
