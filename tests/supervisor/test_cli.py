@@ -209,7 +209,7 @@ def test_check_config_says_ok_or_names_the_key(
 def test_commands_find_the_installed_services_config_without_flags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: Path
 ) -> None:
-    from supervisor import config as config_mod
+    from supervisor.config import location as config_mod
 
     monkeypatch.setattr(config_mod, "SYSTEM_CONFIG", config)
     monkeypatch.delenv("RLSUP_CONFIG", raising=False)

@@ -279,10 +279,10 @@ def test_cluster_table_defaults_to_this_host_and_reads_the_ray_backend(tmp_path:
 
 def test_every_supervisor_owned_worker_flag_names_where_it_is_set() -> None:
     """The refusal of a supervisor-owned flag in `args` names the key to set instead."""
-    from supervisor import config
+    from supervisor.config import games
     from training import args
 
-    assert set(config._SET_FROM) == args.SUPERVISOR_FIELDS
+    assert set(games.SET_FROM) == args.SUPERVISOR_FIELDS
     assert args.SUPERVISOR_FIELDS | args.HYPERPARAMETER_FIELDS == args.WORKER_FIELDS
 
 

@@ -1,0 +1,96 @@
+"""The [[games]] tables as runs: each table expanded into its matrix (`seeds` x `variants`),
+each run checked against every mode with the worker's own validation, in a fair order, under
+names that never collide (a run's directory never holds another's)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from supervisor.config.fields import ConfigSource
+from supervisor.config.games import Variants, builtin_game, command_game
+from supervisor.config.model import GameSpec, ModeSpec
+from supervisor.config.recipe import worker_config
+from training import args as worker_args
+
+
+def parse_games(
+    ctx: ConfigSource, data: Any, modes: tuple[ModeSpec, ...], checkpoint_every_s: float
+) -> tuple[GameSpec, ...]:
+    """The [[games]] tables, each expanded into its runs (`seeds` x `variants`), in a fair
+    order: round-robin over the tables, so that every game's first run comes before any
+    game's second (the order the queue starts them under `max_concurrent`)."""
+    if not isinstance(data, list) or not data:
+        raise ctx.fail(["games"], "missing; expected at least one [[games]] table")
+    tables: list[list[GameSpec]] = []
+    for i, table in enumerate(data):
+        if isinstance(table, dict) and "command" in table:
+            if "variants" in table:
+                raise ctx.fail(
+                    ["games", i, "variants"],
+                    "a command game has no args to vary: give each variant its own [[games]] "
+                    "table (its own command or env)",
+                )
+            base = command_game(ctx, i, table, ctx.path)
+            tables.append(expand(ctx, i, table, base, {"": ()}))
+            continue
+        base, variants = builtin_game(ctx, i, table)
+        runs = expand(ctx, i, table, base, variants)
+        for game in runs:
+            for mode in modes:
+                try:
+                    worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, None)
+                except (worker_args.ConfigError, TypeError, ValueError) as exc:
+                    raise ctx.fail(
+                        ["games", i], f"{game.name}: invalid worker settings in mode "
+                        f"{mode.name!r}: {exc}",
+                    ) from None  # fmt: skip
+        tables.append(runs)
+    games = [t[k] for k in range(max(map(len, tables))) for t in tables if k < len(t)]
+    names = {g.name: g for g in games}
+    for game in games:
+        if dups := [g.table for g in games if g.name == game.name][1:]:
+            raise ctx.fail(["games", max(dups), "name"], f"duplicate game name {game.name!r}")
+        parts = game.name.split("/")
+        for k in range(1, len(parts)):
+            other = names.get("/".join(parts[:k]))
+            if other is not None:
+                raise ctx.fail(
+                    ["games", other.table, "name"],
+                    f"{other.name!r} is also the name of the runs of another [[games]] table "
+                    f"({game.name}, ...): its run directory would hold theirs; rename one",
+                )
+    return tuple(games)
+
+
+def expand(
+    ctx: ConfigSource,
+    i: int,
+    table: Mapping[str, Any],
+    base: GameSpec,
+    variants: Variants,
+) -> list[GameSpec]:
+    """One [[games]] table's runs: each seed (`seeds`, else `seed`) x each variant ("" = the
+    game's own args), seed-major, named GAME[/VARIANT][/sSEED]."""
+    seeds: list[int] = table.get("seeds", [])
+    if "seeds" in table:
+        if not seeds:
+            raise ctx.fail(["games", i, "seeds"], "an empty list: give at least one seed")
+        if "seed" in table:
+            raise ctx.fail(
+                ["games", i, "seed"], "set together with `seeds`: give one of them (the runs' "
+                "seeds are the list's)",
+            )  # fmt: skip
+        dup = next((x for k, x in enumerate(seeds) if x in seeds[:k]), None)
+        if dup is not None:
+            raise ctx.fail(
+                ["games", i, "seeds"], f"seed {dup} appears twice in {seeds}: each seed is one run"
+            )
+    runs = []
+    for seed in seeds or [base.seed]:
+        for vname, args in variants.items():
+            name = base.name + (f"/{vname}" if vname else "") + (f"/s{seed}" if seeds else "")
+            runs.append(dataclasses.replace(base, name=name, seed=seed, args=args, table=i))
+    return runs
