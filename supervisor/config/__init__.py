@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from supervisor.config.location import resolve_config_path as resolve_config_path
     from supervisor.config.metrics import DEFAULT_METRICS_PORT as DEFAULT_METRICS_PORT
     from supervisor.config.metrics import MetricsConfig as MetricsConfig
+    from supervisor.config.mirror import MIRROR_LOCATION_KEYS as MIRROR_LOCATION_KEYS
     from supervisor.config.mirror import MirrorConfig as MirrorConfig
     from supervisor.config.model import GAME_NAME_RE as GAME_NAME_RE
     from supervisor.config.model import KNOBS as KNOBS
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from supervisor.config.preemption import PREEMPTION_PROVIDERS as PREEMPTION_PROVIDERS
     from supervisor.config.preemption import PreemptionConfig as PreemptionConfig
     from supervisor.config.recipe import worker_config as worker_config
-    from supervisor.config.service_checks import MIRROR_LOCATION_KEYS as MIRROR_LOCATION_KEYS
     from supervisor.config.service_checks import check_for_service as check_for_service
     from supervisor.config.service_checks import check_runs_match as check_runs_match
     from supervisor.config.service_checks import mirror_reload_refusal as mirror_reload_refusal
@@ -73,6 +73,7 @@ _WHERE = {
     "StabilityConfig": "model",
     "WatchdogConfig": "model",
     "split_run_name": "model",
+    "MIRROR_LOCATION_KEYS": "mirror",
     "MirrorConfig": "mirror",
     "ClusterConfig": "cluster",
     "SpareConfig": "cluster",
@@ -87,7 +88,6 @@ _WHERE = {
     "load_config": "parser",
     "parse_config": "parser",
     "worker_config": "recipe",
-    "MIRROR_LOCATION_KEYS": "service_checks",
     "check_for_service": "service_checks",
     "check_runs_match": "service_checks",
     "mirror_reload_refusal": "service_checks",

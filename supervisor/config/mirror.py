@@ -29,6 +29,11 @@ class MirrorConfig:
         return dataclasses.asdict(self)
 
 
+# Where the mirror is (the rest of the table is tuning): a reload never moves it
+# (service_checks.mirror_reload_refusal), and the fence client on several hosts is built from it.
+MIRROR_LOCATION_KEYS = ("url", "endpoint_url", "region")
+
+
 def _mirror_url_ok(v: Any) -> bool:
     from checkpoints.remote import RemoteLocation  # no boto3: parsing only
 

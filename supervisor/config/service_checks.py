@@ -11,6 +11,7 @@ import shutil
 
 from supervisor.config.fields import ConfigSource, read_or_empty
 from supervisor.config.hooks import HOOK_PROGRAM_PATH
+from supervisor.config.mirror import MIRROR_LOCATION_KEYS
 from supervisor.config.model import Config
 from training import protocol
 
@@ -92,9 +93,6 @@ def _check_mirror_client_values(ctx: ConfigSource, endpoint_url: str, region: st
                 f"got {region!r}: the S3 client refuses it (letters, digits and hyphens, "
                 'e.g. "eu-west-1")',
             ) from None
-
-
-MIRROR_LOCATION_KEYS = ("url", "endpoint_url", "region")
 
 
 def mirror_reload_refusal(old: Config, new: Config) -> str | None:

@@ -325,3 +325,26 @@ def test_the_modes_batch_is_ppos_minibatch_and_dqn_keeps_its_own(tmp_path: Path)
     same_envs = type(heavy)(name="x", num_envs=8, batch_size=512, n_steps=32, max_concurrent=1)
     assert pong.knob_values(same_envs) == pong.knob_values(heavy)
     assert cart.knob_values(same_envs) != cart.knob_values(heavy)
+
+
+def test_the_config_package_hands_on_every_name_the_module_had() -> None:
+    """`from supervisor.config import X` (the package's lazy re-exports, issue 41): each name
+    comes from its own module on first use, and the map is the list type checkers are told."""
+    import ast
+    import importlib
+
+    import supervisor.config as package
+
+    tree = ast.parse(Path(str(package.__file__)).read_text())
+    typed = {
+        alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("supervisor.config.")
+        for alias in node.names
+    }
+    assert typed == set(package._WHERE)
+    for name, module in package._WHERE.items():
+        home = importlib.import_module(f"supervisor.config.{module}")
+        assert getattr(package, name) is getattr(home, name)
+    with pytest.raises(AttributeError):
+        _ = package.no_such_name
