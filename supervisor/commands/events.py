@@ -31,6 +31,7 @@ from supervisor.commands._common import (
     load_config_or_exit,
 )
 from supervisor.config import Config
+from supervisor.ledger import reads
 from supervisor.observe import readonly
 
 POLL_S = 0.5
@@ -83,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     events: list[dict[str, Any]] = []
     with readonly.open_db_readonly(cfg.db_path) as conn:
         try:
-            known_games = {g.name for g in cfg.games} | _distinct(conn, "workers", "game")
-            known_kinds = set(readonly.EVENT_KINDS) | _distinct(conn, "events", "kind")
+            known_games = {g.name for g in cfg.games} | reads.known_games(conn)
+            known_kinds = set(readonly.EVENT_KINDS) | reads.known_event_kinds(conn)
             if args.game is not None and args.game not in known_games:
                 return render.fail_usage(
                     f"unknown game {args.game!r}; known: {', '.join(sorted(known_games))}"
@@ -187,16 +188,6 @@ def event_line(e: dict[str, Any]) -> str:
             render.fmt_detail(e["detail"]),
         ]
     ).rstrip()
-
-
-def _distinct(conn: sqlite3.Connection | None, table: str, column: str) -> set[str]:
-    if conn is None:
-        return set()
-    try:
-        rows = conn.execute(f"SELECT DISTINCT {column} FROM {table} WHERE {column} IS NOT NULL")
-        return {r[0] for r in rows}
-    except sqlite3.OperationalError:
-        return set()
 
 
 def render_events(events: list[dict[str, Any]], since: str) -> str:

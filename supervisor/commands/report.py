@@ -27,7 +27,7 @@ from typing import Any
 from supervisor.commands import _render as render
 from supervisor.commands._common import EXIT_OK, add_config_argument, load_config_or_exit
 from supervisor.config import Config
-from supervisor.ledger import accounting, db
+from supervisor.ledger import accounting, reads
 from supervisor.observe import readonly
 
 SCHEMA = 1
@@ -77,25 +77,25 @@ def _days(now: float, n: int) -> list[accounting.Bucket]:
     return out
 
 
-def _uptime(boots: list[sqlite3.Row], a: float, b: float, first: float) -> float | None:
+def _uptime(boots: list[reads.BootSpan], a: float, b: float, first: float) -> float | None:
     span = b - max(a, first)
     if span <= 0:
         return None
-    up = sum(max(0.0, min(r["last_seen"], b) - max(r["first_seen"], a)) for r in boots)
+    up = sum(max(0.0, min(r.last_seen, b) - max(r.first_seen, a)) for r in boots)
     return min(1.0, float(up) / span)
 
 
 def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[str, Any]:
-    first = db.first_boot_seen(conn) or now
-    boots = conn.execute("SELECT first_seen, last_seen FROM boots ORDER BY first_seen").fetchall()
+    first = reads.first_boot_seen(conn) or now
+    boots = reads.boot_spans(conn)
     names = [g.name for g in cfg.games]
-    names += sorted({r["game"] for r in db.workers(conn)} - set(names))
+    names += sorted({r["game"] for r in reads.workers(conn)} - set(names))
     rate = float(cfg.cost_per_hour or 0.0)
     buckets = _days(now, days)
     times = accounting.account_db(conn, names, now, rate, cfg.gpu_cost_share, buckets=buckets)
     crashes_total = sum(
         1
-        for e in db.events(conn, kind="supervisor_start")
+        for e in reads.events(conn, kind="supervisor_start")
         if e.detail.get("after") == "supervisor_crash"
     )
     observed = max(0.0, now - first)
@@ -120,17 +120,14 @@ def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[
     day_rows = []
     for b in buckets:
         counts = {
-            key: len(db.events(conn, kind=list(kinds), since=b.start))
+            key: len(reads.events(conn, kind=list(kinds), since=b.start))
             for key, kinds in INCIDENTS.items()
         }
         later = {
-            key: len(db.events(conn, kind=list(kinds), since=b.end))
+            key: len(reads.events(conn, kind=list(kinds), since=b.end))
             for key, kinds in INCIDENTS.items()
         }
-        reboots = conn.execute(
-            "SELECT COUNT(*) FROM events WHERE kind = 'host_reboot' AND ts >= ? AND ts < ?",
-            (b.start, b.end),
-        ).fetchone()[0]
+        reboots = reads.count_events_between(conn, "host_reboot", b.start, b.end)
         up = _uptime(boots, b.start, b.end, first)
         day_rows.append(
             {
@@ -153,9 +150,9 @@ def build(conn: sqlite3.Connection, cfg: Config, now: float, days: int) -> dict[
         "per_hour": rate or None,
         "host": {
             "uptime_fraction": round(_uptime(boots, first, now, first) or 0.0, 4),
-            "unexpected_reboots": len(db.events(conn, kind="host_reboot")),
+            "unexpected_reboots": len(reads.events(conn, kind="host_reboot")),
             "supervisor_crashes": crashes_total,
-            "mtbf_s": db.mtbf_s(conn, now),
+            "mtbf_s": reads.mtbf_s(conn, now),
         },
         "totals": totals,
         "days": day_rows,
