@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import manifest
-from checkpoints.perms import DIR_MODE, masked
+from checkpoints.perms import masked
+from supervisor.files import make_private_dir
 
 DB_NAME = "rlsup.db"
 BUSY_TIMEOUT_MS = 10_000
@@ -141,14 +142,6 @@ ALTER TABLE workers ADD COLUMN gpu TEXT;
 # Forward migrations: MIGRATIONS[i] takes user_version i to i+1. Append, never edit.
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def make_private_dir(path: Path) -> Path:
-    """A state directory: its owner's, and its group's to read where the umask allows it
-    (the systemd unit's operators group); never anyone else's."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(path, masked(DIR_MODE))
-    return path
 
 
 def db_file_mode() -> int:
