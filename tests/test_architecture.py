@@ -1,7 +1,8 @@
 """The house keeps its shape: no import cycle anywhere in the product (imports inside functions
 and under TYPE_CHECKING included), the CLI and the daemon imported only from above, wings that
-say what they own, and a daemon that stays start-up, the tick and shutdown. The finer rules
-(which wing may import which) are import-linter's contracts in pyproject.toml (`make lint`)."""
+say what they own, no circle between supervisor/'s wings, and a daemon that stays start-up,
+the tick and shutdown. The finer rules (each wing's floor, which wing may import which) are
+import-linter's contracts in pyproject.toml (`make lint`)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,44 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     g.add_import(importer="p.b", imported="p.a")
     g.add_import(importer="p.c", imported="p.a")
     assert _cycles(g) == [["p.a", "p.b"]]
+
+
+def _rooms(graph: grimp.ImportGraph, package: str) -> grimp.ImportGraph:
+    """`package`'s import graph with each child (a wing, or a top-level module) drawn as one
+    room: an import between two modules of different rooms is an arrow between the rooms."""
+    children = graph.find_children(package)
+    rooms = grimp.ImportGraph()
+    for child in children:
+        rooms.add_module(child)
+
+    def room(module: str) -> str | None:
+        return next((c for c in children if module == c or module.startswith(c + ".")), None)
+
+    for module in graph.find_descendants(package):
+        here = room(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            there = room(imported)
+            if here and there and here != there:
+                rooms.add_import(importer=here, imported=there)
+    return rooms
+
+
+def test_no_circle_between_the_supervisors_wings(graph: grimp.ImportGraph) -> None:
+    # Module cycles are caught above; this catches a wing that imports a wing that imports it
+    # back through other files (gpu -> stability -> gpu once did). pyproject.toml's layers
+    # contract says which way each arrow must run.
+    assert _cycles(_rooms(graph, "supervisor")) == []
+
+
+def test_the_rooms_show_a_circle_that_no_module_cycle_shows() -> None:
+    g = grimp.ImportGraph()
+    for m in ("p", "p.a", "p.a.x", "p.a.y", "p.b", "p.b.z", "p.c"):
+        g.add_module(m)
+    g.add_import(importer="p.a.x", imported="p.b.z")
+    g.add_import(importer="p.b.z", imported="p.a.y")
+    g.add_import(importer="p.c", imported="p.a.x")
+    assert _cycles(g) == []
+    assert _cycles(_rooms(g, "p")) == [["p.a", "p.b"]]
 
 
 def test_only_the_cli_imports_the_commands(graph: grimp.ImportGraph) -> None:

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     from supervisor.config import ConfigError, check_for_service, check_runs_match
     from supervisor.daemon import LockHeld, StartFailed, Supervisor, acquire_lock
-    from supervisor.ledger import db
+    from supervisor.files import make_private_dir
     from supervisor.observe.logs import configure_logging, level_number
 
     level_name = args.log_level or os.environ.get("RLSUP_LOG_LEVEL") or "info"
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(level=level)
     _say_command_findings(cfg)
     os.umask(state_umask(os.environ))  # workers inherit it
-    db.make_private_dir(cfg.state_dir)
+    make_private_dir(cfg.state_dir)
     try:
         lock_fd = acquire_lock(cfg.state_dir)
     except LockHeld as exc:

@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from supervisor.stability.policy import GpuVitals
+from supervisor.gpu.vitals import GpuVitals
 
 try:  # pure Python: importing it loads no driver (nvmlInit does)
     import pynvml  # type: ignore[import-untyped, unused-ignore]

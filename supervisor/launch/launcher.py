@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil  # type: ignore[import-untyped]
 
+from supervisor.files import LOG_ROTATE_BYTES, rotate_live_log
 from supervisor.launch import sessions
 from supervisor.launch.process import start_ticks
 from supervisor.launch.spawn import (
-    LOG_ROTATE_BYTES,
     WORKER_MODULE,
     StillDraining,
     WorkerProcess,
-    rotate_live_log,
     start_worker_process,
 )
 

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from supervisor.files import rotate_log
 from supervisor.launch.spare import STOP_GRACE_S
-from supervisor.launch.spawn import WORKER_MODULE, rotate_log, start_worker_process
+from supervisor.launch.spawn import WORKER_MODULE, start_worker_process
 from training import args as worker_args
 from training import protocol
 from training.protocol import SPARE_MAX_MESSAGE, decode_message, encode_message

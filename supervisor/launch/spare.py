@@ -32,9 +32,9 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from supervisor.files import make_private_dir, rotate_log
 from supervisor.launch.process import start_ticks
-from supervisor.launch.spawn import WorkerProcess, rotate_log, start_worker_process
-from supervisor.ledger.db import make_private_dir
+from supervisor.launch.spawn import WorkerProcess, start_worker_process
 from training.protocol import SPARE_MAX_MESSAGE, decode_message, encode_message
 
 Event = tuple[str, str | None, dict[str, Any]]

@@ -1,6 +1,6 @@
 """Worker processes on this host: starting one (its environment, its session, its pidfd),
-recognising one after a restart of the supervisor (pid, start ticks, argv), stopping leftovers,
-and rotating a worker's log. The launchers (local, spare, Ray) are built on these."""
+recognising one after a restart of the supervisor (pid, start ticks, argv), stopping leftovers.
+The launchers (local, spare, Ray) are built on these. Rotating a log is `supervisor/files.py`'s."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]
 
 from supervisor.config import Config, GameSpec, ModeSpec, worker_config
+from supervisor.files import make_private_dir, rotate_log
 from supervisor.launch import sessions
 from supervisor.launch.crashlog import death_from_log
 from supervisor.launch.process import same_process
-from supervisor.ledger.db import make_private_dir
 from training import protocol as P
 from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV, PARENT_START_ENV, own_start_ticks
 
@@ -130,58 +130,6 @@ def start_worker_process(
         )
     finally:
         os.close(fd)
-
-
-LOG_ROTATE_BYTES = 64 << 20
-
-
-def rotate_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> None:
-    """Keep one previous worker log (`.1`) once the current one passes `limit` bytes."""
-    with contextlib.suppress(OSError):
-        if path.stat().st_size > limit:
-            os.replace(path, path.with_name(path.name + ".1"))
-
-
-def rotate_live_log(path: Path, limit: int = LOG_ROTATE_BYTES) -> bool:
-    """A live worker's log past `limit` bytes: its content becomes `.1` (the one previous
-    kept) and the file is truncated in place, where the worker, which appends (O_APPEND),
-    goes on writing. Renaming it would not do: the worker's fd would follow the old file. The
-    copy chases the writer to the end before the truncate, so only a line written in that
-    last instant can be lost (logrotate's copytruncate). True when it rotated."""
-    try:
-        if path.stat().st_size <= limit:
-            return False
-        previous = path.with_name(path.name + ".1")
-        staging = path.with_name(f".{path.name}.1.tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        src = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            dst = os.open(staging, flags, 0o640)
-            try:
-                _copy_to_end(src, dst)
-                os.ftruncate(src, 0)
-            finally:
-                os.close(dst)
-        finally:
-            os.close(src)
-        os.replace(staging, previous)
-        return True
-    except OSError:
-        return False
-
-
-def _copy_to_end(src: int, dst: int) -> None:
-    """Copy `src` to `dst` until a read finds nothing more (the writer may still append)."""
-    offset = 0
-    while True:
-        size = os.fstat(src).st_size
-        if size <= offset:
-            return
-        while offset < size:
-            sent = os.sendfile(dst, src, offset, size - offset)
-            if sent == 0:
-                return
-            offset += sent
 
 
 def find_leftover(

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpoints import manifest
-from checkpoints.perms import DIR_MODE, masked
+from checkpoints.perms import masked
+from supervisor.files import make_private_dir
 
 # The schema and the read side live beside this module; `db.events`, `db.EVENT_KINDS` and
 # the rest keep working for the modules, tests and benchmarks that name them so.
@@ -60,14 +61,6 @@ BUSY_TIMEOUT_MS = 10_000
 # (supervisor/ledger/journal.py) and retried, and a tick must not stall behind an operator's
 # long write lock.
 SUPERVISOR_BUSY_TIMEOUT_MS = 1_000
-
-
-def make_private_dir(path: Path) -> Path:
-    """A state directory: its owner's, and its group's to read where the umask allows it
-    (the systemd unit's operators group); never anyone else's."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(path, masked(DIR_MODE))
-    return path
 
 
 def db_file_mode() -> int:

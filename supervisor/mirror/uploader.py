@@ -62,7 +62,7 @@ import structlog
 from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.retention import PinsUnreadable, read_pins
 from supervisor.config import Config, ConfigError, MirrorConfig, load_config
-from supervisor.launch.spawn import rotate_log
+from supervisor.files import rotate_log
 from supervisor.mirror.state import GameMirror, MirrorState
 from training import protocol
 

@@ -45,7 +45,7 @@ from typing import Any
 import structlog
 
 from supervisor.config import HookSpec
-from supervisor.launch.spawn import rotate_log
+from supervisor.files import rotate_log
 
 log = structlog.get_logger("rlsup.supervisor")
 

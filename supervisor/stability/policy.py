@@ -49,6 +49,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.gpu.vitals import GpuVitals
+
 HOST = "*"
 
 
@@ -80,22 +82,6 @@ class Incident:
     gpu: str | None = None
     """The UUID of the GPU the worker ran on, for a failure that is that GPU's (a CUDA OOM or
     a crash there; not a host-RAM OOM). None: not on a GPU, or unknown."""
-
-
-@dataclass(frozen=True)
-class GpuVitals:
-    index: int
-    mem_used_mb: float
-    mem_total_mb: float
-    util_pct: float
-    temp_c: float
-    power_w: float | None
-    uuid: str = ""
-    """NVML's `GPU-…` UUID: what names the GPU across reboots ("" when unreadable)."""
-
-    @property
-    def mem_free_mb(self) -> float:
-        return self.mem_total_mb - self.mem_used_mb
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from supervisor.config import Config
-from supervisor.gpu.moves import GpuMove, LastMove, PlacedGame, decide_moves
+from supervisor.gpu.moves import GpuMove, LastMove, PlacedGame
 from supervisor.ledger import db
 from supervisor.stability import modes
+from supervisor.stability.gpumoves import decide_moves
 from supervisor.stability.policy import (
     HOST,
     Decision,

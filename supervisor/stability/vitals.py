@@ -21,7 +21,8 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 import structlog
 
 from supervisor.gpu.nvml import NvmlProbe
-from supervisor.stability.policy import GpuVitals, Vitals
+from supervisor.gpu.vitals import GpuVitals
+from supervisor.stability.policy import Vitals
 
 __all__ = ["NvmlProbe", "VitalsSampler", "from_json", "sample", "to_json"]
 

@@ -344,7 +344,7 @@ def test_the_uploader_log_is_never_followed_through_a_symlink(tmp_path: Path) ->
 
 
 def test_the_uploader_log_is_rotated_at_start(tmp_path: Path) -> None:
-    from supervisor.launch.spawn import LOG_ROTATE_BYTES
+    from supervisor.files import LOG_ROTATE_BYTES
 
     cfg = load_config(write(tmp_path))
     cfg.logs_dir.mkdir(parents=True)

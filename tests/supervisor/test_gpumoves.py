@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from supervisor.gpu.moves import GpuMove, LastMove, PlacedGame, decide_moves
+from supervisor.gpu.moves import GpuMove, LastMove, PlacedGame
 from supervisor.gpu.place import GpuId
+from supervisor.gpu.vitals import GpuVitals
+from supervisor.stability.gpumoves import decide_moves
 from supervisor.stability.policy import (
     HOST,
     GpuAttribution,
-    GpuVitals,
     Incident,
     PolicyConfig,
     ScopeState,

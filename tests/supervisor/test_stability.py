@@ -7,10 +7,10 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from supervisor.gpu.vitals import GpuVitals
 from supervisor.stability.policy import (
     HOST,
     Decision,
-    GpuVitals,
     Incident,
     PolicyConfig,
     ScopeState,

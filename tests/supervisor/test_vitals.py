@@ -13,8 +13,9 @@ from typing import Any
 import pynvml  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
+from supervisor.gpu.vitals import GpuVitals
 from supervisor.ledger import db
-from supervisor.stability.policy import GpuVitals, Vitals
+from supervisor.stability.policy import Vitals
 from supervisor.stability.vitals import (
     NvmlProbe,
     VitalsSampler,
