@@ -170,7 +170,8 @@ def step(
     pcfg = policy_config(cfg)
     scopes = scope_states(conn, cfg)
     found = incidents(conn, now, pcfg.window_s)
-    attribution, moves = None, list[GpuMove]()
+    attribution: GpuAttribution | None = None
+    moves: list[GpuMove] = []
     if placed is not None:
         moves, attribution = move_games(conn, pcfg, scopes, placed, found, vitals, now)
         for move in moves:
