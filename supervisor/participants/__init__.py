@@ -3,8 +3,9 @@ act once a tick on one frozen view of it (`tick.TickView`), return the events th
 for the daemon to record, follow a configuration reload and close at its exit. One module each:
 the alert hooks (`hooks`), the metrics export (`metrics`), the mirror's uploader (`mirror`),
 this host's spare worker (`spare`) and the time and money ledger (`time_ledger`); the
-preemption watch is its wing's (`supervisor.preemption.participant`). The daemon lists them in
-one place (`Supervisor.start`) and calls them in that order.
+preemption watch is its wing's (`supervisor.preemption.participant`). Their order is set in
+one place (`started.Started.make`); the daemon starts and ticks them in it, and closes them in
+reverse.
 """
 
 from supervisor.participants.hooks import HookAlerts
