@@ -7,8 +7,10 @@ modes), hands it to the owners of the decisions, and applies what they return:
   hangs, stops; it returns its effects in an outbox that `_apply` carries out;
 - the GPUs (`gpu.placer.GpuPlacer`): where a game may start, lost GPUs, moves;
 - modes (`stability`): the stability policy and the modes in force;
-- the participants (`participants`): alert hooks, metrics, the mirror's uploader, the spare.
-Every database write goes through the Recorder (`ledger.recorder`), which also logs it.
+- the participants (`participants`): the preemption watch (read first: its one `Hold` rules
+  the tick), alert hooks, metrics, the uploader, the spare, each handed one `TickView`.
+Every database write, the events they return included, goes through the Recorder
+(`ledger.recorder`), which also logs it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import random
 import signal
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -60,16 +62,7 @@ from supervisor.lifecycle.startup import (
 )
 from supervisor.lifecycle.states import WorkerState
 from supervisor.lock import LockHeld, acquire_lock
-from supervisor.participants import (
-    HookAlerts,
-    MetricsExport,
-    MirrorUploads,
-    Participant,
-    PreemptionWatch,
-    SpareTending,
-    Started,
-    TimeLedger,
-)
+from supervisor.participants import Event, HookAlerts, Started, TickView
 from supervisor.sdnotify import Notifier
 from supervisor.stability import modes, scaling, vitals
 from supervisor.waker import Waker
@@ -89,9 +82,10 @@ class StartFailed(RuntimeError):
 
 
 # The stability policy's seam: called once a tick (before modes are applied) with the state
-# connection, the config and the step-free clock; returns the mode changes it decided, which the
-# tick records. Default: scaling.StabilityPolicy. `request()`, if any: run at the next call.
-PolicyStep = Callable[[sqlite3.Connection, Config, float], Sequence[modes.ModeChange] | None]
+# connection, the config and the step-free clock; returns what it decided, in order (GPU moves
+# to carry out, mode changes to record). Default: scaling.StabilityPolicy. `request()`, if any:
+# run at the next call.
+PolicyStep = Callable[[sqlite3.Connection, Config, float], Sequence[scaling.Decided] | None]
 _DEFAULT = "default"
 
 
@@ -140,9 +134,7 @@ class Supervisor:
         )
         # policy: the stability policy by default; None turns automatic scaling off.
         self.policy: PolicyStep | None = (
-            scaling.StabilityPolicy(
-                self.sampler.latest, gpu_games=self.gpu_games, on_move=self.move_gpu
-            )
+            scaling.StabilityPolicy(self.sampler.latest, gpu_games=self.gpu_games)
             if isinstance(policy, str)
             else policy
         )
@@ -222,24 +214,13 @@ class Supervisor:
             hooks.close()
             recorder.close()  # says what could not be written
             raise
-        # The participants, in the order they tick (and close in reverse).
-        pre = PreemptionWatch(self.cfg, recorder, conn, lambda: self.boot_id, self.wall)
-        spare = SpareTending(
-            self.cfg, recorder, self.launcher, conn,
-            games=lambda: self.games.values(), view=lambda: self.view,
-            latest=self.sampler.latest, wall=self.wall, held=pre.holding,
-            placed=self.gpus.starts_placed,
+        self._started = Started.make(
+            self.cfg, conn, journal, recorder, hooks, view,
+            launcher=self.launcher, boot_id=self.boot_id, wall=self.wall, steady=self.steady,
         )  # fmt: skip
-        # On several hosts each host mirrors its own games: events from mirror.json only.
-        uploads = MirrorUploads(self.cfg, recorder, local=self.launcher.local)
-        parts: list[Participant] = [
-            pre, spare, uploads, hooks, MetricsExport(self.cfg, recorder),
-            TimeLedger(self.cfg, self.steady),
-        ]  # fmt: skip
-        self._started = Started(conn, journal, recorder, view, parts, spare, hooks, uploads, pre)
         self.life.queue_new()
         self._apply()
-        for part in parts:
+        for part in self._started.participants:
             part.start()
         self.notifier.ready(summary(self.games.values()))
 
@@ -321,9 +302,10 @@ class Supervisor:
         if self.flags.reload:
             self.flags.reload = False
             self.reload(now)
+        self.record(on.preemption.watch())  # news from outside, like an exit: first
+        self.life.hold = on.preemption.hold()  # no start, and a death is no failure
         self.reap(now)
-        for kind, game, detail in self.launcher.observe(now):
-            self.event(kind, game, detail)
+        self.record(self.launcher.observe(now))
         if not self.stopping:
             self.observe(now)
             grace = now + self.cfg.stop_grace_s
@@ -338,8 +320,9 @@ class Supervisor:
             self.schedule(now)
         self.life.escalate(now)
         self._apply()
+        view = self.tick_view(now)
         for part in on.participants:
-            part.tick(now, self.stopping)
+            self.record(part.tick(view))
         wall = self.wall()
         rows = ((rt.spec.name, self._row(rt, wall)) for rt in self.life.all())
         on.recorder.tick(rows, self.boot_id)
@@ -351,6 +334,18 @@ class Supervisor:
 
     def event(self, kind: str, game: str | None, detail: dict[str, Any]) -> None:
         self.on.recorder.event(kind, game, detail)
+
+    def record(self, events: Iterable[Event]) -> None:
+        for kind, game, detail in events:
+            self.on.recorder.event(kind, game, detail)
+
+    def tick_view(self, now: float | None = None) -> TickView:
+        """The tick as decided, for its participants: built once, after the decisions."""
+        placed = frozenset(g.name for g in self.cfg.games if self.gpus.starts_placed(g))
+        return TickView(
+            self.clock() if now is None else now, self.wall(), self.stopping,
+            tuple(self.games.values()), self.view, self.sampler.latest(), self.life.hold, placed,
+        )  # fmt: skip
 
     def _row(self, rt: GameRuntime, wall: float) -> dict[str, Any]:
         return {**rt.db_row(wall), "gpu": self.gpus.row_gpu(rt.spec.name)}
@@ -372,8 +367,6 @@ class Supervisor:
     # ---- exits, heartbeats and hangs ----------------------------------------------------------
 
     def reap(self, now: float) -> None:
-        pre = self.on.preemption  # a notice: no start, and a death is no failure
-        self.life.held, self.life.preempting = pre.holding(), pre.excuses_deaths()
         for rt in self.life.all():
             life = rt.life
             if life is None or (rc := life.proc.poll()) is None:
@@ -428,7 +421,13 @@ class Supervisor:
             # the state database to take writes again; supervision goes on.
             return
         try:
-            modes.record(on.recorder, self.policy(on.conn, self.cfg, self.steady()) or ())
+            for decided in self.policy(on.conn, self.cfg, self.steady()) or ():
+                if not isinstance(decided, GpuMove):
+                    modes.record(on.recorder, [decided])
+                elif self.gpus.move(decided) and (rt := self.games.get(decided.game)) and rt.life:
+                    # Off its GPU: the worker stopped with a checkpoint and requeued.
+                    self.life.stop(rt, StopReason.GPU_MOVE, self.clock() + self.cfg.stop_grace_s)
+                    self._apply()
         except sqlite3.Error as exc:
             log.warning("policy_skipped", reason=f"state database: {exc}")
         except Exception:
@@ -456,13 +455,6 @@ class Supervisor:
             for rt in self.games.values()
         ]  # fmt: skip
         return self.gpus.games_on_gpus(asks)
-
-    def move_gpu(self, move: GpuMove) -> None:
-        """The policy's move off a GPU: its worker stopped with a checkpoint and requeued."""
-        rt = self.games.get(move.game)
-        if self.gpus.move(move) and rt is not None and rt.life is not None:
-            self.life.stop(rt, StopReason.GPU_MOVE, self.clock() + self.cfg.stop_grace_s)
-            self._apply()
 
     def schedule(self, now: float) -> None:
         gated = []
@@ -502,7 +494,7 @@ class Supervisor:
     def spawn(self, rt: GameRuntime, threads: int, now: float) -> None:
         name, mode = rt.spec.name, self.view.game(rt.spec.name)
         spawning_at = time.monotonic()
-        env = self.on.preemption.worker_env(self.gpus.env_for(name))
+        env = self.life.hold.worker_env(self.gpus.env_for(name))
         try:
             proc = self._launch(rt, mode, threads, now, env)
         except NoRoom as exc:
@@ -546,7 +538,7 @@ class Supervisor:
         self.stop_deadline = now + self.cfg.stop_grace_s
         log.info("supervisor_stopping", reason=why, grace_s=self.cfg.stop_grace_s)
         self.notifier.stopping("stopping: " + why)
-        self.on.spare.tend(SpareWant(False, "supervisor shutdown"), now)
+        self.record(self.on.spare.tend(SpareWant(False, "supervisor shutdown"), now, self.wall()))
         self.life.shutdown(self.stop_deadline)
         self._apply()
 

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("supervisor", "training", "checkpoints")
-WINGS = ("lifecycle", "launch", "ledger", "stability", "gpu", "mirror", "observe")
+WINGS = ("lifecycle", "launch", "ledger", "stability", "gpu", "mirror", "observe", "preemption")
 
 
 @pytest.fixture(scope="module")

@@ -142,7 +142,7 @@ def rollback(conn: sqlite3.Connection) -> None:
 # ---- events -------------------------------------------------------------------------------
 
 
-def add_event(
+def _add_event(
     conn: sqlite3.Connection,
     kind: str,
     game: str | None = None,
@@ -151,7 +151,9 @@ def add_event(
     mono: float | None = None,
 ) -> int:
     """One event. `ts` is the system's wall clock (what operators read); `mono`, when the
-    supervisor writes, its step-free clock (what the stability policy measures windows in)."""
+    supervisor writes, its step-free clock (what the stability policy measures windows in).
+    Private to the ledger: the Recorder is the one caller, so every event reaches the hooks
+    (tests build ledgers of their own with it)."""
     cur = conn.execute(
         "INSERT INTO events(ts, kind, game, detail, mono) VALUES (?, ?, ?, ?, ?)",
         (

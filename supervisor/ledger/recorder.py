@@ -99,7 +99,7 @@ class Recorder:
         def op(c: sqlite3.Connection) -> None:
             if along is not None:
                 along(c)
-            db.add_event(c, kind, game, detail, ts, mono)
+            db._add_event(c, kind, game, detail, ts, mono)
 
         self.journal.write(op)
         if log_as is not False:

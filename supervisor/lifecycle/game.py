@@ -29,6 +29,7 @@ from supervisor.lifecycle.restart import (
 )
 from supervisor.lifecycle.runtime import GameRuntime, Reconciled, WorkerLife, reconcile
 from supervisor.lifecycle.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
+from supervisor.preemption.notice import NO_HOLD, Hold
 from training.protocol import Heartbeat
 
 log = structlog.get_logger("rlsup.supervisor")
@@ -82,10 +83,10 @@ class Lifecycle:
         self.games: dict[str, GameRuntime] = {g.name: GameRuntime(g) for g in cfg.games}
         self.removed: dict[str, GameRuntime] = {}  # no longer configured, worker still stops
         self.outbox: list[Effect] = []
-        # A preemption notice stands (within the day's budget): a worker that dies now died
-        # of the machine's end, not of its game. Set by the tick before it reads exits.
-        self.preempting = False
-        self.held = False  # the machine goes soon: a start now is work lost at the deadline
+        # A preemption notice: no start (work lost at the deadline), and a worker that dies
+        # now died of the machine's end, not of its game. The tick's one value, set before it
+        # reads exits.
+        self.hold: Hold = NO_HOLD
 
     def drain(self) -> list[Effect]:
         out, self.outbox = self.outbox, []
@@ -124,7 +125,7 @@ class Lifecycle:
     def candidates(self, cap: int, now: float) -> list[GameRuntime]:
         """The games that may start this tick, before the GPU gate: those whose backoff is
         over, then the waiting ones while slots are free (none while a preemption stands)."""
-        if self.held:
+        if self.hold.holding:
             return []
         games = self.games.values()
         active = sum(1 for rt in games if rt.state in ACTIVE)
@@ -328,7 +329,7 @@ class Lifecycle:
             self.set(rt, *settled)
             return False
         why, failure = ex.failure(life.stop_reason)
-        if self.preempting:
+        if self.hold.excuses_deaths:
             # Killed at (or around) the preemption's deadline: requeued, resumed from its
             # newest checkpoint once the notice lapses or on the next boot; neither the
             # restart budget nor the stability policy's crash count sees it.

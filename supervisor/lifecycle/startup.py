@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sqlite3
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import psutil  # type: ignore[import-untyped]
 import structlog
 
 from checkpoints.names import newest_step
-from supervisor.config import PREEMPTION_GRACE_S, Config
+from supervisor.config import Config
 from supervisor.launch.process import start_ticks
 from supervisor.launch.spawn import find_leftover, orphaned_remains, stop_leftovers
 from supervisor.ledger import db
@@ -22,6 +21,7 @@ from supervisor.ledger.db import BootOutcome
 from supervisor.lifecycle.liveness import REPORT_KINDS, new_reports, reported_from_events
 from supervisor.lifecycle.runtime import GameRuntime
 from supervisor.lifecycle.states import WorkerState
+from supervisor.preemption.notice import previous_boot_notice
 from supervisor.sdnotify import Notifier, systemd_unit
 from training import protocol
 
@@ -43,43 +43,6 @@ def supervisor_row(boot_id: str, now_wall: float, config: Path) -> dict[str, Any
     }
 
 
-# How far past a notice's deadline the boot's last sign of life may lie and the notice still
-# explain its end: the last tick's write before the loss, a provider a little late.
-PREEMPTED_MARGIN_S = 60.0
-
-
-def ended_near_deadline(notice: dict[str, Any], last_seen: float) -> bool:
-    """The boot's last sign of life came near the notice's deadline: no earlier than the
-    provider's longest notice (plus the margin) before it, no later than the margin after.
-    A boot that ran on long past the deadline, or died long before it (a `time` in 2099, as
-    an older supervisor recorded it unclamped), ended for another reason."""
-    deadline = notice.get("deadline")
-    if not isinstance(deadline, int | float) or not math.isfinite(deadline):
-        return False
-    longest = PREEMPTION_GRACE_S.get(str(notice.get("provider")), max(PREEMPTION_GRACE_S.values()))
-    return deadline - longest - PREEMPTED_MARGIN_S <= last_seen <= deadline + PREEMPTED_MARGIN_S
-
-
-def preemption_of(
-    conn: sqlite3.Connection, outcome: BootOutcome, now: float
-) -> dict[str, Any] | None:
-    """The previous boot's standing preemption notice when this start follows that boot's
-    end (its detail, with `notice_ts`), else None: no notice, one that lapsed (a later
-    `preemption_cleared`), or one whose deadline was not near when the boot ended."""
-    prev = outcome.previous_boot_id
-    if outcome.same_boot or prev is None:
-        return None
-    notice = db.boot_event(conn, "preemption_notice", prev)
-    if notice is None:
-        return None
-    cleared = db.boot_event(conn, "preemption_cleared", prev)
-    if cleared is not None and cleared.id > notice.id:
-        return None
-    if not ended_near_deadline(notice.detail, now - (outcome.downtime_s or 0.0)):
-        return None
-    return {**notice.detail, "notice_ts": notice.ts}
-
-
 def with_preemption(outcome: BootOutcome, notice: dict[str, Any] | None) -> BootOutcome:
     """A new boot after a counted preemption notice: `preempted`, not an unexpected reboot."""
     if notice is None or not notice.get("counted", True):
@@ -92,7 +55,7 @@ def boot_outcome(
 ) -> tuple[BootOutcome, tuple[str, None, dict[str, Any]] | None]:
     """This start's verdict (`preempted` after a standing notice) and its boot event."""
     outcome = db.classify_boot(conn, boot_id, now)
-    notice = preemption_of(conn, outcome, now)
+    notice = previous_boot_notice(conn, outcome, now)
     outcome = with_preemption(outcome, notice)
     return outcome, reboot_event(outcome, notice)
 

@@ -64,6 +64,7 @@ from checkpoints.retention import PinsUnreadable, read_pins
 from supervisor.config import Config, ConfigError, MirrorConfig, load_config
 from supervisor.files import rotate_log
 from supervisor.mirror.state import GameMirror, MirrorState
+from supervisor.preemption.notice import asks_to_checkpoint
 from training import protocol
 
 log = structlog.get_logger("rlsup.uploader")
@@ -298,25 +299,10 @@ def run_uploader(plan: UploadPlan, stop: threading.Event, poll_s: float = 1.0) -
         stop.wait(poll_s)
 
 
-PREEMPTION_URGENT_S = 600.0  # a request this long past its deadline is history
-
-
 def preemption_requests(plan: UploadPlan) -> set[str]:
     """The games whose run dir holds a preemption's checkpoint request, deadline not long
-    past (the supervisor writes it; see training/protocol.py)."""
-    out = set()
-    for game, run_dir in plan.runs:
-        try:
-            path = run_dir / protocol.CHECKPOINT_REQUEST_FILE
-            data = json.loads(protocol.read_regular_file(path))
-            deadline = float(data["deadline"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if data.get("reason") == protocol.PREEMPTION_REASON and (
-            time.time() < deadline + PREEMPTION_URGENT_S
-        ):
-            out.add(game)
-    return out
+    past (the supervisor writes it; the preemption wing answers: `notice.asks_to_checkpoint`)."""
+    return {game for game, run_dir in plan.runs if asks_to_checkpoint(run_dir)}
 
 
 def _plan_of(args: argparse.Namespace) -> UploadPlan | str:

@@ -13,14 +13,15 @@
 - vitals: the sampler's latest reading.
 
 Per GPU (when the daemon passes `gpu_games`: it places this host's games on GPUs): before
-deciding modes, games whose GPU is the trouble are moved to a calmer one (`gpumoves`; the
-daemon's `on_move` records `gpu_moved` and requeues the worker); GPU pressure is then
-attributed to the games on that GPU, not the host (`stability.GpuAttribution`). Each game's
-last move is read back from the `gpu_moved` events, so the cooldown outlives a restart.
+deciding modes, games whose GPU is the trouble are moved to a calmer one (`gpumoves`: a
+`GpuMove` returned to the daemon, which records `gpu_moved` and requeues the worker); GPU
+pressure is then attributed to the games on that GPU, not the host
+(`stability.GpuAttribution`). Each game's last move is read back from the `gpu_moved` events,
+so the cooldown outlives a restart.
 
 Each 'down' / 'up' becomes a `modes.ModeChange` (the `modes` row and its scale_down /
-scale_up event naming the scope, the rungs and the causes), returned to the daemon, which
-records it through its Recorder (so hooks hear of it). 'stay' decisions are logged
+scale_up event naming the scope, the rungs and the causes), returned to the daemon after the
+moves, which records it through its Recorder (so hooks hear of it). 'stay' decisions are logged
 only when their causes change (numbers aside: ages tick on). The step runs every `every_s`
 (monotonic) and at once after `request()` (the daemon calls it when a worker fails, so an
 early OOM steps its game down before the restart, and the restart happens at the new size).
@@ -54,6 +55,9 @@ from supervisor.stability.policy import (
 )
 
 log = structlog.get_logger("rlsup.scaling")
+
+# What a policy step decides, for the daemon to carry out in order (None: nothing changed).
+Decided = GpuMove | modes.ModeChange | None
 
 INCIDENT_KINDS = ["host_reboot", "worker_crash", "worker_oom", "worker_hang"]
 MAX_EVERY_S = 5.0
@@ -160,20 +164,19 @@ def step(
     vitals: Vitals | None,
     now: float,
     placed: Sequence[PlacedGame] | None = None,
-    on_move: Callable[[GpuMove], None] | None = None,
-) -> tuple[list[Decision], list[modes.ModeChange]]:
+) -> tuple[list[Decision], list[GpuMove], list[modes.ModeChange]]:
     """One policy step: GPU moves (when `placed` is known), then decide every down/up.
-    Returns all mode decisions and the changes they make, for the caller to record."""
+    Returns all mode decisions, the moves and the changes they make, for the caller to carry
+    out (the moves first: the mode decisions already count them)."""
     pcfg = policy_config(cfg)
     scopes = scope_states(conn, cfg)
     found = incidents(conn, now, pcfg.window_s)
-    attribution = None
+    attribution: GpuAttribution | None = None
+    moves: list[GpuMove] = []
     if placed is not None:
         moves, attribution = move_games(conn, pcfg, scopes, placed, found, vitals, now)
         for move in moves:
             log.warning("gpu_moved", game=move.game, **move.detail())
-            if on_move is not None:
-                on_move(move)
     decisions = decide(cfg.mode_names, scopes, found, vitals, pcfg, now, attribution)
     changes = [
         change
@@ -181,12 +184,12 @@ def step(
         if d.action in ("down", "up")
         and (change := modes.auto_mode_change(conn, cfg, d.scope, d.to_mode, [*d.causes], now))
     ]
-    return decisions, changes
+    return decisions, moves, changes
 
 
 class StabilityPolicy:
     """The daemon's policy step (`PolicyStep`): `policy(conn, cfg, now)` once a tick returns
-    the mode changes for the daemon to record."""
+    the GPU moves for the daemon to carry out and the mode changes for it to record."""
 
     def __init__(
         self,
@@ -194,13 +197,11 @@ class StabilityPolicy:
         every_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         gpu_games: Callable[[], Sequence[PlacedGame] | None] | None = None,
-        on_move: Callable[[GpuMove], None] | None = None,
     ) -> None:
         """`gpu_games`: the games placed on GPUs now (None from it: this supervisor does not
-        place games on GPUs; GPU pressure stays the host's); `on_move` carries a move out."""
+        place games on GPUs; GPU pressure stays the host's)."""
         self.latest_vitals = latest_vitals
         self.gpu_games = gpu_games
-        self.on_move = on_move
         self.every_s = every_s
         self.clock = clock
         self._next = 0.0
@@ -211,14 +212,14 @@ class StabilityPolicy:
         """Run at the next call (a worker just failed)."""
         self._next = 0.0
 
-    def __call__(self, conn: sqlite3.Connection, cfg: Config, now: float) -> list[modes.ModeChange]:
+    def __call__(self, conn: sqlite3.Connection, cfg: Config, now: float) -> list[Decided]:
         mono = self.clock()
         if mono < self._next:
             return []
         self._next = mono + (self.every_s if self.every_s is not None else policy_every_s(cfg))
         placed = self.gpu_games() if self.gpu_games is not None else None
-        self.last_decisions, changes = step(
-            conn, cfg, self.latest_vitals(), now, placed=placed, on_move=self.on_move
+        self.last_decisions, moves, changes = step(
+            conn, cfg, self.latest_vitals(), now, placed=placed
         )
         for d in self.last_decisions:
             if d.action != "stay":
@@ -226,4 +227,4 @@ class StabilityPolicy:
             elif self._stay_causes.get(d.scope) != _gist(d.causes):
                 self._stay_causes[d.scope] = _gist(d.causes)
                 log.info("policy_stay", scope=d.scope, mode=d.from_mode, causes=list(d.causes))
-        return changes
+        return [*moves, *changes]

@@ -169,7 +169,7 @@ def write_rows(conn: sqlite3.Connection, rows: list[Row]) -> None:
             detail = dict(r.detail)
             if "gpu_index" in detail:
                 detail["gpu"] = {"index": detail.pop("gpu_index"), "uuid": "GPU-x"}
-            db.add_event(conn, r.kind, r.game, detail, r.ts, r.mono)
+            db._add_event(conn, r.kind, r.game, detail, r.ts, r.mono)
 
 
 def ledger(
@@ -191,7 +191,7 @@ def test_after_the_first_snapshot_a_tick_reads_only_the_new_rows(tmp_path: Path)
     assert tl.rows_read == 500  # the first: the whole ledger (the accounting kinds of it)
     tl.write()
     assert tl.rows_read == 0
-    db.add_event(conn, "mode_pinned", None, {})  # not an accounting kind: not read
+    db._add_event(conn, "mode_pinned", None, {})  # not an accounting kind: not read
     write_rows(conn, rows[500:537])
     tl.write()
     assert tl.rows_read == 37
@@ -315,7 +315,7 @@ def test_status_spends_no_money_once_every_game_is_done(tmp_path: Path) -> None:
         (t0 + 3601, "supervisor_stop", None, {"clean": True}),
     ]
     for ts, kind, game, detail in ledger:
-        db.add_event(conn, kind, game, detail, ts, ts)
+        db._add_event(conn, kind, game, detail, ts, ts)
     conn.close()
     one = collect(cfg, t0 + 3700)["cost"]
     later = collect(cfg, t0 + 5 * 86400)["cost"]

@@ -386,19 +386,20 @@ def test_the_spare_goes_where_the_policy_stepped_the_host_down_to_its_lowest_run
     sup = make(game("a", 10_000), extra='initial_mode = "light"')
     assert sup.on.conn is not None
     sup.refresh_modes()
-    assert not sup.on.spare.lowest_rung(), "starting at the lowest rung by initial_mode"
+    starting = "starting at the lowest rung by initial_mode"
+    assert not sup.on.spare.lowest_rung(sup.tick_view()), starting
     set_auto_mode(sup, modes.HOST, "heavy", ["calm"])
     set_auto_mode(sup, modes.HOST, "light", ["3 crashes in 3600 s"])
     sup.refresh_modes()
-    assert sup.on.spare.lowest_rung()
-    want = sup.on.spare.want()
+    assert sup.on.spare.lowest_rung(sup.tick_view())
+    want = sup.on.spare.want(sup.tick_view())
     assert not want.want and "lowest mode" in want.reason
     set_auto_mode(sup, modes.HOST, "heavy", ["calm"])
     sup.refresh_modes()
-    assert not sup.on.spare.lowest_rung()
+    assert not sup.on.spare.lowest_rung(sup.tick_view())
     modes.pin_mode(sup.on.conn, sup.cfg, modes.HOST, "light")
     sup.refresh_modes()
-    assert sup.on.spare.lowest_rung(), "an operator's pin to the lowest rung counts"
+    assert sup.on.spare.lowest_rung(sup.tick_view()), "an operator's pin to the lowest rung counts"
 
 
 class _SlowLauncher(Launcher):

@@ -29,7 +29,7 @@ def test_state_dir_and_db_files_are_private(
     old = os.umask(umask)
     try:
         conn = db.connect(state, owner=True)
-        db.add_event(conn, "supervisor_start")
+        db._add_event(conn, "supervisor_start")
         conn.close()
         conn = db.connect(state, owner=True)
     finally:
@@ -110,7 +110,7 @@ def test_boots_summary_and_mtbf(tmp_path: Path) -> None:
     db.record_boot(conn, "b1", 0.0)
     db.touch_boot(conn, "b1", 3 * day)
     db.record_boot(conn, "b2", 3 * day + 600)  # crash of the host: 10 min down
-    db.add_event(conn, "host_reboot", None, {"downtime_s": 600}, ts=3 * day + 600)
+    db._add_event(conn, "host_reboot", None, {"downtime_s": 600}, ts=3 * day + 600)
     db.touch_boot(conn, "b2", 7 * day)
     now = 7 * day
     week = db.boots_summary(conn, now, 7 * day)
@@ -130,9 +130,9 @@ def test_mtbf_is_none_without_failures(tmp_path: Path) -> None:
 
 def test_event_queries_filter_by_time_game_and_kind(tmp_path: Path) -> None:
     conn = db.connect(tmp_path)
-    db.add_event(conn, "worker_crash", "a", {"x": 1}, ts=10)
-    db.add_event(conn, "worker_crash", "b", ts=20)
-    db.add_event(conn, "restart", "a", ts=30)
+    db._add_event(conn, "worker_crash", "a", {"x": 1}, ts=10)
+    db._add_event(conn, "worker_crash", "b", ts=20)
+    db._add_event(conn, "restart", "a", ts=30)
     assert [e.ts for e in db.events(conn, since=15)] == [20, 30]
     assert [e.kind for e in db.events(conn, game="a")] == ["worker_crash", "restart"]
     assert db.events(conn, kind="worker_crash", game="a")[0].detail == {"x": 1}

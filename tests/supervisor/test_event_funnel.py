@@ -178,10 +178,11 @@ def test_the_state_databases_outage_fires_its_hook(
     assert "locked" in outage.detail["error"]
 
 
-# Where the product may write an event: the ledger's own modules (db.py defines it, the
-# Recorder is the one funnel that calls it). Tests and benchmarks build ledgers of their own.
+# Where the product may write an event: the ledger's own modules (db.py defines the private
+# `_add_event`, the Recorder is the one funnel that calls it). Tests and benchmarks build
+# ledgers of their own.
 _EVENT_WRITERS = {"supervisor/ledger/db.py", "supervisor/ledger/recorder.py"}
-_WRITES_EVENTS = re.compile(r"\badd_event\s*\(|INSERT\s+INTO\s+events\b", re.IGNORECASE)
+_WRITES_EVENTS = re.compile(r"\b_?add_event\b|INSERT\s+INTO\s+events\b", re.IGNORECASE)
 
 
 def test_nothing_but_the_recorder_writes_events() -> None:

@@ -327,7 +327,7 @@ def test_no_spare_is_warmed_for_games_that_start_placed_on_a_gpu(make, tmp_path)
     write_scenario(tmp_path / "nvml.json", [2, 2])
     sup = make(game("a") + game("b", device="auto"), tail="[spare]\nenabled = true\n")
     spin(sup, running(sup, "a", "b"))
-    want = sup.on.spare.want()
+    want = sup.on.spare.want(sup.tick_view())
     assert want.want is False and "placed on a GPU" in want.reason, want
     assert sup.launcher.spare_row() is None or sup.launcher.spare_row()["state"] == "stopped"
 
@@ -336,5 +336,5 @@ def test_a_cpu_game_beside_placed_ones_gets_a_cpu_spare(make, tmp_path) -> None:
     write_scenario(tmp_path / "nvml.json", [2, 2])
     sup = make(game("a") + game("c", device="cpu"), tail="[spare]\nenabled = true\n")
     spin(sup, running(sup, "a", "c"))
-    want = sup.on.spare.want()
+    want = sup.on.spare.want(sup.tick_view())
     assert want.want is True and want.device == "cpu", want

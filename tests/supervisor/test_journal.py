@@ -57,7 +57,7 @@ def test_writes_wait_in_order_while_the_database_is_locked_then_land(
     locker.execute("BEGIN EXCLUSIVE")
     with structlog.testing.capture_logs() as logs:
         for kind in ("worker_start", "worker_exit", "worker_crash"):
-            journal.write(lambda c, k=kind: db.add_event(c, k, "g", {}, 1000.0))
+            journal.write(lambda c, k=kind: db._add_event(c, k, "g", {}, 1000.0))
     assert not journal.healthy and journal.pending == 3
     assert [e["event"] for e in logs].count("state_db_unavailable") == 1, "logged once"
     locker.execute("COMMIT")
@@ -79,7 +79,7 @@ def test_keyed_writes_keep_only_the_newest_and_events_are_bounded(
     for state in ("starting", "running", "stopping"):
         journal.write(lambda c, s=state: db.upsert_worker(c, "g", state=s), key="worker:g")
     for i in range(10):
-        journal.write(lambda c, i=i: db.add_event(c, "restart", "g", {"i": i}, 1.0))
+        journal.write(lambda c, i=i: db._add_event(c, "restart", "g", {"i": i}, 1.0))
     assert journal.pending == 5  # one row + the 4 newest events
     locker.execute("COMMIT")
     clock.t += 60
@@ -96,7 +96,7 @@ def test_retries_back_off_with_jitter_and_are_bounded(
     clock = Clock()
     journal = Journal(conn, clock=clock, backoff_base_s=1, backoff_max_s=8)
     locker.execute("BEGIN EXCLUSIVE")
-    journal.write(lambda c: db.add_event(c, "restart", "g", {}, 1.0))
+    journal.write(lambda c: db._add_event(c, "restart", "g", {}, 1.0))
     attempts = []
     for _ in range(400):  # 40 s of ticks at 0.1 s
         clock.t += 0.1
@@ -114,12 +114,12 @@ def test_a_bad_operation_is_dropped_not_blocking_the_rest(conn: sqlite3.Connecti
     journal = Journal(conn)
 
     def buggy(c: sqlite3.Connection) -> None:
-        db.add_event(c, "restart", "g", {}, 1.0)
+        db._add_event(c, "restart", "g", {}, 1.0)
         raise ValueError("a bug in one write")
 
     with structlog.testing.capture_logs() as logs:
         journal.write(buggy)
-    journal.write(lambda c: db.add_event(c, "restart", "g", {}, 2.0))
+    journal.write(lambda c: db._add_event(c, "restart", "g", {}, 2.0))
     assert journal.healthy
     assert [e.ts for e in db.events(conn, kind="restart")] == [2.0]
     assert any(e["event"] == "state_db_write_dropped" for e in logs)
@@ -138,18 +138,18 @@ def test_transaction_leaves_the_connection_usable_after_a_full_disk(tmp_path: Pa
         pytest.skip("cannot mount a tmpfs")
     try:
         conn = db.connect(disk)
-        db.add_event(conn, "restart", "g", {}, 1.0)
+        db._add_event(conn, "restart", "g", {}, 1.0)
         ballast = disk / "ballast"
         with contextlib.suppress(OSError), open(ballast, "wb") as f:
             while True:
                 f.write(b"\0" * 4096)
                 f.flush()
         with pytest.raises(sqlite3.OperationalError, match="full"), db.transaction(conn):
-            db.add_event(conn, "restart", "g", {"blob": "x" * 200_000}, 2.0)
+            db._add_event(conn, "restart", "g", {"blob": "x" * 200_000}, 2.0)
         assert not conn.in_transaction
         ballast.unlink()
         with db.transaction(conn):
-            db.add_event(conn, "restart", "g", {}, 3.0)
+            db._add_event(conn, "restart", "g", {}, 3.0)
         assert [e.ts for e in db.events(conn)] == [1.0, 3.0]
         conn.close()
     finally:

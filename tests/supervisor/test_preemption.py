@@ -24,7 +24,7 @@ from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
 from supervisor.observe.status import collect
-from supervisor.stability.preemption import (
+from supervisor.preemption.watcher import (
     MetadataClient,
     PreemptionWatcher,
     WatchError,
@@ -90,7 +90,7 @@ def test_aws_asks_for_an_imdsv2_token_once_and_sends_it(fake: FakeMetadata) -> N
 
 @pytest.mark.parametrize("fake", ["gcp", "azure"], indirect=True)
 def test_gce_and_azure_refuse_requests_without_their_header(fake: FakeMetadata) -> None:
-    from supervisor.stability import preemption as pre
+    from supervisor.preemption import watcher as pre
 
     path = pre.GCP_PREEMPTED_PATH if fake.provider == "gcp" else pre.AZURE_EVENTS_PATH
     status, _ = pre._http("GET", fake.url + path, {}, 1.0)
@@ -346,7 +346,7 @@ def test_a_notice_asks_every_game_to_checkpoint_holds_starts_and_shows_in_status
     assert a.state is S.WAITING and b.state is S.WAITING
     assert a.failures == [] and kinds(sup, "worker_crash") == []
     assert [e.game for e in kinds(sup, "worker_preempted")] == ["a"]
-    assert sup.on.spare.want().want is False
+    assert sup.on.spare.want(sup.tick_view()).want is False
 
     # The metadata withdraws it: starts resume, status shows none.
     fake.mode = "calm"

@@ -66,7 +66,7 @@ def test_start_records_a_report_the_dead_supervisor_never_did(tmp_path: Path) ->
     # Recorded once (by the dead supervisor, or by this catch-up): never again.
     for game, kind, detail in caught:
         with db.transaction(conn):
-            db.add_event(conn, kind, game, detail, 2.0, 2.0)
+            db._add_event(conn, kind, game, detail, 2.0, 2.0)
     assert unrecorded_reports(conn, rows, run_dir) == []
     # A second damage report from the same worker is still new.
     _heartbeat(run_dir("dqn"), 41, replay_damage=[DAMAGE, {**DAMAGE, "when": "checkpoint"}])

@@ -9,9 +9,8 @@ proxies: the service is link-local), and queues what it learns; the tick drains 
 never waits on the network. A metadata service that hangs, trickles, errs or talks nonsense
 costs one `failed` item per failure streak, never a blocked tick.
 
-A posted deadline is believed only as far as the provider's longest notice (`MAX_NOTICE_S`)
-from when this watcher first saw it: a `time` in 2099 must not hold every start and excuse
-every crash until then. Times without a zone are UTC, as AWS documents them.
+A posted deadline is believed only as far as the provider's longest notice from when this
+watcher first saw it (`notice.new_notice`). Times without a zone are UTC, as AWS documents them.
 """
 
 from __future__ import annotations
@@ -26,13 +25,14 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
-from supervisor.config import PREEMPTION_GRACE_S, PREEMPTION_PROVIDERS, PreemptionConfig
+from supervisor.config import PREEMPTION_PROVIDERS, PreemptionConfig
+from supervisor.preemption.notice import MAX_NOTICE_S, Notice, new_notice
 
 log = structlog.get_logger("rlsup.preemption")
 
@@ -46,39 +46,10 @@ GCP_HEADERS = {"Metadata-Flavor": "Google"}
 AZURE_EVENTS_PATH = "/metadata/scheduledevents?api-version=2020-07-01"
 AZURE_HEADERS = {"Metadata": "true"}
 MAX_BODY = 1 << 16  # a metadata answer is small; more is nonsense
-# The longest notice each provider documents (AWS spot: 2 min; GCE: ~30 s before the ACPI soft
-# off; Azure Spot eviction: a `Preempt` event's NotBefore, ~30 s): a deadline is clamped to this
-# much after the notice's first sighting.
-MAX_NOTICE_S = PREEMPTION_GRACE_S
 
 
 class WatchError(Exception):
     """The metadata service did not give a readable answer (a timeout, a 5xx, garbage)."""
-
-
-@dataclass(frozen=True)
-class Notice:
-    """One preemption notice: who, what, and when the machine goes (Unix seconds)."""
-
-    provider: str
-    action: str  # "terminate" | "stop" | "hibernate" (AWS); "terminate" (GCE); "preempt"
-    deadline: float  # `posted`, never more than the provider's longest notice after notice_at
-    notice_at: float  # when this watcher first saw it
-    posted: float  # the deadline as the provider posted it (GCE: none, its first sighting's)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def new_notice(provider: str, action: str, posted: float, now: float) -> Notice:
-    """A notice first seen `now`, its deadline clamped to the provider's longest notice."""
-    deadline = min(posted, now + MAX_NOTICE_S[provider])
-    if deadline < posted:
-        log.warning(
-            "preemption_deadline_clamped", provider=provider, posted=posted, deadline=deadline,
-            reason=f"{provider} gives at most {MAX_NOTICE_S[provider]:g} s of notice",
-        )  # fmt: skip
-    return Notice(provider, action, deadline, now, posted)
 
 
 def _utc(when: datetime) -> float:
