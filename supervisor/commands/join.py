@@ -61,7 +61,7 @@ def ray_start_argv(args: argparse.Namespace, name: str, boot_id: str) -> list[st
 def run(args: argparse.Namespace) -> int:
     from checkpoints.manifest import read_boot_id
     from supervisor.launch.ray import RAY_VERSION
-    from supervisor.launch.ray_host import NODE_DIR_ENV, node_dir
+    from supervisor.launch.ray.host import NODE_DIR_ENV, node_dir
 
     name = args.name or socket.gethostname().split(".")[0]
     if not _NAME_RE.fullmatch(name):

@@ -66,8 +66,9 @@ LOG_CHECK_S = 0.5
 class Launcher:
     """Spawns `python -m training.worker ARGV` in its own session, logs to a private file.
 
-    The seam the tick loop places workers through: this one on this host; `raylaunch.
-    RayLauncher` on the hosts of a Ray cluster (the hooks below are no-ops here)."""
+    The seam the tick loop places workers through: this one on this host; on the hosts of a
+    Ray cluster `ray.RayLauncher`, which answers the same `LauncherSeam` without being one of
+    these (the hooks below are no-ops here)."""
 
     backend = "local"
     # The workers run on this host: its driver, its GPUs, its torch, its disk. What depends

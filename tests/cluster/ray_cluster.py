@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from supervisor.launch.ray import BOOT_LABEL, HOST_LABEL
-from supervisor.launch.ray_host import NODE_DIR_ENV
+from supervisor.launch.ray.host import NODE_DIR_ENV
 from supervisor.launch.spawn import process_argv
 
 STORE = 80 << 20

@@ -71,7 +71,7 @@ def test_a_doubted_host_is_used_when_nothing_else_has_room_and_the_doubt_expires
     monkeypatch.setattr(launcher, "_nodes", lambda: [_node("h1")])
     assert launcher._choose("g")[0] == "h1"  # the only host: better than no placement
     monkeypatch.setattr(launcher, "_nodes", lambda: [_node("h1"), _node("h2")])
-    launcher.doubted["h1"] -= 31  # host_lost_after_s later, still alive: a healthy host
+    launcher.hosts.doubted["h1"] -= 31  # host_lost_after_s later, still alive: a healthy host
     assert launcher._choose("g")[0] == "h1"
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.launch.ray_host import ACK_TIMEOUT_S, NODE_DIR_ENV, WARM_TIMEOUT_S, WorkerHost
-from supervisor.launch.ray_spare import CHECK_EVERY_S, RaySpares
+from supervisor.launch.ray.host import ACK_TIMEOUT_S, NODE_DIR_ENV, WARM_TIMEOUT_S, WorkerHost
+from supervisor.launch.ray.spare import CHECK_EVERY_S, RaySpares
 from supervisor.launch.spare import RESPAWN_BASE_S, STOP_GRACE_S, SpareWant
 from supervisor.launch.spawn import process_argv
 from tests.mirror.conftest import TEST_AWS_ENV

@@ -10,8 +10,8 @@ host then costs what it costs on one host, and a host's death costs Ray's death 
 spare's hand-over on the host the game moves to, not a cold start there.
 
 This module is the supervisor side: `RaySpares` keeps one spare actor per live host, its
-events and the `spare` row; the host side (`HostStandby`, inside the actor) is in ray_host.py.
-A plain class, tested without Ray, which only `RaySpares.tend`'s callers import.
+events and the `spare` row; the host side (`HostStandby`, inside the actor) is in host.py.
+A plain class, tested without Ray: its Ray calls are handed in (cluster.py's `SpareActors`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.launch.ray_host import WARM_TIMEOUT_S
+from supervisor.launch.ray.host import WARM_TIMEOUT_S
 from supervisor.launch.spare import (
     RESPAWN_BASE_S,
     RESPAWN_MAX_S,
@@ -57,7 +57,7 @@ class RemoteSpare:
 class RaySpares:
     """Keeps one spare actor on every live host while the policy wants a spare (`tend`), and
     hands a host's ready one to the next game placed there (`take`). `api` is the Ray calls
-    it needs (`RayLauncher` gives the real ones; unit tests give fakes):
+    it needs (`cluster.SpareActors`, the real ones; unit tests give fakes):
 
     - `create(host, node_id, name) -> actor` (its `warm()` not yet called);
     - `warm(actor, device) -> ref`, `check(actor) -> ref` (`spare_state()`);

@@ -7,8 +7,8 @@ checked before each manifest), says when the worker exited (`wait_exit(early=Tru
 status (`rc`). A spare actor's `WorkerHost` is not yet any game's: its child is a standby
 worker (`HostStandby`, training/standby.py) that becomes the next game placed there (`take`).
 
-Plain classes with no Ray import: the supervisor side (ray.py, ray_spare.py) wraps them in
-actors, and the tests drive them directly.
+Plain classes with no Ray import: the supervisor side (cluster.py) wraps them in actors,
+and the tests drive them directly.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class WorkerHost:
 
     def warm(self, device: str = "cpu") -> dict[str, Any]:
         """A spare actor (not yet any game's): start the standby worker for `device` and wait
-        until it is ready (ray_spare.py); what it reported. OSError when it did not get ready."""
+        until it is ready (spare.py); what it reported. OSError when it did not get ready."""
         _private_dir(self.root / "logs")
         self.standby = HostStandby(self.root / "logs" / "spare.log", self.root, device)
         pid = self.standby.start()
