@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # empty: that row is skipped. The peers run in a scratch venv outside the project.
 PEER_DIR ?=
 
-.PHONY: run test lint bench doctor torch clean-venv
+.PHONY: run test check lint bench doctor torch clean-venv
 
 $(VENV)/.installed-run: pyproject.toml constraints/cpu-torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ lint: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: lint and every test that starts no process (`-m "not e2e"`), in minutes.
+# `make test` (what CI runs) stays the whole suite.
+check: $(VENV)/.installed-test lint
+	$(PY) -m pytest -m "not e2e and not slow" -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-run
 	$(PY) benchmarks/worker_throughput.py

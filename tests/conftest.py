@@ -11,15 +11,20 @@
   fails, naming it: a test that leaks a process is a failing test. (A marker, not a subreaper:
   a subreaper would keep orphans as zombies here, and tests that wait for a pid to vanish would
   wait forever.)
+- The `e2e` marker: a test that starts a process (a supervisor, a worker, a server, a `mount`, a
+  probe of an interpreter) says so with `pytest.mark.e2e`; `make check` runs the others. A test
+  without it that starts one anyway fails, naming the marker: the fast lane stays honest.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import psutil
 import pytest
@@ -75,3 +80,27 @@ def no_process_left_behind() -> Iterator[None]:
             continue
     psutil.wait_procs(left, timeout=10)
     pytest.fail("processes left behind by the test run (now killed):\n" + "\n".join(names))
+
+
+class StartsAProcess(RuntimeError):
+    """A test without the `e2e` marker started a process."""
+
+
+@pytest.fixture(autouse=True)
+def e2e_marks_every_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outside `e2e` tests, starting a process (subprocess, fork, posix_spawn) raises."""
+    if request.node.get_closest_marker("e2e") is not None:
+        return
+
+    def refuse(*_: Any, **__: Any) -> NoReturn:
+        raise StartsAProcess(
+            f"{request.node.nodeid} starts a process: mark it `pytest.mark.e2e` (the fast lane, "
+            "`make check`, leaves such tests out)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)

@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "constraints" / "torch_build.py"
 SMI_HEADER = "| NVIDIA-SMI 550.54.14     Driver Version: 550.54.14     CUDA Version: {cuda}     |\n"

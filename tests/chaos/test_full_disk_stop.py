@@ -19,7 +19,7 @@ import pytest
 
 from tests.training.workerutil import heartbeat, start, wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")

@@ -26,7 +26,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 FULL_S = 12.0
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.chaos.soak_engine import SoakSettings, run_soak
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for tmpfs and memory cgroups")

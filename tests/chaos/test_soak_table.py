@@ -15,6 +15,8 @@ from tests.chaos.soak_analysis import EventLog
 from tests.chaos.soak_engine import KINDS, Soak, SoakSettings
 from tests.chaos.soak_faults import Fault
 
+pytestmark = pytest.mark.e2e
+
 # Judged inline by their injections (the refused and the accepted reload; the commands' answers
 # over hostile files), not by later events.
 INLINE = {"env_id_change", "hostile_files"}

@@ -19,6 +19,8 @@ from ckpt_crash_child import files_for, write_base
 
 from checkpoints import CheckpointStore
 
+pytestmark = pytest.mark.e2e
+
 CHILD = Path(__file__).with_name("ckpt_crash_child.py")
 REPO = Path(__file__).resolve().parents[2]
 

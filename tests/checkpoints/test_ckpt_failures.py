@@ -16,6 +16,8 @@ from conftest import MakeCkpt, ckpt_files
 
 from checkpoints import CheckpointStore, CheckpointWriteFailed
 
+pytestmark = pytest.mark.e2e
+
 
 def _assert_only_step_1_remains(store: CheckpointStore) -> None:
     assert sorted(p.name for p in store.root.iterdir()) == ["ckpt-000000000001"]

@@ -24,6 +24,8 @@ from checkpoints.retention import (
     write_pins,
 )
 
+pytestmark = pytest.mark.e2e
+
 CHILD = Path(__file__).with_name("retention_kill_child.py")
 REPO = Path(__file__).resolve().parents[2]
 CHUNKS = {f"replay/frames-{c:06d}.bin": bytes([c + 1]) * 8192 for c in range(3)}

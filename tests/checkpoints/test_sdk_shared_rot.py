@@ -17,6 +17,8 @@ import pytest
 import rlsup
 from training import protocol as P
 
+pytestmark = pytest.mark.e2e
+
 ROWS, ROW_BYTES, CHUNK = 64, 1024, 16 * 1024  # 4 chunks of 16 rows
 STATE = "state.json"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from state_fixture import StateFixture, build_state
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 
 

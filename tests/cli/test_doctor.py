@@ -25,6 +25,8 @@ from supervisor.config import load_config
 from training import torchbuild
 from training.torchbuild import InstalledTorch
 
+pytestmark = pytest.mark.e2e
+
 DRIVER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 2024\n"
 CPU_TORCH = InstalledTorch("2.13.0+cpu", False)
 CUDA_TORCH = InstalledTorch("2.13.0+cu128", True)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import Cli
 from state_fixture import StateFixture
+
+pytestmark = pytest.mark.e2e
 
 
 def events_json(cli: Cli, *args: str) -> list[dict]:

@@ -8,8 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from follow import Follow
 from state_fixture import SCHEMA, StateFixture
+
+pytestmark = pytest.mark.e2e
 
 
 def follow_events(state: StateFixture, *args: str) -> Follow:

@@ -25,7 +25,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 GAME = "cartpole"
 
 

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from state_fixture import StateFixture, build_state
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 GAME = "pong"  # running, with a heartbeat and progress rows
 FATAL = "enduro"  # fatal: its error.json is shown

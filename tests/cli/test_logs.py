@@ -19,6 +19,8 @@ from follow import Follow
 from supervisor.commands.logs import LogFollower, tail_offset
 from supervisor.observe.logs import render_log_line
 
+pytestmark = pytest.mark.e2e
+
 UTC = time.gmtime
 CONFIG = """\
 state_dir = "state"

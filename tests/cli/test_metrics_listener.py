@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from state_fixture import StateFixture
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 FLOOD = 400  # idle connections: well above the 256 descriptors the exporter's process has
 FD_LIMIT = 256

@@ -8,6 +8,8 @@ import pytest
 from conftest import Cli
 from state_fixture import StateFixture
 
+pytestmark = pytest.mark.e2e
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """\
 state_dir = "state"
 initial_mode = "light"

@@ -12,8 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO, Cli
 from state_fixture import GameFixture, StateFixture, build_state
+
+pytestmark = pytest.mark.e2e
 
 GAME_FIELDS = {
     "name",

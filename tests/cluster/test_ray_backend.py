@@ -38,7 +38,7 @@ from tests.supervisor.helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")
 
 DQN_ARGS = (

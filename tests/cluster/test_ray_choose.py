@@ -16,6 +16,8 @@ from supervisor.launch.ray import HOST_LABEL, RayLauncher, RayWorkerProcess
 from supervisor.launch.spawn import NoRoom
 from tests.supervisor.helpers import write_config
 
+pytestmark = pytest.mark.e2e
+
 
 def _node(host: str, cpus: float = 4.0, alive: bool = True) -> dict[str, Any]:
     return {"NodeID": f"node-{host}", "Alive": alive, "Labels": {HOST_LABEL: host},

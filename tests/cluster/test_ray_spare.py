@@ -23,6 +23,8 @@ from tests.mirror.conftest import TEST_AWS_ENV
 from tests.supervisor.helpers import wait_for
 from training.args import WorkerConfig
 
+pytestmark = pytest.mark.e2e
+
 WANT = SpareWant(True, "enabled ([spare] enabled = true)")
 HOSTS = {"h1": "node-1", "h2": "node-2"}
 

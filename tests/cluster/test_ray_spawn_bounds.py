@@ -16,7 +16,7 @@ from supervisor.launch.ray import FENCE_TIMEOUT_S, RayLauncher
 from tests.mirror.conftest import TEST_AWS_ENV
 from tests.supervisor.helpers import write_config
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def test_a_silent_mirror_fails_the_spawn_within_the_fence_bound(

@@ -35,6 +35,7 @@ from tests.training.workerutil import run as run_worker
 torch = pytest.importorskip("torch")
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.skipif(
         not torch.cuda.is_available(), reason="no CUDA GPU: run where one is lent (docs/gpus.md)"
     ),

@@ -20,6 +20,8 @@ from checkpoints.mirror import upload_checkpoint
 from tests.mirror.conftest import TEST_AWS_ENV, remote_for
 from tests.mirror.seaweed import Weed
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 PPO = (
     "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "64",

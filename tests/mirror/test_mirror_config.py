@@ -13,6 +13,8 @@ import pytest
 from supervisor.config import ConfigError, check_for_service, load_config
 from tests.supervisor.helpers import REPO, env_for, write_config
 
+pytestmark = pytest.mark.e2e
+
 
 def _with_mirror(tmp_path: Path, body: str) -> Path:
     path = write_config(tmp_path, [("g", 1000)])

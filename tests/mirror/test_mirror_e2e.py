@@ -27,7 +27,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 TOTAL = 24_000
 
 

@@ -20,6 +20,8 @@ from supervisor.mirror.uploader import UploadPlan, _Pass
 from tests.mirror.conftest import remote_for
 from tests.mirror.seaweed import Weed
 
+pytestmark = pytest.mark.e2e
+
 CHUNK = 16 * 1024
 
 

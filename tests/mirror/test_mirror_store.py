@@ -23,6 +23,8 @@ from tests.mirror.conftest import remote_for
 from tests.mirror.endpoints import closed_endpoint
 from tests.mirror.seaweed import Weed
 
+pytestmark = pytest.mark.e2e
+
 CHUNK = 64 * 1024
 
 

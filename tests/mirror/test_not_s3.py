@@ -31,7 +31,7 @@ from tests.mirror.conftest import TEST_AWS_ENV
 from tests.mirror.endpoints import NOT_S3, closed_endpoint, not_s3_endpoint
 from tests.supervisor.helpers import REPO, env_for, rlsup, write_config
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 URL = "s3://rlsup-test/p"
 
 

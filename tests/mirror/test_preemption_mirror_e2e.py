@@ -31,7 +31,7 @@ from tests.supervisor.helpers import (
     worker_pids,
 )
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 GAMES = ("left", "right")
 WINDOW_S = 30.0  # GCE's
 

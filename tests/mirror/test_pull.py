@@ -17,6 +17,8 @@ from tests.mirror.conftest import TEST_AWS_ENV, remote_for
 from tests.mirror.seaweed import Weed
 from tests.supervisor.helpers import env_for, rlsup, write_config
 
+pytestmark = pytest.mark.e2e
+
 
 def test_pull_restores_once_and_respects_a_running_worker(
     weed: Weed, request: pytest.FixtureRequest, tmp_path: Path

@@ -19,7 +19,10 @@ from tests.mirror.endpoints import closed_endpoint
 from tests.supervisor.helpers import REPO, env_for, write_config
 from training.protocol import LOCK_FILE
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it runs as sudo would")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it runs as sudo would"),
+]
 NOBODY = 65534
 
 

@@ -13,6 +13,8 @@ import pytest
 from tests.mirror.conftest import TEST_AWS_ENV
 from tests.mirror.seaweed import running_weed
 
+pytestmark = pytest.mark.e2e
+
 
 @contextlib.contextmanager
 def _held(ports: tuple[int, ...]) -> Iterator[None]:

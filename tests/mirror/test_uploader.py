@@ -22,7 +22,7 @@ from tests.mirror.conftest import TEST_AWS_ENV
 from tests.mirror.seaweed import start_weed
 from tests.supervisor.helpers import wait_for, write_config
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_uploader_killed_mid_upload_and_store_down(

@@ -38,7 +38,7 @@ from tests.supervisor.helpers import (
 )
 from training.protocol import PARENT_PID_ENV
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 CONFIG = (
     FAST_LIGHT_HEAD

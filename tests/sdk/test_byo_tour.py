@@ -26,7 +26,7 @@ from tests.supervisor.helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 def committed_step(state: Path) -> int:

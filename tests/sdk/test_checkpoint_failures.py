@@ -24,7 +24,10 @@ import rlsup._run
 from checkpoints import CheckpointError
 from training import protocol as P
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs"),
+]
 
 
 @pytest.fixture(autouse=True)

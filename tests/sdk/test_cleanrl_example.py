@@ -11,9 +11,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from checkpoints.names import MANIFEST_NAME
 from tests.sdk.sb3_helpers import EXAMPLES, Script, committed, heartbeat_step, wait_for
 from training import protocol as P
+
+pytestmark = pytest.mark.e2e
 
 SCRIPT = EXAMPLES / "cleanrl_dqn.py"
 N, K = 3000, 1000

@@ -36,6 +36,8 @@ from tests.sdk.sb3_helpers import (
 )
 from training import protocol as P
 
+pytestmark = pytest.mark.e2e
+
 DQN_SCRIPT = EXAMPLES / "sb3_dqn_cartpole.py"
 MUJOCO_SCRIPT = EXAMPLES / "sb3_mujoco.py"
 NO_TIMER = {P.CHECKPOINT_EVERY_S_ENV: "3600"}  # checkpoints by steps only: deterministic

@@ -17,7 +17,7 @@ from tests.sdk.sb3_helpers import assert_no_pickled_objects, committed, read_jso
 from tests.supervisor.helpers import env_for, events, start_supervisor, stop_supervisor, wait_for
 from training import protocol as P
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD = """\

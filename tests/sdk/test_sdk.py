@@ -21,6 +21,8 @@ from checkpoints.names import MANIFEST_NAME
 from supervisor.observe.readonly import read_progress
 from training import protocol as P
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

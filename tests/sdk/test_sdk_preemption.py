@@ -11,6 +11,8 @@ import pytest
 import rlsup
 from training import protocol as P
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(autouse=True)
 def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:

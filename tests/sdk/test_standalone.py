@@ -19,6 +19,8 @@ import pytest
 
 from training import protocol as P
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 # What the SDK's closure must never pull in: the service's own dependencies, and torch.
 SERVICE_ONLY = ("structlog", "tenacity", "psutil", "torch", "rich")

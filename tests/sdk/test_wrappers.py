@@ -24,6 +24,8 @@ import pytest
 
 from training import protocol as P
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 

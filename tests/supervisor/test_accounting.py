@@ -9,6 +9,8 @@ import pytest
 
 from supervisor.ledger.accounting import CATEGORIES, account, split_game
 
+pytestmark = pytest.mark.e2e
+
 
 def ev(ts: float, kind: str, game: str | None = "g", **detail: Any) -> dict[str, Any]:
     return {"ts": ts, "kind": kind, "game": game, "detail": detail}

@@ -23,7 +23,7 @@ from tests.supervisor.helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_a_lifes_time_splits_into_parts_that_sum_to_its_wall_time(tmp_path: Path) -> None:

@@ -154,6 +154,7 @@ def test_install_service_without_console_script_runs_the_module(
     assert f"Environment=PYTHONPATH={REPO}" in unit
 
 
+@pytest.mark.e2e  # it starts a process (the probe of a command's interpreter, systemd)
 def test_install_service_user_dry_run(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["install-service", "--user", "--dry-run", "--config", str(config)]) == 0
     out = capsys.readouterr().out

@@ -151,6 +151,7 @@ def test_knob_values_decide_a_command_games_restart_on_a_mode_change() -> None:
     assert builtin.knob_values(light) != builtin.knob_values(heavy)
 
 
+@pytest.mark.e2e  # it starts a process (the probe of a command's interpreter, systemd)
 def test_init_byo_writes_a_config_that_loads_and_a_script(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,7 +27,7 @@ from tests.supervisor.helpers import (
 )
 from training import protocol as P
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 HEAD = """\
 state_dir = "state"

@@ -16,6 +16,8 @@ from supervisor.config import load_config
 from supervisor.launch.probe import probe_command_games
 from tests.supervisor.test_config import GOOD
 
+pytestmark = pytest.mark.e2e
+
 SDK_SCRIPT = "import rlsup\nrun = rlsup.attach()\n"
 PLAIN_SCRIPT = "print('no sdk here')\n"
 

@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from supervisor.config import load_config
 from supervisor.launch import spawn as sp
 from supervisor.launch.process import start_ticks
 from training import protocol as P
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = """\
 state_dir = "state"

@@ -18,6 +18,8 @@ from supervisor.lifecycle.states import WorkerState
 from tests.supervisor.helpers import env_for, events, rlsup
 from training.protocol import Heartbeat
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """\
 state_dir = "state"
 [modes.light]

@@ -37,7 +37,7 @@ from supervisor.observe import readonly
 from supervisor.observe.metrics import start_bounded_wsgi
 from tests.supervisor.helpers import MODES, REPO, env_for, start_supervisor, stop_supervisor
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
 needs_chromium = pytest.mark.skipif(

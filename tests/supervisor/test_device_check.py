@@ -19,6 +19,8 @@ from tests.supervisor.helpers import FakeNvml
 from training import torchbuild
 from training.torchbuild import InstalledTorch
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """\
 state_dir = "s"
 [modes.light]

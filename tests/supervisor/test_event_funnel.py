@@ -25,7 +25,7 @@ from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 RECORD = """\
 import json, sys

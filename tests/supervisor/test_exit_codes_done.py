@@ -15,6 +15,8 @@ import pytest
 from supervisor.commands.status import EXIT_NOT_DONE, done_code, exit_code
 from tests.supervisor.helpers import env_for, rlsup
 
+pytestmark = pytest.mark.e2e
+
 
 def doc(state: str, clean: bool, *games: str) -> Any:
     return {

@@ -23,7 +23,7 @@ from tests.supervisor.helpers import REPO, close_supervisors, spin
 from training import torchbuild
 from training.torchbuild import InstalledTorch
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 UUIDS = ["GPU-aaaa0000-0000", "GPU-bbbb1111-1111", "GPU-cccc2222-2222", "GPU-dddd3333-3333"]
 GIB = 1024

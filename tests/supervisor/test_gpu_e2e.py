@@ -23,7 +23,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
 UUIDS = ["GPU-aaaa0000-0000-0000", "GPU-bbbb1111-1111-1111"]
 

@@ -23,6 +23,7 @@ from tests.supervisor.helpers import (
 from training import torchbuild
 
 pytestmark = [
+    pytest.mark.e2e,
     pytest.mark.timeout(240),
     pytest.mark.skipif(
         torchbuild.driver_version() is not None

@@ -17,6 +17,8 @@ import pytest
 from supervisor.config import ConfigError, HookSpec, parse_config
 from supervisor.observe.hooks import HookRunner
 
+pytestmark = pytest.mark.e2e
+
 RECORD = """\
 import json, os, sys
 event = json.load(sys.stdin)

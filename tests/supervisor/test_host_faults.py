@@ -31,7 +31,7 @@ from supervisor.lifecycle.states import WorkerState as S
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 CONFIG = """\
 state_dir = "state"

@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import supervisor
 from tests.supervisor.helpers import REPO
+
+pytestmark = pytest.mark.e2e
 
 
 def test_supervisor_package_is_rlsups() -> None:

@@ -32,7 +32,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 
 class NotifyListener:

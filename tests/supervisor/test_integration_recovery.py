@@ -26,7 +26,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 GAMES = ("alpha", "beta")
 TOTAL = 150_000
 

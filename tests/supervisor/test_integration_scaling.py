@@ -32,7 +32,7 @@ from tests.supervisor.helpers import (
     worker_pids,
 )
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 LIGHT = (4, 64)  # (num_envs, batch_size)
 MEDIUM = (8, 128)

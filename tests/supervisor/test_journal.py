@@ -19,6 +19,8 @@ from supervisor.ledger import db
 from supervisor.ledger.journal import Journal
 from supervisor.ledger.recorder import Recorder
 
+pytestmark = pytest.mark.e2e
+
 
 class Clock:
     def __init__(self) -> None:

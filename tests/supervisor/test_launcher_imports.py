@@ -10,6 +10,8 @@ import pytest
 
 from supervisor.launch.launcher import Launcher
 
+pytestmark = pytest.mark.e2e
+
 
 def test_a_package_in_the_working_directory_cannot_shadow_rlsups(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -14,7 +14,7 @@ import pytest
 from supervisor.launch.crashlog import death_from_log
 from supervisor.launch.launcher import Launcher
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 LIMIT = 256 << 10
 

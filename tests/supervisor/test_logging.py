@@ -17,6 +17,8 @@ import pytest
 from supervisor.observe.logs import colors_wanted, level_number, on_journal
 from tests.supervisor.helpers import REPO, env_for, rlsup, write_config
 
+pytestmark = pytest.mark.e2e
+
 # Every level once, through the real configure_logging, in a fresh process (it configures once).
 SCRIPT = """
 import sys, structlog

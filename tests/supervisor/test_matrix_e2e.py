@@ -12,7 +12,7 @@ import pytest
 
 from tests.supervisor.helpers import MODES, env_for, rlsup, start_supervisor, stop_supervisor
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def test_three_seeds_train_as_three_runs_and_make_one_results_row(tmp_path: Path) -> None:

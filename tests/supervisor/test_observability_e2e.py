@@ -41,7 +41,7 @@ from tests.supervisor.helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HOOK = """\
 import json, os, sys

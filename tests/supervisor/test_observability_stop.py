@@ -23,7 +23,7 @@ from supervisor.launch.launcher import Launcher
 from supervisor.lifecycle.states import WorkerState as S
 from tests.supervisor.helpers import FAST_LIGHT_HEAD, REPO, FakeNvml, close_supervisors, spin
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 CONFIG = (
     FAST_LIGHT_HEAD

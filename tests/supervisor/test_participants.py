@@ -28,6 +28,8 @@ from supervisor.preemption.watcher import Report
 from supervisor.stability import modes
 from training import protocol
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """\
 state_dir = "state"
 initial_mode = "light"

@@ -15,6 +15,8 @@ from checkpoints import CheckpointStore
 from checkpoints.retention import PINS_FILE, read_pins
 from tests.supervisor.helpers import REPO
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """\
 state_dir = "state"
 [modes.light]

@@ -35,7 +35,7 @@ from tests.supervisor.fake_metadata import FakeMetadata
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

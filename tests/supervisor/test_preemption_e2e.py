@@ -30,7 +30,7 @@ from tests.supervisor.helpers import (
 )
 from training import protocol
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.fixture

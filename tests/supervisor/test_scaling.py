@@ -27,7 +27,7 @@ from supervisor.lifecycle.states import WorkerState as S
 from supervisor.stability import modes, scaling
 from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 CONFIG = """\
 state_dir = "state"

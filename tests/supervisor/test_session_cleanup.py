@@ -26,7 +26,7 @@ from tests.supervisor.helpers import (
 )
 from training import protocol as P
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 PY = sys.executable
 SLEEPER = "import time\ntime.sleep(1000)\n"

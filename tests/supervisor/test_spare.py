@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from supervisor.launch.spawn import process_argv
 from tests.supervisor.helpers import (
@@ -27,6 +28,8 @@ from tests.supervisor.helpers import (
     wait_for,
     worker_pids,
 )
+
+pytestmark = pytest.mark.e2e
 
 SPARE_ON = "[spare]\nenabled = true\n"
 

@@ -18,7 +18,7 @@ import pytest
 from supervisor.launch.spare import Spare, SpareKeeper, SpareWant
 from tests.supervisor.helpers import REPO
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 
 def test_a_spare_that_cannot_die_yet_never_blocks_the_tick(

@@ -15,6 +15,8 @@ from supervisor.lifecycle.states import WorkerState
 from tests.supervisor.helpers import env_for, events, rlsup
 from training.protocol import ExitCode, Heartbeat
 
+pytestmark = pytest.mark.e2e
+
 K, R, A = ExitKind, Route, StopReason
 
 

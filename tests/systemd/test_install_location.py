@@ -24,6 +24,8 @@ from tests.systemd.sandbox import (
     wait_training,
 )
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """\
 initial_mode = "light"
 [modes.light]

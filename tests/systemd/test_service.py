@@ -10,7 +10,7 @@ import pytest
 
 from tests.systemd.sandbox import CONFIG, RLSUP, Sandbox, game, install, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 def stays(box: Sandbox, state: str, seconds: float) -> None:

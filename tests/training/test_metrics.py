@@ -28,6 +28,8 @@ from training.metrics import (
 )
 from training.protocol import PROGRESS_COLUMNS
 
+pytestmark = pytest.mark.e2e
+
 CARTPOLE_PPO = (
     "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "64",
     "--batch-size", "64", "--threads", "1",

@@ -23,7 +23,7 @@ from training.evaluate import ATARI_MAX_EPISODE_STEPS, EVAL_EPSILON, evaluate
 from training.networks import ActorCritic, scale_frames
 from training.optim import Precision
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 CPU = torch.device("cpu")
 FLAGS_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n"

@@ -16,6 +16,8 @@ from supervisor.launch.spare import SpareKeeper, SpareWant
 from supervisor.launch.spawn import process_argv
 from tests.training.workerutil import heartbeat, run
 
+pytestmark = pytest.mark.e2e
+
 COMMON = ["--game", "CartPole-v1", "--num-envs", "4", "--batch-size", "64", "--seed", "3",
           "--eval-episodes", "0", "--threads", "2", "--device", "cpu",
           "--checkpoint-every-s", "3600"]  # fmt: skip

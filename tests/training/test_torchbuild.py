@@ -17,6 +17,8 @@ from workerutil import REPO, worker_cmd
 from training import torchbuild
 from training.torchbuild import InstalledTorch, build_of, cpu_fallback_reason, driver_version
 
+pytestmark = pytest.mark.e2e
+
 PROPRIETARY = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024\n"
     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"

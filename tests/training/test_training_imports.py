@@ -11,6 +11,8 @@ import sys
 import grimp
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 HEAVY = ("torch", "numpy", "envpool")
 TORCH_FREE = ("training.protocol", "training.args")
 

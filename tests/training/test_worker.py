@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from workerutil import REPO, committed_steps, heartbeat, kill, run, start, wait_for
 
+pytestmark = pytest.mark.e2e
+
 CARTPOLE_PPO = (
     "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "64",
     "--batch-size", "64", "--threads", "1", "--eval-episodes", "2",

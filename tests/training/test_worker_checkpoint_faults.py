@@ -17,6 +17,8 @@ from workerutil import committed_steps, heartbeat, run
 from checkpoints import CheckpointStore
 from checkpoints._faults import ENV as FAULT_ENV
 
+pytestmark = pytest.mark.e2e
+
 # DQN with a ring of many small chunks (CartPole frames are 16 bytes: 64 slots a chunk), so
 # that most chunks are cold and every retained checkpoint hard-links the same inodes.
 DQN = (

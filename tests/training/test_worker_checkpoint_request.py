@@ -14,12 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from workerutil import committed_steps, heartbeat, kill, run, start, wait_for
 
 from checkpoints import CheckpointStore
 from training import protocol as P
 from training.checkpoint_request import RETRY_FAILED_S, CheckpointRequestWatch
+
+pytestmark = pytest.mark.e2e
 
 NEVER = ("--checkpoint-every-s", "1000000", "--eval-episodes", "0", "--threads", "1")
 # Rollout 64 x 512 = 32768 steps (~0.5 s), then 12 epochs x 128 minibatches of 256 (~2 ms

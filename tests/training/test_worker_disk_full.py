@@ -20,7 +20,10 @@ from training.progress import ProgressLog
 from training.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_heartbeat
 from training.streams import TolerantStream
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs"),
+]
 
 
 @pytest.fixture

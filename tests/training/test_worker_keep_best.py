@@ -17,6 +17,8 @@ from workerutil import REPO, committed_steps, heartbeat, wait_for, worker_cmd
 from checkpoints import CheckpointStore
 from training.args import ConfigError, WorkerConfig
 
+pytestmark = pytest.mark.e2e
+
 ARGS = (
     "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "64",
     "--batch-size", "64", "--threads", "1", "--eval-episodes", "3",
