@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from training.args import WorkerConfig
-from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
+from training.exploration import epsilon_greedy, linear_epsilon
 from training.learner import RolloutCut
+from training.masking import masked_mean
 from training.metrics import Means
 from training.networks import PQNetwork, rollout_frames
 from training.optim import (
@@ -46,7 +47,6 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.ppo import masked_mean
 
 # ---- the maths -------------------------------------------------------------------------------
 
