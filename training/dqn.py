@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
-from training.exploration import epsilon_greedy, linear_epsilon
+from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
 from training.metrics import Means
 from training.networks import QNetwork, frames_layout
 from training.optim import (
@@ -272,8 +272,6 @@ class DQNLearner:
     def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The evaluation policy: epsilon-greedy with EVAL_EPSILON, drawn from the
         evaluation's own generator (the learner's RNG stays as training had it)."""
-        from training.evaluate import EVAL_EPSILON
-
         return epsilon_greedy(self.act_greedy(obs), EVAL_EPSILON, self.n_actions, rng)
 
     def warmup_optimizer(self) -> None:

@@ -1,10 +1,13 @@
-"""Epsilon-greedy exploration, shared by the Q-learners (dqn, pqn): the linear epsilon schedule
-and the per-env draw. Its own module so that neither learner imports the other.
+"""Epsilon-greedy exploration, shared by the Q-learners (dqn, pqn): the linear epsilon schedule,
+the per-env draw and the evaluation's epsilon. Its own module so that neither learner imports the
+other.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+EVAL_EPSILON = 0.05  # DQN's evaluation epsilon (Mnih et al. 2015; CleanRL's dqn_atari eval)
 
 
 def linear_epsilon(start_e: float, end_e: float, duration: float, t: int) -> float:
