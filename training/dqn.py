@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
+from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
 from training.metrics import Means
 from training.networks import QNetwork, frames_layout
 from training.optim import (
@@ -48,24 +49,6 @@ if TYPE_CHECKING:
 AGENT_STEPS_PER_ITERATE = 256
 
 # ---- the maths -------------------------------------------------------------------------------
-
-
-def linear_epsilon(start_e: float, end_e: float, duration: float, t: int) -> float:
-    """Epsilon at agent step t: start_e falling linearly to end_e at t = duration, then flat."""
-    if duration <= 0:
-        return end_e
-    slope = (end_e - start_e) / duration
-    return max(slope * t + start_e, end_e) if end_e <= start_e else min(slope * t + start_e, end_e)
-
-
-def epsilon_greedy(
-    greedy: np.ndarray, epsilon: float, n_actions: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Each env's greedy action, or with probability epsilon a uniform one (both drawn
-    always, so the generator advances the same whatever epsilon is)."""
-    explore = rng.random(len(greedy)) < epsilon
-    uniform = rng.integers(0, n_actions, size=len(greedy))
-    return np.where(explore, uniform, greedy)
 
 
 def double_dqn_target(
@@ -289,8 +272,6 @@ class DQNLearner:
     def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The evaluation policy: epsilon-greedy with EVAL_EPSILON, drawn from the
         evaluation's own generator (the learner's RNG stays as training had it)."""
-        from training.evaluate import EVAL_EPSILON
-
         return epsilon_greedy(self.act_greedy(obs), EVAL_EPSILON, self.n_actions, rng)
 
     def warmup_optimizer(self) -> None:

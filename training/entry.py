@@ -158,7 +158,7 @@ class Worker:
         except MemoryError as exc:
             return self._error_exit(ExitCode.OOM, "host_oom", f"host out of memory: {exc}")
         except Exception as exc:
-            from training.session import is_out_of_memory
+            from training.device import is_out_of_memory
 
             if is_out_of_memory(exc):
                 cuda = "CUDA" in str(exc) or "cuda" in type(exc).__module__

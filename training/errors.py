@@ -1,6 +1,7 @@
 """The ways a training session fails that the worker reports by name: each exception's `kind`
 is the `kind` of error.json (and the exit code follows from it: training/entry.py). Torch-free;
-shared by the session and the mirror (training/session.py, training/mirroring.py).
+shared by the session, its resuming and the mirror (training/session.py, training/resuming.py,
+training/mirroring.py).
 """
 
 from __future__ import annotations

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from training.envs import make_env
+from training.exploration import EVAL_EPSILON
 from training.tasks import is_atari
 
 if TYPE_CHECKING:
     from training.learner import Learner
 
 MAX_EVAL_ENVS = 8
-EVAL_EPSILON = 0.05  # DQN's evaluation epsilon (Mnih et al. 2015; CleanRL's dqn_atari eval)
 ATARI_MAX_EPISODE_STEPS = 27_000  # 108,000 frames at frame skip 4 (Machado et al. 2018)
 
 

@@ -24,6 +24,7 @@ from torch.distributions import Categorical
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
+from training.masking import masked_mean
 from training.metrics import Means, explained_variance
 from training.networks import ActorCritic, rollout_frames
 from training.optim import (
@@ -68,10 +69,6 @@ def gae(
         last = delta + gamma * lam * not_done * last
         advantages[t] = last
     return advantages, advantages + values
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def normalize_advantages(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from training.args import WorkerConfig
-from training.dqn import epsilon_greedy, linear_epsilon
 from training.envs import EpisodeTracker, make_env
+from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
 from training.learner import RolloutCut
+from training.masking import masked_mean
 from training.metrics import Means
 from training.networks import PQNetwork, rollout_frames
 from training.optim import (
@@ -46,7 +47,6 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.ppo import masked_mean
 
 # ---- the maths -------------------------------------------------------------------------------
 
@@ -265,8 +265,6 @@ class PQNLearner(RolloutCut):
     def act_eval(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The evaluation policy, DQN's: epsilon-greedy with EVAL_EPSILON, drawn from the
         evaluation's own generator (the learner's RNG stays as training had it)."""
-        from training.evaluate import EVAL_EPSILON
-
         return epsilon_greedy(self.act_greedy(obs), EVAL_EPSILON, self.n_actions, rng)
 
     def warmup_optimizer(self) -> None:

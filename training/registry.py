@@ -1,8 +1,9 @@
 """The learner registry: `make_learner` builds the algorithm `cfg.algo` names (args.ALGOS).
 
-Its own module so that the interface (training/learner.py) imports no algorithm: ppo, dqn and
-pqn import evaluate, which imports the interface, and only this module (and pqn, for the maths
-it shares with them) imports them.
+Its own module so that the interface (training/learner.py) imports no algorithm: ppo and pqn
+build on the interface's RolloutCut, and only this module (and the standby, to load them ahead)
+imports them. No algorithm imports another: what they share lives in exploration, masking and
+optim.
 """
 
 from __future__ import annotations

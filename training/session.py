@@ -1,46 +1,32 @@
 """One worker session: load the newest valid checkpoint, train, checkpoint, evaluate, stop.
 
 It owns the session's course and its files (progress.csv, eval.json, TensorBoard, the
-heartbeat's fields); the mirror (restore, placement fence) is training/mirroring.py, the
-named failures training/errors.py.
+heartbeat's fields); the way back to the newest checkpoint and the learner built from it is
+training/resuming.py, the device training/device.py, the mirror (restore, placement fence)
+training/mirroring.py, the named failures training/errors.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from pickle import UnpicklingError  # raised by torch.load(weights_only=True)
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import torch
 
-from checkpoints import (
-    CheckpointCorrupt,
-    CheckpointStore,
-    CheckpointUnreadable,
-    LoadedCheckpoint,
-    NoValidCheckpoint,
-    write_json_atomic,
-)
+from checkpoints import CheckpointStore, LoadedCheckpoint, write_json_atomic
 from training import rng, torchbuild
-from training.args import ConfigError, WorkerConfig
+from training.args import WorkerConfig
 from training.checkpoint_request import CheckpointRequestWatch
-from training.checkpointing import (
-    Checkpointer,
-    CheckpointResult,
-    checkpoint_meta,
-    restore_learner,
-)
+from training.checkpointing import Checkpointer, CheckpointResult
+from training.device import pick_device, setup_torch, torch_build
 from training.errors import (
-    CheckpointMismatch,
     CheckpointUnreadableError,
     EvalWriteFailed,
     FinalCheckpointFailed,
-    NoValidCheckpointError,
     PlacementFencedError,
 )
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
@@ -67,7 +53,7 @@ from training.protocol import (
     clean_eval,
     read_json_file,
 )
-from training.replay import is_chunk_file
+from training.resuming import Resumer
 
 if TYPE_CHECKING:
     from training.learner import Learner
@@ -76,68 +62,6 @@ STARTING_DEADLINE_S = 300.0
 STOPPING_DEADLINE_S = 120.0
 MIN_TRAINING_DEADLINE_S = 10.0  # the supervisor's hang_timeout_s is the operator's floor
 PROGRESS_EVERY_S = 2.0
-
-
-_OOM_TEXTS = (
-    "CUDA out of memory",  # the caching allocator (torch.cuda.OutOfMemoryError's text)
-    # The driver or a CUDA library, not torch's allocator: a context, cuBLAS's workspace or a
-    # cuDNN plan that finds the GPU full (another process holds it) fails with these.
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "DefaultCPUAllocator: can't allocate memory",
-    "DefaultCPUAllocator: not enough memory",
-)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA or host out of memory, however torch or numpy spells it (exit 76, not a crash)."""
-    if isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_TEXTS)
-
-
-def torch_build(driver: str | None) -> dict[str, Any]:
-    """The heartbeat's `torch_build`: what this torch can do, and the host's NVIDIA driver."""
-    return {
-        "torch": str(torch.__version__),
-        "cuda": torch.version.cuda,
-        "cuda_available": bool(torch.cuda.is_available()),
-        "driver": driver,
-    }
-
-
-def pick_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device cuda: {_no_cuda_reason(torchbuild.driver_version())}")
-    if requested == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda")
-
-
-def _no_cuda_reason(driver: str | None) -> str:
-    if driver is not None and torch.version.cuda is None:
-        return (
-            f"no CUDA device is available: torch {torch.__version__} is a CPU-only build and "
-            f"this host has an NVIDIA driver ({driver}); "
-            + torchbuild.cuda_install_hint(str(torch.__version__).split("+", 1)[0])
-        )
-    if driver is None:
-        return "no CUDA device is available: no NVIDIA driver on this host (use auto or cpu)"
-    return "no CUDA device is available (use auto or cpu; `rlsup doctor` tells why)"
-
-
-def setup_torch(device: torch.device, threads: int) -> None:
-    torch.set_num_threads(threads)
-    if device.type == "cuda":
-        # TF32 matmuls: ~2x on Ampere+ with negligible accuracy loss for RL.
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.set_float32_matmul_precision("high")
-
-
-def loading_deadline_s(nbytes: int) -> float:
-    return 120.0 + nbytes / 20e6  # verify + read at a pessimistic 20 MB/s
 
 
 class TrainingSession:
@@ -177,6 +101,7 @@ class TrainingSession:
         self._row_step = -1  # the step of the last progress row
         self.checkpoint_failures = 0
         self.mirror = Mirror(cfg, run_dir, log, self.hb)  # used only with --mirror-url
+        self.resumer = Resumer(cfg, log, self.hb, self.mirror)
         self.fenced: str | None = None  # why a commit was refused by the placement fence
         self.evaluation: dict[str, Any] | None = None  # the latest: step, mean, std, episodes
         self.requests: CheckpointRequestWatch | None = None  # checkpoint.request, once training
@@ -216,7 +141,7 @@ class TrainingSession:
                 store.latest() is None or (self.cfg.epoch and self.mirror.superseded(store))
             ):
                 self.mirror.restore(store, self.cfg.mirror_url)
-            loaded = self._load_newest(store)
+            loaded = self.resumer.load_newest(store)
         except OSError as exc:  # listing or sweeping the store itself failed: not corruption
             raise CheckpointUnreadableError(
                 f"cannot read the checkpoints in {store.root}: {exc}; nothing was moved"
@@ -230,7 +155,8 @@ class TrainingSession:
             self.step = loaded.step
             self.hb.update(global_step=loaded.step, last_checkpoint_step=loaded.step)
             return ExitCode.DONE
-        loaded, counters = self._restore(device, store, loaded)
+        self.learner, loaded, counters = self.resumer.restore(device, store, loaded)
+        self.step = self.learner.global_step
         self._mark_start("loaded")
         fence = self.mirror.check_fence if self.cfg.epoch and self.cfg.mirror_url else None
         checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint, fence)
@@ -247,158 +173,6 @@ class TrainingSession:
         if self.learner is not None:
             self.learner.close()
         self.hb.stop()
-
-    # ---- loading -------------------------------------------------------------------------
-    def _load_newest(self, store: CheckpointStore) -> LoadedCheckpoint | None:
-        # Before anything is verified or moved: a run is never resumed as another game.
-        newest = store.newest_meta()
-        if newest is not None:
-            self._check_same_run(store, newest[0].path.name, newest[1])
-        latest = store.latest()
-        self.hb.set_phase(
-            Phase.LOADING, loading_deadline_s(_dir_bytes(latest.path if latest else None))
-        )
-        try:
-            loaded = store.load_latest(salvage=is_chunk_file, sources=self.mirror.repair_sources())
-        except NoValidCheckpoint as exc:
-            # Every local checkpoint was damaged (now quarantined): the mirror's may be whole.
-            url = None if self.mirror.tried else self.cfg.mirror_url
-            if not (url and self.mirror.restore(store, url)):
-                raise NoValidCheckpointError(
-                    f"checkpoints exist in {store.root} but none verifies; refusing to start "
-                    f"from zero: {exc}"
-                ) from exc
-            names = [f"{name} ({reason})" for name, reason in exc.quarantined]
-            self.log.warning("local_checkpoints_quarantined", quarantined=names)
-            self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
-            loaded = self._load_newest(store)
-        except CheckpointUnreadable as exc:
-            raise CheckpointUnreadableError(
-                f"{exc}; it was not moved (a read error is not corruption): the next start "
-                "tries it again"
-            ) from exc
-        if loaded is None:
-            return None
-        self._check_same_run(store, loaded.path.name, loaded.meta)
-        if loaded.quarantined:
-            names = [f"{name} ({reason})" for name, reason in loaded.quarantined]
-            self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
-            self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
-        if loaded.repaired:  # rot put right from a good copy: nothing lost, still reported
-            entry = {
-                "checkpoint": loaded.path.name,
-                "when": "load",
-                "files": sorted(loaded.repaired),
-                "repaired": dict(loaded.repaired),
-                "transitions_dropped": 0,
-            }
-            self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
-        return loaded
-
-    def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:
-        want = checkpoint_meta(self.cfg)
-        if all(meta.get(key) in (None, value) for key, value in want.items()):
-            return
-        was = f"{meta.get('game')} / {meta.get('algo')}"
-        now = f"{want['game']} / {want['algo']}"
-        raise CheckpointMismatch(
-            f"{store.root} holds checkpoints of {was} ({name}), but this worker is configured "
-            f"for {now}: a checkpoint of one game or algorithm is never loaded for another. To "
-            f"continue that run, set env_id/algo back to {was}; to start this game fresh, move "
-            f"{store.root} aside (or give the game a new name)"
-        )
-
-    def _restore(
-        self, device: torch.device, store: CheckpointStore, loaded: LoadedCheckpoint | None
-    ) -> tuple[LoadedCheckpoint | None, dict[str, Any]]:
-        """Build the learner from the newest checkpoint that also *loads* safely.
-
-        A checkpoint can verify (its bytes are the ones that were written) and still be refused
-        by the weights-only loader: one crafted to run code on load, say. That is a corrupt
-        checkpoint, not a crash to retry: quarantine it and fall back to the previous one. A
-        read error while loading is not: the checkpoint stays and the worker exits
-        `checkpoint_unreadable`.
-        """
-        while True:
-            try:
-                counters = self._build_learner(device, loaded)
-            except (UnpicklingError, CheckpointCorrupt) as exc:
-                if loaded is None:
-                    raise
-                self._quarantine_refused(store, loaded, exc)
-                loaded = self._load_newest(store)
-                continue
-            except CheckpointUnreadable as exc:
-                raise CheckpointUnreadableError(
-                    f"{exc}; it was not moved: the next start tries it again"
-                ) from exc
-            self._report_replay_damage(loaded)
-            return loaded, counters
-
-    def _quarantine_refused(
-        self, store: CheckpointStore, loaded: LoadedCheckpoint, exc: Exception
-    ) -> None:
-        what = "refused by the weights-only loader" if isinstance(exc, UnpicklingError) else ""
-        reason = f"{what or 'changed since it was verified'}: {exc}"[:300]
-        store.quarantine(loaded.step, reason)
-        self.log.warning("checkpoint_refused", path=str(loaded.path), reason=reason)
-        name = f"{loaded.path.name} ({reason})"
-        self.hb.update(quarantined=[*self.hb.current.quarantined, name])
-        if self.learner is not None:
-            self.learner.close()
-            self.learner = None
-
-    def _report_replay_damage(self, loaded: LoadedCheckpoint | None) -> None:
-        damage = getattr(getattr(self.learner, "replay", None), "load_damage", None)
-        if loaded is None or not damage:
-            return
-        entry = {"checkpoint": loaded.path.name, "when": "load", **damage}
-        self.log.warning("replay_damaged", **entry)
-        self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
-
-    def _build_learner(
-        self, device: torch.device, loaded: LoadedCheckpoint | None
-    ) -> dict[str, Any]:
-        from training.registry import make_learner
-
-        prior: dict[str, Any] = loaded.read_json("state.json") if loaded is not None else {}
-        resume_count = int(prior.get("resume_count", -1)) + 1 if loaded is not None else 0
-        rng.seed_everything(self.cfg.seed + resume_count)
-        env_seed = rng.derive_env_seed(self.cfg.seed, resume_count)
-        learner = self.learner = make_learner(self.cfg, device, env_seed)
-        learner.warmup_optimizer()
-        if loaded is not None:
-            try:
-                prior = restore_learner(loaded, learner, device)
-            except (RuntimeError, KeyError, ValueError) as exc:
-                if is_out_of_memory(exc):
-                    raise  # exit 76: the policy steps down, the checkpoint is fine
-                raise ConfigError(
-                    f"checkpoint {loaded.path} does not fit this configuration "
-                    f"(changed network or algorithm?): {exc}"
-                ) from exc
-            self.log.info("resumed", step=loaded.step, resume_count=resume_count)
-        self.step = learner.global_step
-        self.hb.live_step = lambda: int(learner.global_step)  # steps move within an iteration
-        self.hb.update(
-            global_step=self.step,
-            resumed_from_step=loaded.step if loaded is not None else None,
-            last_checkpoint_step=loaded.step if loaded is not None else None,
-            num_envs=self.cfg.num_envs,
-            batch_size=_batch_size(self.cfg),
-            resume_count=resume_count,
-            episodes=learner.tracker.episodes,
-            mean_return=learner.tracker.mean_return(),
-            precision=learner.precision.name,
-        )
-        return {
-            "resume_count": resume_count,
-            "wall_time_s": float(prior.get("wall_time_s", 0.0)),
-            "session_started": time.monotonic(),
-            # When the loaded checkpoint's state was captured: a checkpoint.request older
-            # than that is already satisfied.
-            "loaded_time": _float_or_none(prior.get("time")) if loaded is not None else None,
-        }
 
     # ---- training ------------------------------------------------------------------------
     def _train(
@@ -737,10 +511,6 @@ def _batch_size(cfg: WorkerConfig) -> int:
     return cfg.train_batch_size()
 
 
-def _float_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def _scored(evaluation: dict[str, Any] | None) -> bool:
     """Did the evaluation finish an episode (a mean to rank checkpoints by)?"""
     return evaluation is not None and evaluation.get("mean") is not None
@@ -750,14 +520,3 @@ def _next_multiple(step: int, every: int | None) -> int | None:
     if every is None:
         return None
     return (step // every + 1) * every
-
-
-def _dir_bytes(path: Path | None) -> int:
-    if path is None:
-        return 0
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(root, name)).st_size
-    return total

@@ -114,7 +114,7 @@ def test_fp16_with_a_grad_scaler_where_the_gpu_has_no_bf16(monkeypatch) -> None:
 
 
 def test_fp32_on_cuda_runs_with_tf32() -> None:
-    from training.session import setup_torch
+    from training.device import setup_torch
 
     before = torch.get_float32_matmul_precision()
     try:

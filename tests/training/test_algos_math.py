@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from training.dqn import double_dqn_target, epsilon_greedy, linear_epsilon
+from training.dqn import double_dqn_target
 from training.envs import EpisodeTracker
+from training.exploration import epsilon_greedy, linear_epsilon
 from training.networks import ActorCritic, PQNetwork, QNetwork
 from training.ppo import gae, normalize_advantages, ppo_loss
 from training.pqn import q_lambda_returns, q_loss

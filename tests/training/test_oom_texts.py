@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.session import is_out_of_memory
+from training.device import is_out_of_memory
 
 
 @pytest.mark.parametrize(

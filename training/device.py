@@ -1,0 +1,72 @@
+"""The worker's device: which one it trains on (`--device`; asking for cuda where there is none is
+refused, naming why), its threads and TF32, what the heartbeat says of the torch build, and
+out-of-memory errors however torch spells them (exit 76, not a crash).
+
+Torch at import, so not torchbuild.py's neighbour there: `rlsup status` imports that one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from training import torchbuild
+from training.args import ConfigError
+
+_OOM_TEXTS = (
+    "CUDA out of memory",  # the caching allocator (torch.cuda.OutOfMemoryError's text)
+    # The driver or a CUDA library, not torch's allocator: a context, cuBLAS's workspace or a
+    # cuDNN plan that finds the GPU full (another process holds it) fails with these.
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA or host out of memory, however torch or numpy spells it (exit 76, not a crash)."""
+    if isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_TEXTS)
+
+
+def torch_build(driver: str | None) -> dict[str, Any]:
+    """The heartbeat's `torch_build`: what this torch can do, and the host's NVIDIA driver."""
+    return {
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "driver": driver,
+    }
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device cuda: {_no_cuda_reason(torchbuild.driver_version())}")
+    if requested == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def _no_cuda_reason(driver: str | None) -> str:
+    if driver is not None and torch.version.cuda is None:
+        return (
+            f"no CUDA device is available: torch {torch.__version__} is a CPU-only build and "
+            f"this host has an NVIDIA driver ({driver}); "
+            + torchbuild.cuda_install_hint(str(torch.__version__).split("+", 1)[0])
+        )
+    if driver is None:
+        return "no CUDA device is available: no NVIDIA driver on this host (use auto or cpu)"
+    return "no CUDA device is available (use auto or cpu; `rlsup doctor` tells why)"
+
+
+def setup_torch(device: torch.device, threads: int) -> None:
+    torch.set_num_threads(threads)
+    if device.type == "cuda":
+        # TF32 matmuls: ~2x on Ampere+ with negligible accuracy loss for RL.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
