@@ -27,7 +27,8 @@ class WorkerState(enum.StrEnum):
     STOPPING: asked to stop (SIGTERM; SIGKILL after a grace). EXITED: the process is gone and
     its exit classified; the loop picks the next state in the same tick.
     BACKOFF: waiting out a restart delay (keeps its slot); also after a spawn that failed
-    (a full disk, a failed pidfd). DONE: total_steps reached.
+    (a full disk, a failed pidfd), again when the restart's own spawn fails.
+    DONE: total_steps reached.
     FATAL: not restarted (restart budget spent, or a configuration error).
     The exact edges are `ALLOWED` below; `transition()` enforces them.
     """
@@ -51,7 +52,8 @@ ALLOWED: dict[WorkerState, frozenset[WorkerState]] = {
     S.RUNNING: frozenset({S.STOPPING, S.EXITED}),
     S.STOPPING: frozenset({S.EXITED}),
     S.EXITED: frozenset({S.DONE, S.BACKOFF, S.WAITING, S.FATAL, S.STOPPED}),
-    S.BACKOFF: frozenset({S.STARTING, S.WAITING, S.STOPPED, S.FATAL}),
+    # BACKOFF -> BACKOFF: the restart's spawn failed too (the disk still full): a new delay.
+    S.BACKOFF: frozenset({S.STARTING, S.BACKOFF, S.WAITING, S.STOPPED, S.FATAL}),
     S.DONE: frozenset({S.STOPPED, S.WAITING}),
     S.FATAL: frozenset({S.STOPPED, S.WAITING}),
 }

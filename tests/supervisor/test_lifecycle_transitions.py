@@ -278,14 +278,6 @@ def test_transition_waiting_to_fatal_when_a_command_games_program_is_missing() -
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IllegalTransition,
-    reason="defect: a spawn that fails again on the restart after a backoff (the disk still "
-    "full) asks BACKOFF -> BACKOFF, an edge ALLOWED lacks; Lifecycle.failure raises "
-    "IllegalTransition out of the tick (safe_tick counts a failed tick) instead of a new "
-    "backoff, while the failure and backoff_until are already counted",
-)
 def test_transition_backoff_to_backoff_when_the_restart_cannot_spawn() -> None:
     life = lifecycle("a")
     rt = life.games["a"]
