@@ -166,8 +166,10 @@ class GpuPlacer:
         return {"gpu": gpu.as_json()}
 
     def unassign(self, name: str) -> None:
-        """The spawn failed: the GPU chosen is free again."""
+        """The spawn failed: the GPU chosen is free again, and so is the memory the gate held
+        for the worker that never started (else the others count it until `reserve_s`)."""
         self.chosen.pop(name, None)
+        self.gate.clear(name)
 
     def gone(self, name: str) -> None:
         """The game's worker is gone or its wait abandoned: its GPU and reservation free."""

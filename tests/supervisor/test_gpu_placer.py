@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from supervisor.config import (
     Config,
     GameSpec,
@@ -182,14 +180,6 @@ def test_unassign_after_a_failed_spawn_frees_the_chosen_gpu() -> None:
     assert p.placer.on_gpu("a") == {} and p.placer.row_gpu("a") is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="defect (minor): `unassign` after a failed spawn frees the GPU chosen but not the "
-    "gate's reservation of the game's need (GpuGate.clear is not called, and the lifecycle's "
-    "BACKOFF sends no Release): other games on that GPU count memory no worker holds until "
-    "reserve_s (120 s) expires",
-)
 def test_unassign_after_a_failed_spawn_gives_back_the_reservation() -> None:
     p = Placed(SnapshotProbe(snapshot((GPU0, 4000.0))), game("a"), game("b"))
     assert p.admit("a", now=0.0).ok
