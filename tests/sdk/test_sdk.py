@@ -1,5 +1,5 @@
 """The SDK (`import rlsup`) on its own: a real run directory, real files, real signals and real
-processes; the supervisor side of command games is tests/supervisor/test_command_games.py."""
+processes; the supervisor side of command games is tests/supervisor/daemon/test_command_games.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from supervisor.ledger import db
 from supervisor.ledger.journal import Journal
 from supervisor.ledger.recorder import Recorder
 from supervisor.stability import modes
-from tests.supervisor.test_config import GOOD
+from tests.supervisor.config.test_config import GOOD
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 from supervisor.cli import main
 from supervisor.config import load_config
 from supervisor.launch.probe import probe_command_games
-from tests.supervisor.test_config import GOOD
+from tests.supervisor.config.test_config import GOOD
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import pytest
 from supervisor.cli import main
 from supervisor.config import ConfigError, load_config, resolve_config_path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "supervisor" / "example.toml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "supervisor" / "example.toml"
 
 GOOD = """\
 state_dir = "state"

@@ -45,7 +45,7 @@ def test_the_single_host_supervisor_never_imports_ray() -> None:
         "assert make_launcher(cfg).backend == 'local'\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
     )
-    example = Path(__file__).resolve().parents[2] / "supervisor" / "example.toml"
+    example = Path(__file__).resolve().parents[3] / "supervisor" / "example.toml"
     out = subprocess.run(
         [sys.executable, "-c", code, str(example)], capture_output=True, text=True, timeout=120
     )

@@ -10,7 +10,7 @@ import pytest
 from supervisor.config import ConfigError, load_config
 from supervisor.launch.spare import argv_device, decide, device_matches, spare_device
 from supervisor.launch.spawn import process_argv
-from tests.supervisor.test_config import GOOD
+from tests.supervisor.config.test_config import GOOD
 
 TOTAL_MB = 24_000.0
 

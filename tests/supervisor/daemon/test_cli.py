@@ -8,8 +8,8 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.ledger import db
+from tests.supervisor.config.test_config import GOOD
 from tests.supervisor.helpers import REPO
-from tests.supervisor.test_config import GOOD
 
 
 @pytest.fixture

@@ -238,7 +238,7 @@ def test_a_hooks_huge_output_costs_the_supervisor_no_memory(tmp_path: Path) -> N
     size = 96 << 20
     got = subprocess.run(
         [sys.executable, "-c", BIG_OUTPUT, str(size)],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         capture_output=True,
         text=True,
         timeout=120,
@@ -393,7 +393,7 @@ def rlsup_in(
     (tmp_path / "boot_id").write_text("boot-1\n")
     return subprocess.run(
         [sys.executable, "-m", "supervisor.cli", *args, "--config", str(config)],
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         env=env,
         capture_output=True,
         text=True,

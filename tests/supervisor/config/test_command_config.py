@@ -1,6 +1,6 @@
 """Command games in the configuration (docs/own-trainer.md): what loads, what is refused (one
 message naming the file, the key and the value), and what the spawn of one is given. No
-supervisor runs here: tests/supervisor/test_command_games.py drives real ones."""
+supervisor runs here: tests/supervisor/daemon/test_command_games.py drives real ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.config import ConfigError, GameSpec, ModeSpec, load_config
-from tests.supervisor.test_config import GOOD
+from tests.supervisor.config.test_config import GOOD
 from training import protocol as P
 
 COMMAND = """
