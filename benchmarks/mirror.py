@@ -30,8 +30,7 @@ sys.path.insert(0, str(REPO))
 from hostinfo import host_facts, host_line  # noqa: E402
 
 from benchmarks.supervision_overhead import rate  # noqa: E402
-from tests.mirror.conftest import TEST_AWS_ENV  # noqa: E402
-from tests.mirror.seaweed import running_weed  # noqa: E402
+from harness.seaweed import TEST_AWS_ENV, running_weed  # noqa: E402
 
 CONFIG = """
 state_dir = "{state_dir}"

@@ -5,7 +5,7 @@ and the work lost when the machine is taken, with the watcher and without it, in
 
 Each variant runs `rlsup run` on a copy of `supervisor/example.toml` (CartPole PPO, Pong PPO,
 Breakout DQN; `max_concurrent` raised so all three train) in a scratch dir, with a loopback
-GCE metadata service (tests/supervisor/fake_metadata.py: `instance/preempted` turns TRUE, then
+GCE metadata service (harness/fake_metadata.py: `instance/preempted` turns TRUE, then
 the machine goes `--window-s` later, GCE's ~30 s). After `--warm-s` of training the notice is
 posted; at the deadline every process is SIGKILLed (the machine is gone). Per game it prints:
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from hostinfo import host_facts, host_line  # noqa: E402
 
-from tests.supervisor.fake_metadata import FakeMetadata  # noqa: E402
+from harness.fake_metadata import FakeMetadata  # noqa: E402
 
 
 def heartbeat(run: Path) -> dict[str, Any]:

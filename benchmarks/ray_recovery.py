@@ -38,10 +38,8 @@ sys.path.insert(0, str(REPO))
 
 from hostinfo import host_facts, host_line  # noqa: E402
 
-from tests.cluster.ray_cluster import LoopbackCluster, loopback_cluster, python_env  # noqa: E402
-from tests.mirror.conftest import TEST_AWS_ENV  # noqa: E402
-from tests.mirror.seaweed import running_weed  # noqa: E402
-from tests.supervisor.helpers import (  # noqa: E402
+from harness.ray_cluster import LoopbackCluster, loopback_cluster, python_env  # noqa: E402
+from harness.runs import (  # noqa: E402
     env_for,
     events,
     heartbeat,
@@ -50,6 +48,7 @@ from tests.supervisor.helpers import (  # noqa: E402
     stop_supervisor,
     wait_for,
 )
+from harness.seaweed import TEST_AWS_ENV, running_weed  # noqa: E402
 
 GAME = (
     '[[games]]\nname = "g1"\nenv_id = "CartPole-v1"\nalgo = "dqn"\ntotal_steps = 50000000\n'
@@ -139,7 +138,7 @@ def ray_rounds(tmp: Path, rounds: int, spare: bool) -> tuple[list[float], list[f
 
 
 def _one_worker_round(lc: LoopbackCluster, state: Path, i: int, spare: bool) -> float:
-    from tests.cluster.ray_cluster import worker_processes
+    from harness.ray_cluster import worker_processes
 
     placed = wait_for(lambda: _placements(state)[i:], 180, f"placement {i + 1}")[0]
     wait_for(lambda: _training(state, placed["pid"]), 180, "training")

@@ -1,6 +1,6 @@
 """Fault-injection soak, long schedule: `RLSUP_SOAK_MINUTES=60 .venv/bin/python benchmarks/soak.py`.
 
-Shares its engine with the CI test (tests/chaos/soak_*.py): a real `rlsup run` with three
+Shares its engine with the CI test (harness/chaos/soak_*.py): a real `rlsup run` with three
 games under a seeded fault schedule (SIGKILL, mid-checkpoint SIGKILL, SIGSTOP, supervisor kill,
 host reboot, corrupt checkpoints, full disk, kernel OOM kill, mode pins, a flood of idle
 connections to the metrics endpoint, a hook storm, the mirror moved by a reload; the mirror is
@@ -29,7 +29,7 @@ def main() -> int:
     p.add_argument("--workdir", type=Path, default=None, help="kept after the run (default: temp)")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
-    from tests.chaos import soak_engine as engine
+    from harness.chaos import soak_engine as engine
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rlsup-soak-")) / "soak"
     phase_s = max(60.0, args.minutes * 60 - 90)  # start-up and the finish take the rest

@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "cli"))
+sys.path.insert(0, str(REPO))
 
 from hostinfo import host_facts, host_line  # noqa: E402
-from state_fixture import build_state  # noqa: E402
+
+from harness.state_fixture import build_state  # noqa: E402
 
 BUDGET_MS = 150.0  # median `rlsup status`, idle and under load (issue 16)
 OK_CODES = (0, 3, 4)  # status: ok, the supervisor not running, a FATAL game (the fixture's)

@@ -163,3 +163,21 @@ def test_no_room_of_the_supervisor_is_over_600_lines() -> None:
         if (n := len(path.read_text().splitlines())) > 600
     }
     assert not big, big
+
+
+def test_benchmarks_and_the_harness_never_import_the_tests() -> None:
+    """Servers and drivers that tests and benchmarks share live in harness/; a benchmark that
+    reached into tests/ (and tests into benchmarks) made the two import each other."""
+    offenders = []
+    for folder in ("benchmarks", "harness"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                bad = [n for n in names if n.split(".")[0] == "tests"]
+                bad += [n for n in names if folder == "harness" and n.split(".")[0] == "benchmarks"]
+                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in bad]
+    assert not offenders, offenders

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.soak_engine import SoakSettings, run_soak
+from harness.chaos.soak_engine import SoakSettings, run_soak
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.soak_analysis import EventLog
-from tests.chaos.soak_engine import KINDS, Soak, SoakSettings
-from tests.chaos.soak_faults import Fault
+from harness.chaos.soak_analysis import EventLog
+from harness.chaos.soak_engine import KINDS, Soak, SoakSettings
+from harness.chaos.soak_faults import Fault
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +81,7 @@ def test_a_checkpoint_retired_while_it_is_verified_is_no_problem(tmp_path: Path)
     from checkpoints import CheckpointStore
     from checkpoints.errors import CheckpointError
     from checkpoints.names import CheckpointRef
-    from tests.chaos.soak_faults import verify_unless_retired
+    from harness.chaos.soak_faults import verify_unless_retired
 
     store = CheckpointStore(tmp_path / "checkpoints")
     with store.begin(7, {"game": "g"}) as w:
@@ -103,9 +103,9 @@ def test_the_soak_config_loads_with_the_services_its_kinds_drive(tmp_path: Path)
     """The config the soak writes (metrics endpoint, hook, mirror) loads as `rlsup run` loads
     it, and `mirror_move`'s edit is one the reload must refuse, naming mirror.url: a typo in
     either would fail a 5-minute soak, or pass it without the fault ever happening."""
+    from harness.chaos.soak_services import write_hook
+    from harness.seaweed import Weed
     from supervisor.config import load_config, mirror_reload_refusal, resolve_hook_programs
-    from tests.chaos.soak_services import write_hook
-    from tests.mirror.seaweed import Weed
 
     soak = Soak(SoakSettings(workdir=tmp_path, fault_phase_s=200.0))
     write_hook(soak.hook_program, soak.hook_storm_flag, soak.hook_runs)
@@ -133,7 +133,7 @@ def test_the_monitor_follows_the_worker_through_a_hostile_heartbeat(tmp_path: Pa
     not take that for a new life (which hid the worker from every later fault)."""
     import json
 
-    from tests.chaos.soak_monitor import Monitor
+    from harness.chaos.soak_monitor import Monitor
 
     run_dir = tmp_path / "runs" / "g"
     run_dir.mkdir(parents=True)

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from state_fixture import StateFixture, build_state
+
+from harness.state_fixture import StateFixture, build_state
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from conftest import REPO, Cli
-from state_fixture import StateFixture
 
+from harness.state_fixture import StateFixture
 from supervisor.commands import doctor
 from supervisor.config import load_config
 from training import torchbuild

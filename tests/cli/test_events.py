@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from conftest import Cli
-from state_fixture import StateFixture
+
+from harness.state_fixture import StateFixture
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from follow import Follow
-from state_fixture import SCHEMA, StateFixture
+
+from harness.state_fixture import SCHEMA, StateFixture
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +78,7 @@ def test_follow_respects_game_and_kind(state: StateFixture) -> None:
 
 
 def test_follow_waits_for_the_database_then_prints_all_its_events(tmp_path: Path) -> None:
-    from state_fixture import build_state
+    from harness.state_fixture import build_state
 
     state = build_state(tmp_path / "site", n_games=2, with_db=False)  # never run yet
     f = follow_events(state)

@@ -16,7 +16,7 @@ from follow import Follow
 
 # tests/cli is no package: the repository root makes the supervisor tests' helpers importable.
 sys.path.insert(0, str(REPO))
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     kill_quietly,
     start_supervisor,

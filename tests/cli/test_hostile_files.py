@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from state_fixture import StateFixture, build_state
+
+from harness.state_fixture import StateFixture, build_state
 
 pytestmark = pytest.mark.e2e
 
@@ -288,7 +289,7 @@ def test_rlsup_run_with_metrics_starts_and_keeps_exporting_over_hostile_files(
 ) -> None:
     """`[metrics]` reads every run dir at start-up: a file it cannot convert was `rlsup run`
     exiting 1 (a systemd restart loop), and at run time a metrics thread dead in silence."""
-    from tests.supervisor.helpers import env_for, start_supervisor, stop_supervisor, wait_for
+    from harness.runs import env_for, start_supervisor, stop_supervisor, wait_for
 
     textfile = tmp_path / "rlsup.prom"
     script = tmp_path / "train.py"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from state_fixture import StateFixture
 
+from harness.state_fixture import StateFixture
 from supervisor.config import MetricsConfig, load_config
 from supervisor.observe.metrics import MetricsExporter
 
@@ -149,8 +149,7 @@ def test_the_textfile_never_follows_a_planted_temporary_name(
 def test_each_games_time_split_and_cost_are_exported_as_status_has_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from state_fixture import build_state
-
+    from harness.state_fixture import build_state
     from supervisor.observe.status import collect
 
     fx = build_state(tmp_path / "fx", n_games=3, n_events=400, cost_per_hour=2.5)

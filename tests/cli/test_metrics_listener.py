@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from state_fixture import StateFixture
+
+from harness.state_fixture import StateFixture
 
 pytestmark = pytest.mark.e2e
 

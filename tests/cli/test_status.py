@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, Cli
-from state_fixture import GameFixture, StateFixture, build_state
+
+from harness.state_fixture import GameFixture, StateFixture, build_state
 
 pytestmark = pytest.mark.e2e
 

@@ -19,15 +19,13 @@ import psutil
 import pytest
 
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
-from tests.cluster.ray_cluster import (
+from harness.ray_cluster import (
     LoopbackCluster,
     loopback_cluster,
     python_env,
     worker_processes,
 )
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
-from tests.mirror.seaweed import Weed
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     heartbeat,
@@ -37,6 +35,8 @@ from tests.supervisor.helpers import (
     stop_supervisor,
     wait_for,
 )
+from harness.seaweed import Weed
+from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")

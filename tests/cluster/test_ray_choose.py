@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from harness.runs import write_config
 from supervisor.config import load_config
 from supervisor.launch.process import HOST_LOST_RC
 from supervisor.launch.ray import HOST_LABEL, RayLauncher, RayWorkerProcess
 from supervisor.launch.spawn import NoRoom
-from tests.supervisor.helpers import write_config
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.cluster.ray_cluster import _ray_processes
-from tests.supervisor.helpers import REPO, env_for, rlsup, wait_for
+from harness.ray_cluster import _ray_processes
+from harness.runs import REPO, env_for, rlsup, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")

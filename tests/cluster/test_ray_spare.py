@@ -15,12 +15,12 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.runs import wait_for
+from harness.seaweed import TEST_AWS_ENV
 from supervisor.launch.ray.host import ACK_TIMEOUT_S, NODE_DIR_ENV, WARM_TIMEOUT_S, WorkerHost
 from supervisor.launch.ray.spare import CHECK_EVERY_S, RaySpares
 from supervisor.launch.spare import RESPAWN_BASE_S, STOP_GRACE_S, SpareWant
 from supervisor.launch.spawn import process_argv
-from tests.mirror.conftest import TEST_AWS_ENV
-from tests.supervisor.helpers import wait_for
 from training.args import WorkerConfig
 
 pytestmark = pytest.mark.e2e

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import write_config
+from harness.seaweed import TEST_AWS_ENV
 from supervisor.config import load_config, worker_config
 from supervisor.launch.ray import FENCE_TIMEOUT_S, RayLauncher
-from tests.mirror.conftest import TEST_AWS_ENV
-from tests.supervisor.helpers import write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

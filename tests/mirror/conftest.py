@@ -1,22 +1,11 @@
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
-from tests.mirror.seaweed import Weed, running_weed, weed_binary
-
-# Any credentials: SeaweedFS without -s3.config accepts them. Never the host's profile.
-TEST_AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "rlsup-test",
-    "AWS_SECRET_ACCESS_KEY": "rlsup-test",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
+from harness.seaweed import TEST_AWS_ENV, Weed, running_weed, weed_binary
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import pytest
 from checkpoints import CheckpointStore
 from checkpoints.errors import PlacementFenced
 from checkpoints.mirror import upload_checkpoint
-from tests.mirror.conftest import TEST_AWS_ENV, remote_for
-from tests.mirror.seaweed import Weed
+from harness.seaweed import TEST_AWS_ENV, Weed
+from tests.mirror.conftest import remote_for
 
 pytestmark = pytest.mark.e2e
 

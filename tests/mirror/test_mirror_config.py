@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import REPO, env_for, write_config
 from supervisor.config import ConfigError, check_for_service, load_config
-from tests.supervisor.helpers import REPO, env_for, write_config
 
 pytestmark = pytest.mark.e2e
 

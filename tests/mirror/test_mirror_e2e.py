@@ -15,9 +15,7 @@ import psutil
 import pytest
 
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
-from tests.mirror.seaweed import Weed
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     heartbeat,
@@ -26,6 +24,8 @@ from tests.supervisor.helpers import (
     wait_for,
     write_config,
 )
+from harness.seaweed import Weed
+from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 TOTAL = 24_000

@@ -15,10 +15,10 @@ from checkpoints import CheckpointStore
 from checkpoints.mirror import GameRetention, collect_garbage, restore_newest, upload_checkpoint
 from checkpoints.remote import RemoteStore
 from checkpoints.retention import write_pins
+from harness.seaweed import Weed
 from supervisor.config import MirrorConfig
 from supervisor.mirror.uploader import UploadPlan, _Pass
 from tests.mirror.conftest import remote_for
-from tests.mirror.seaweed import Weed
 
 pytestmark = pytest.mark.e2e
 

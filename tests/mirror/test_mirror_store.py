@@ -19,9 +19,9 @@ from checkpoints.remote import (
     RemoteStore,
     make_client,
 )
+from harness.seaweed import Weed
 from tests.mirror.conftest import remote_for
 from tests.mirror.endpoints import closed_endpoint
-from tests.mirror.seaweed import Weed
 
 pytestmark = pytest.mark.e2e
 

@@ -24,12 +24,12 @@ from checkpoints.remote import (
     RemoteStore,
     make_client,
 )
+from harness.runs import REPO, env_for, rlsup, write_config
+from harness.seaweed import TEST_AWS_ENV
 from supervisor.config import load_config
 from supervisor.mirror.state import MirrorState
 from supervisor.mirror.uploader import UploadPlan, _Pass, _remote_store
-from tests.mirror.conftest import TEST_AWS_ENV
 from tests.mirror.endpoints import NOT_S3, closed_endpoint, not_s3_endpoint
-from tests.supervisor.helpers import REPO, env_for, rlsup, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 URL = "s3://rlsup-test/p"

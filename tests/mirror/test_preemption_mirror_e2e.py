@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.mirror.conftest import TEST_AWS_ENV, remote_for
-from tests.mirror.seaweed import Weed
-from tests.supervisor.fake_metadata import FakeMetadata
-from tests.supervisor.helpers import (
+from harness.fake_metadata import FakeMetadata
+from harness.runs import (
     committed_step,
     env_for,
     events,
@@ -30,6 +28,8 @@ from tests.supervisor.helpers import (
     wait_for,
     worker_pids,
 )
+from harness.seaweed import TEST_AWS_ENV, Weed
+from tests.mirror.conftest import remote_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 GAMES = ("left", "right")

@@ -13,9 +13,9 @@ import pytest
 import rlsup as sdk
 from checkpoints import CheckpointStore
 from checkpoints.mirror import upload_checkpoint
-from tests.mirror.conftest import TEST_AWS_ENV, remote_for
-from tests.mirror.seaweed import Weed
-from tests.supervisor.helpers import env_for, rlsup, write_config
+from harness.runs import env_for, rlsup, write_config
+from harness.seaweed import TEST_AWS_ENV, Weed
+from tests.mirror.conftest import remote_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.mirror.conftest import TEST_AWS_ENV
+from harness.runs import REPO, env_for, write_config
+from harness.seaweed import TEST_AWS_ENV
 from tests.mirror.endpoints import closed_endpoint
-from tests.supervisor.helpers import REPO, env_for, write_config
 from training.protocol import LOCK_FILE
 
 pytestmark = [

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mirror.conftest import TEST_AWS_ENV
-from tests.mirror.seaweed import running_weed
+from harness.seaweed import TEST_AWS_ENV, running_weed
 
 pytestmark = pytest.mark.e2e
 

@@ -15,12 +15,11 @@ import pytest
 from checkpoints import CheckpointStore
 from checkpoints.mirror import restore_newest
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
+from harness.runs import wait_for, write_config
+from harness.seaweed import TEST_AWS_ENV, start_weed
 from supervisor.config import load_config
 from supervisor.mirror.state import MirrorState
 from supervisor.mirror.uploader import Uploader
-from tests.mirror.conftest import TEST_AWS_ENV
-from tests.mirror.seaweed import start_weed
-from tests.supervisor.helpers import wait_for, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

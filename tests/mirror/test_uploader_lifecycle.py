@@ -20,15 +20,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import Config, load_config
-from supervisor.daemon import Supervisor
-from supervisor.launch.launcher import Launcher
-from supervisor.ledger import db
-from supervisor.lifecycle.states import WorkerState as S
-from supervisor.mirror.state import MirrorState
-from supervisor.mirror.uploader import _PARENT_PID_ENV, Uploader, UploadPlan, run_uploader
-from tests.mirror.conftest import TEST_AWS_ENV
-from tests.supervisor.helpers import (
+from harness.runs import (
     FAST_LIGHT_HEAD,
     REPO,
     FakeNvml,
@@ -36,6 +28,14 @@ from tests.supervisor.helpers import (
     spin,
     wait_for,
 )
+from harness.seaweed import TEST_AWS_ENV
+from supervisor.config import Config, load_config
+from supervisor.daemon import Supervisor
+from supervisor.launch.launcher import Launcher
+from supervisor.ledger import db
+from supervisor.lifecycle.states import WorkerState as S
+from supervisor.mirror.state import MirrorState
+from supervisor.mirror.uploader import _PARENT_PID_ENV, Uploader, UploadPlan, run_uploader
 from training.protocol import PARENT_PID_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

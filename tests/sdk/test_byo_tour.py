@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import main
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     heartbeat,
@@ -25,6 +24,7 @@ from tests.supervisor.helpers import (
     training_pid,
     wait_for,
 )
+from supervisor.cli import main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -13,8 +13,8 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.runs import env_for, events, start_supervisor, stop_supervisor, wait_for
 from tests.sdk.sb3_helpers import assert_no_pickled_objects, committed, read_json, stdout_fields
-from tests.supervisor.helpers import env_for, events, start_supervisor, stop_supervisor, wait_for
 from training import protocol as P
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import FakeNvml
 from supervisor.config import ConfigError, load_config
 from supervisor.daemon import Supervisor
 from supervisor.gpu import devices
 from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
-from tests.supervisor.helpers import FakeNvml
 from training import torchbuild
 from training.torchbuild import InstalledTorch
 

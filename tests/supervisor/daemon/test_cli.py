@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import REPO
 from supervisor.cli import main
 from supervisor.ledger import db
 from tests.supervisor.config.test_config import GOOD
-from tests.supervisor.helpers import REPO
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     committed_step,
     env_for,
     events,

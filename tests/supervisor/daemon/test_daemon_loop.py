@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import REPO, FakeNvml, close_supervisors, spin
 from supervisor.config import load_config
 from supervisor.daemon import LockHeld, Supervisor, acquire_lock
 from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
 from supervisor.stability import modes
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

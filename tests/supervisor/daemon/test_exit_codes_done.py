@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from harness.runs import env_for, rlsup
 from supervisor.commands.status import EXIT_NOT_DONE, done_code, exit_code
-from tests.supervisor.helpers import env_for, rlsup
 
 pytestmark = pytest.mark.e2e
 

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.runs import REPO, FakeNvml, close_supervisors, spin
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor, acquire_lock
 from supervisor.launch.launcher import Launcher
@@ -28,7 +29,6 @@ from supervisor.launch.process import same_process, start_ticks
 from supervisor.launch.spawn import find_leftover
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     committed_step,
     env_for,
     events,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import MODES, env_for, rlsup, start_supervisor, stop_supervisor
+from harness.runs import MODES, env_for, rlsup, start_supervisor, stop_supervisor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

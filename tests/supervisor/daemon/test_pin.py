@@ -13,7 +13,7 @@ import pytest
 
 from checkpoints import CheckpointStore
 from checkpoints.retention import PINS_FILE, read_pins
-from tests.supervisor.helpers import REPO
+from harness.runs import REPO
 
 pytestmark = pytest.mark.e2e
 

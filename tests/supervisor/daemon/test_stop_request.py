@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import FAST_LIGHT_HEAD, REPO, FakeNvml, close_supervisors, spin
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
-from tests.supervisor.helpers import FAST_LIGHT_HEAD, REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from harness.runs import REPO, close_supervisors, spin
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.gpu.nvml import NvmlProbe, ScenarioBackend
@@ -19,7 +20,6 @@ from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
 from supervisor.stability.vitals import VitalsSampler
-from tests.supervisor.helpers import REPO, close_supervisors, spin
 from training import torchbuild
 from training.torchbuild import InstalledTorch
 

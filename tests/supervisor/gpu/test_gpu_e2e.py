@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     heartbeat,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     rlsup,

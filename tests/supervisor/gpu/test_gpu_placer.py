@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.runs import FakeNvml
 from supervisor.config import (
     Config,
     GameSpec,
@@ -23,7 +24,6 @@ from supervisor.gpu.nvml import LIBRARY_NOT_FOUND, NO_READING, GpuSnapshot, Lost
 from supervisor.gpu.place import GpuId
 from supervisor.gpu.placer import Admission, GameAsk, GpuPlacer, PlacedAsk
 from supervisor.gpu.vitals import GpuVitals
-from tests.supervisor.helpers import FakeNvml
 
 LIGHT = ModeSpec("light", num_envs=2, batch_size=2, n_steps=4, max_concurrent=4)
 HEAVY = ModeSpec("heavy", num_envs=4, batch_size=4, n_steps=4, max_concurrent=4)

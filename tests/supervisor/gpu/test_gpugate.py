@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.runs import FakeNvml
 from supervisor.gpu.gate import GateConfig, GpuGate, need_mb, worker_env
 from supervisor.stability.vitals import NvmlProbe
-from tests.supervisor.helpers import FakeNvml
 
 CFG = GateConfig(min_free_mb=2048, poll_s=30, timeout_s=7200)
 

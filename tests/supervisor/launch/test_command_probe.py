@@ -133,7 +133,7 @@ def test_each_distinct_command_is_probed_once(tmp_path: Path) -> None:
 
 def test_rlsup_run_says_what_the_probe_found_at_start_up(tmp_path: Path) -> None:
     """Not a refusal (the other games run), but said once, in the supervisor's log."""
-    from tests.supervisor.helpers import MODES, env_for, start_supervisor, stop_supervisor
+    from harness.runs import MODES, env_for, start_supervisor, stop_supervisor
 
     (tmp_path / "train.py").write_text(SDK_SCRIPT)
     python = isolated_python(tmp_path)

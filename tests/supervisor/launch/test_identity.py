@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import supervisor
-from tests.supervisor.helpers import REPO
+from harness.runs import REPO
 
 pytestmark = pytest.mark.e2e
 

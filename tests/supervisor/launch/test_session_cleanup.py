@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.launch import sessions
-from supervisor.launch.launcher import Launcher
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     kill_quietly,
@@ -24,6 +22,8 @@ from tests.supervisor.helpers import (
     stop_supervisor,
     wait_for,
 )
+from supervisor.launch import sessions
+from supervisor.launch.launcher import Launcher
 from training import protocol as P
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

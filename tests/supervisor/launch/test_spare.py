@@ -15,8 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.launch.spawn import process_argv
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     kill_quietly,
@@ -28,6 +27,7 @@ from tests.supervisor.helpers import (
     wait_for,
     worker_pids,
 )
+from supervisor.launch.spawn import process_argv
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +85,7 @@ class NeverTwo:
 
 
 def write_spare_config(tmp: Path, spare: str = SPARE_ON) -> Path:
-    from tests.supervisor.helpers import write_config
+    from harness.runs import write_config
 
     # Backoff 0.3 s doubling to at most 1 s: every restart below waits at most a second.
     return write_config(tmp, [("g0", 10**9)], max_concurrent=1, extra=spare)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from harness.runs import REPO
 from supervisor.launch.spare import Spare, SpareKeeper, SpareWant
-from tests.supervisor.helpers import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

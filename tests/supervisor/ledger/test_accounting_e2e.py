@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     MODES,
     env_for,
     events,

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from harness.runs import REPO, FakeNvml, close_supervisors, spin
 from supervisor.cli import main
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.launch.launcher import Launcher
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

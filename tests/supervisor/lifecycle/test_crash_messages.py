@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import env_for, events, rlsup
 from supervisor.config import load_config
 from supervisor.launch import spawn as sp
 from supervisor.lifecycle.exits import Route, WorkerExit, route_exit
 from supervisor.lifecycle.restart import ExitKind, classify_exit
 from supervisor.lifecycle.states import WorkerState
-from tests.supervisor.helpers import env_for, events, rlsup
 from training.protocol import Heartbeat
 
 pytestmark = pytest.mark.e2e

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import env_for, events, rlsup
 from supervisor.lifecycle.exits import Route, StopReason, WorkerExit, route_exit
 from supervisor.lifecycle.restart import ExitKind, classify_exit
 from supervisor.lifecycle.states import WorkerState
-from tests.supervisor.helpers import env_for, events, rlsup
 from training.protocol import ExitCode, Heartbeat
 
 pytestmark = pytest.mark.e2e

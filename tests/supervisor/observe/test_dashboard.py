@@ -31,11 +31,11 @@ from typing import Any
 
 import pytest
 
+from harness.runs import MODES, REPO, env_for, start_supervisor, stop_supervisor
 from supervisor.config import load_config
 from supervisor.observe import dashboard as dash
 from supervisor.observe import readonly
 from supervisor.observe.metrics import start_bounded_wsgi
-from tests.supervisor.helpers import MODES, REPO, env_for, start_supervisor, stop_supervisor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

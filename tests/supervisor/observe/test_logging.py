@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.runs import REPO, env_for, rlsup, write_config
 from supervisor.observe.logs import colors_wanted, level_number, on_journal
-from tests.supervisor.helpers import REPO, env_for, rlsup, write_config
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     REPO,
     committed_step,
     env_for,

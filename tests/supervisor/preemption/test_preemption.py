@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from harness.fake_metadata import FakeMetadata
+from harness.runs import REPO, FakeNvml, close_supervisors, spin
 from supervisor.config import ConfigError, PreemptionConfig, load_config
 from supervisor.daemon import Supervisor
 from supervisor.launch.launcher import Launcher
@@ -31,8 +33,6 @@ from supervisor.preemption.watcher import (
     detect,
     parse_azure,
 )
-from tests.supervisor.fake_metadata import FakeMetadata
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 from training import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]

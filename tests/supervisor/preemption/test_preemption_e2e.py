@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.supervisor.fake_metadata import FakeMetadata
-from tests.supervisor.helpers import (
+from harness.fake_metadata import FakeMetadata
+from harness.runs import (
     committed_step,
     env_for,
     events,

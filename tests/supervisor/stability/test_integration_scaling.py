@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.supervisor.helpers import (
+from harness.runs import (
     env_for,
     events,
     game_toml,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from checkpoints import CheckpointStore
+from harness.runs import REPO, FakeNvml, close_supervisors, spin
 from supervisor.config import load_config
 from supervisor.daemon import Supervisor
 from supervisor.gpu.gate import ALLOC_CONF
@@ -25,7 +26,6 @@ from supervisor.launch.oomwatch import KernelOomWatch
 from supervisor.ledger import db
 from supervisor.lifecycle.states import WorkerState as S
 from supervisor.stability import modes, scaling
-from tests.supervisor.helpers import REPO, FakeNvml, close_supervisors, spin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

@@ -27,10 +27,9 @@ import psutil
 
 from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import MANIFEST_NAME, STAGING_PREFIX, ckpt_name, ckpt_step
-from supervisor.observe.hooks import RUNS_PER_HOOK
-from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
-from tests.chaos.soak_monitor import Monitor, WorkerLife
-from tests.chaos.soak_services import (
+from harness.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
+from harness.chaos.soak_monitor import Monitor, WorkerLife
+from harness.chaos.soak_services import (
     FLOOD_FD_SLACK,
     HOOK_TIMEOUT_S,
     MOVED_BUCKET,
@@ -41,7 +40,8 @@ from tests.chaos.soak_services import (
     open_descriptors,
     scrape,
 )
-from tests.supervisor.fake_metadata import FakeMetadata
+from harness.fake_metadata import FakeMetadata
+from supervisor.observe.hooks import RUNS_PER_HOOK
 from training.protocol import read_heartbeat
 
 

@@ -23,6 +23,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Any credentials: SeaweedFS without -s3.config accepts them. Never the host's profile.
+TEST_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "rlsup-test",
+    "AWS_SECRET_ACCESS_KEY": "rlsup-test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
 
 def weed_binary() -> str | None:
     here = Path(sys.executable).parent / "weed"

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.chaos.soak_analysis import Analyst
-from tests.chaos.soak_config import (
+from harness.chaos.soak_analysis import Analyst
+from harness.chaos.soak_config import (
     LIGHT_ENVS,
     MEDIUM_ENVS,
     N_STEPS,
@@ -43,10 +43,10 @@ from tests.chaos.soak_config import (
     SoakSettings,
     default_games,
 )
-from tests.chaos.soak_faults import Fault, Injector
-from tests.chaos.soak_kinds import KINDS, FaultKind
-from tests.chaos.soak_monitor import Monitor
-from tests.chaos.soak_services import (
+from harness.chaos.soak_faults import Fault, Injector
+from harness.chaos.soak_kinds import KINDS, FaultKind
+from harness.chaos.soak_monitor import Monitor
+from harness.chaos.soak_services import (
     AWS_ENV,
     HOOK_MARK_ENV,
     HOOK_TIMEOUT_S,
@@ -56,7 +56,7 @@ from tests.chaos.soak_services import (
     limit_descriptors,
     write_hook,
 )
-from tests.supervisor.fake_metadata import FakeMetadata
+from harness.fake_metadata import FakeMetadata
 from training import protocol
 
 __all__ = ["KINDS", "GameDef", "Soak", "SoakSettings", "clean_workdir", "default_games", "run_soak"]
@@ -139,7 +139,7 @@ class Soak(Injector, Analyst):
             for g in s.games
             if not g.command
         )
-        trainer = str(REPO / "tests" / "chaos" / "soak_trainer.py")
+        trainer = str(REPO / "harness" / "chaos" / "soak_trainer.py")
         games += "".join(
             f'[[games]]\nname = "{g.name}"\n'
             f"command = {json.dumps(command_argv(g, trainer))}\n"

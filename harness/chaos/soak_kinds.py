@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tests.chaos.soak_analysis import Analyst, EventLog
-from tests.chaos.soak_faults import Fault, Injector
+from harness.chaos.soak_analysis import Analyst, EventLog
+from harness.chaos.soak_faults import Fault, Injector
 
 Expect = Callable[[EventLog], list[tuple[str, bool]]]
 

@@ -1,5 +1,5 @@
 """What a soak runs: its five games (three of rlsup's learners and two command games of a
-user's own, tests/chaos/soak_trainer.py, one of them started through a `sh -c` wrapper that
+user's own, harness/chaos/soak_trainer.py, one of them started through a `sh -c` wrapper that
 leaves a child of its own), their sizes, and the settings of one run."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class GameDef:
     def iteration_steps(self, num_envs: int) -> int:
         """Agent steps of one training-loop iteration (the slack of the redone-work bound)."""
         if self.command:
-            from tests.chaos.soak_trainer import STEPS_PER_ENV
+            from harness.chaos.soak_trainer import STEPS_PER_ENV
 
             return STEPS_PER_ENV * num_envs
         if self.algo == "ppo":

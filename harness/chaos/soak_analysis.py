@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import CORRUPT_PREFIX, ckpt_name, corrupt_step
-from tests.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
-from tests.chaos.soak_faults import Fault
-from tests.chaos.soak_monitor import Monitor, WorkerLife
+from harness.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
+from harness.chaos.soak_faults import Fault
+from harness.chaos.soak_monitor import Monitor, WorkerLife
 
 if TYPE_CHECKING:
-    from tests.chaos.soak_kinds import FaultKind
+    from harness.chaos.soak_kinds import FaultKind
 
 Event = dict[str, Any]
 

@@ -18,8 +18,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.seaweed import Weed, start_weed, weed_binary
 from supervisor.observe.hooks import RUN_TAG_ENV
-from tests.mirror.seaweed import Weed, start_weed, weed_binary
 
 # The supervisor's descriptor limit in the soak: systemd's default soft LimitNOFILE for a
 # service (the unit sets none), so that a flood which would exhaust a service's descriptors
@@ -188,7 +188,7 @@ def hook_processes(mark: str) -> list[int]:
 MIRROR_BUCKET = "rlsup-soak"
 MOVED_BUCKET = "rlsup-soak-moved"  # where `mirror_move` tries to move it (the reload is refused)
 MIRROR_EVERY = "12s"  # per game at most one upload per 12 s (Pong's learner: 20 MB)
-# The server and its clients take these from the environment (tests/mirror/seaweed.py), never
+# The server and its clients take these from the environment (harness/seaweed.py), never
 # the host's profile: as tests/mirror/conftest.py's TEST_AWS_ENV.
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "rlsup-soak",

@@ -1,0 +1,1 @@
+"""The fault-injection soak: its engine, faults, monitor and analysis (tests/chaos runs it)."""
