@@ -19,7 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from checkpoints import CheckpointError, CheckpointRef, CheckpointStore
 from checkpoints.names import CORRUPT_PREFIX, ckpt_name, corrupt_step
@@ -27,8 +27,15 @@ from harness.chaos.soak_config import LIGHT_ENVS, MEDIUM_ENVS, SoakSettings
 from harness.chaos.soak_faults import Fault
 from harness.chaos.soak_monitor import Monitor, WorkerLife
 
-if TYPE_CHECKING:
-    from harness.chaos.soak_kinds import FaultKind
+
+class KindRules(Protocol):
+    """What the analysis asks of a fault kind (soak_kinds.FaultKind answers it; named here so
+    the table imports the analysis, never the other way round)."""
+
+    invariants: Callable[[Analyst, Fault], None]
+    expect: Callable[[EventLog], list[tuple[str, bool]]]
+    forbid: tuple[str, ...]
+
 
 Event = dict[str, Any]
 
@@ -125,7 +132,7 @@ class Analyst:
     state: Path
     monitor: Monitor
     faults: list[Fault]
-    kinds: Mapping[str, FaultKind]
+    kinds: Mapping[str, KindRules]
     corrupted: dict[str, set[int]]
     sup: subprocess.Popen[bytes] | None
     sups: list[tuple[subprocess.Popen[bytes], bool]]
