@@ -255,7 +255,9 @@ class Analyst:
             elif not (rep.first_step is not None and rep.first_step >= gdef.total_steps):
                 f.problems.append(f"{game}: replacement pid {rep.pid} never moved global_step")
             resumed = rep.resumed_from_step
-            before = self.monitor.committed_steps(game, before=rep.started)
+            # Committed before the replacement started, or before the fault when it is a
+            # spare (its process started long before; it loads when it takes over).
+            before = self.monitor.committed_steps(game, before=max(rep.started, f.t))
             valid_before = [s for s in before if s not in self.corrupted[game]]
             committed = valid_before[-1] if valid_before else None
             if game in f.expect_resume:
@@ -298,9 +300,29 @@ class Analyst:
                     allowed += inflight
                     why += f" + trained during the interrupted write (<= {inflight})"
                 if interval and redone > allowed:
-                    f.problems.append(f"{game}: redid {redone} steps after {f.kind}; allowed {why}")
+                    f.problems.append(
+                        f"{game}: redid {redone} steps after {f.kind}; allowed {why}; "
+                        + self._lives_told(game, f, victim, rep)
+                    )
         f.recovery_s = max(recoveries) if recoveries else None
         f.redone_steps = redone_total
+
+    def _lives_told(self, game: str, f: Fault, victim: WorkerLife, rep: WorkerLife) -> str:
+        """What a redo violation needs to be read from a CI log alone: both lives, the
+        commits seen around them (with when the monitor first saw each, relative to the
+        fault) and what the replacement quarantined or dropped."""
+        commits = ", ".join(
+            f"{s}@{t - f.t:+.1f}s"
+            for s, t in sorted(self.monitor.committed[game].items())
+            if victim.first_seen - 5 <= t <= (rep.first_seen + 2)
+        )
+        return (
+            f"victim pid {victim.pid} (first seen {victim.first_seen - f.t:+.1f}s, steps "
+            f"{victim.first_step}..{victim.max_step}, resumed from {victim.resumed_from_step}); "
+            f"replacement pid {rep.pid} (process start {rep.started - f.t:+.1f}s, first seen "
+            f"{rep.first_seen - f.t:+.1f}s, resumed from {rep.resumed_from_step}, quarantined "
+            f"{rep.quarantined}, replay damage {rep.replay_damage}); commits seen: {commits}"
+        )
 
     def scaled(self, f: Fault) -> None:
         """`recovered`, at the sizes of the mode the operator asked for (`auto`: the policy's)."""
