@@ -62,7 +62,7 @@ def parse_hooks(ctx: ConfigSource, data: Any, game_names: Collection[str]) -> tu
     """The [[hooks]] tables; `game_names`: the configured games (runs) a hook may name."""
     if not isinstance(data, list):
         raise ctx.fail(["hooks"], "expected [[hooks]] tables (an array of tables)")
-    from supervisor.ledger.db import EVENT_KINDS  # the contract's event kinds
+    from supervisor.ledger.schema import EVENT_KINDS  # the contract's event kinds
 
     hooks: list[HookSpec] = []
     for i, table in enumerate(data):

@@ -15,10 +15,10 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor.config import Config
-from supervisor.ledger import accounting, db
+from checkpoints.manifest import read_boot_id
+from supervisor.ledger import accounting, reads
 from supervisor.observe import fields, readonly
 from supervisor.observe.games import (  # re-exported: the status document's names
     EPH_WINDOW_S,
@@ -29,26 +29,32 @@ from supervisor.observe.games import (  # re-exported: the status document's nam
 )
 from supervisor.observe.games import games as games_of
 from supervisor.observe.preemption_fit import fit_warnings
-from supervisor.observe.schema import (
-    SCHEMA,
-    CostDoc,
-    GameDoc,
-    HostDoc,
-    ModeDoc,
-    NodeDoc,
-    PreemptionDoc,
-    ScopeDoc,
-    SpareDoc,
-    StatusDoc,
-    SupervisorDoc,
-)
 from training.protocol import MAX_UNIX_TIME
+
+# The records are types only: building them (TypedDicts) is no part of a status line.
+if TYPE_CHECKING:
+    from supervisor.config import Config
+    from supervisor.observe.schema import (
+        CostDoc,
+        GameDoc,
+        HostDoc,
+        ModeDoc,
+        NodeDoc,
+        PreemptionDoc,
+        ScopeDoc,
+        SpareDoc,
+        StatusDoc,
+        SupervisorDoc,
+    )
 
 __all__ = [
     "EPH_WINDOW_S", "HEARTBEAT_STALE_S", "LIVE_STATES", "STALE_TICK_S", "collect",
     "episodes_per_hour", "pid_alive",
 ]  # fmt: skip
 
+# The document's version ("schema" in --json). Its records are schema.py's; the number lives
+# here, with the document's one producer, so that a status line never builds them.
+SCHEMA = 1
 STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
 
 
@@ -64,7 +70,7 @@ def collect(cfg: Config, now: float, *, fit: bool = False) -> StatusDoc:
         nodes = _nodes(conn, games, running=supervisor["state"] == "running")
         spare = _spare(conn, supervisor)
         preemption = _preemption(conn, supervisor, now)
-        first_seen = db.first_boot_seen(conn)
+        first_seen = reads.first_boot_seen(conn)
         lost = _times(conn, cfg, games, now, supervisor["state"] == "running")
     return {
         "schema": SCHEMA,
@@ -95,8 +101,8 @@ def _preemption(
     if conn is None or not boot or (current_boot_id() or boot) != boot:
         return None
     try:
-        notice = db.boot_event(conn, "preemption_notice", boot)
-        cleared = db.boot_event(conn, "preemption_cleared", boot)
+        notice = reads.boot_event(conn, "preemption_notice", boot)
+        cleared = reads.boot_event(conn, "preemption_cleared", boot)
     except sqlite3.Error:  # a database from before (read-only, no json1): no notice known
         return None
     if notice is None or (cleared is not None and cleared.id > notice.id):
@@ -230,7 +236,7 @@ def _nodes(
 
     if conn is not None:
         try:
-            ledger = db.events(conn, kind=[*NODE_EVENTS, *SPARE_STATE])
+            ledger = reads.events(conn, kind=[*NODE_EVENTS, *SPARE_STATE])
         except sqlite3.Error:
             ledger = []
         spares: dict[str, str | None] = {}
@@ -263,7 +269,7 @@ def _spare(conn: sqlite3.Connection | None, supervisor: SupervisorDoc) -> SpareD
     if conn is None:
         return None
     try:
-        row = db.spare(conn)
+        row = reads.spare(conn)
     except sqlite3.Error:  # a database from before the spare (schema 2) read read-only
         return None
     if row is None:
@@ -304,7 +310,7 @@ def _memory_mib(pid: int, fallback: float | None) -> tuple[float | None, float |
 
 
 def _supervisor(conn: sqlite3.Connection | None, now: float) -> SupervisorDoc:
-    row = db.supervisor_record(conn)
+    row = reads.supervisor_record(conn)
     if row is None:
         return {
             "state": "absent",
@@ -340,7 +346,7 @@ def _supervisor(conn: sqlite3.Connection | None, now: float) -> SupervisorDoc:
 
 def current_boot_id() -> str | None:
     try:
-        return db.read_boot_id() or None
+        return read_boot_id() or None
     except OSError:
         return None
 
@@ -354,8 +360,8 @@ def _host_boot_time() -> float | None:
 
 
 def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
-    """Unexpected reboots (host_reboot events) in 24 h / 7 d, from db's helpers, and MTBF:
-    mean time between failures: unexpected host reboots and supervisor crashes (db.mtbf_s)."""
+    """Unexpected reboots (host_reboot events) in 24 h / 7 d, from the ledger's reads, and MTBF:
+    mean time between failures: unexpected host reboots and supervisor crashes (reads.mtbf_s)."""
     out: dict[str, Any] = {
         "unexpected_reboots_24h": 0,
         "unexpected_reboots_7d": 0,
@@ -364,24 +370,26 @@ def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any
         "observed_s": None,
         "mtbf_s": None,
     }
-    first = db.first_boot_seen(conn)
+    first = reads.first_boot_seen(conn)
     if conn is None or first is None:
         return out
-    day, week = db.boots_summary(conn, now, 86400.0), db.boots_summary(conn, now, 7 * 86400.0)
+    seen = reads.failures(conn)  # one read of the ledger's failures for every figure below
+    day = reads.boots_summary(conn, now, 86400.0, seen)
+    week = reads.boots_summary(conn, now, 7 * 86400.0, seen)
     out.update(
         unexpected_reboots_24h=day.unexpected_reboots,
         unexpected_reboots_7d=week.unexpected_reboots,
-        unexpected_reboots_total=len(db.events(conn, kind="host_reboot")),
+        unexpected_reboots_total=len(seen.reboots),
         uptime_fraction_7d=round(week.uptime_fraction, 4),
         observed_s=max(0.0, now - first),
-        mtbf_s=db.mtbf_s(conn, now),
+        mtbf_s=reads.mtbf_s(conn, now, seen),
     )
     return out
 
 
 def _host(conn: sqlite3.Connection | None, now: float) -> HostDoc:
     boot_id = current_boot_id()
-    boot_time = db.boot_time_of(conn, boot_id) or _host_boot_time()
+    boot_time = reads.boot_time_of(conn, boot_id) or _host_boot_time()
     reboots, vitals = reboot_summary(conn, now), _vitals(conn, now)
     return {
         "boot_id": boot_id,
@@ -402,7 +410,7 @@ def _host(conn: sqlite3.Connection | None, now: float) -> HostDoc:
 
 def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     """The supervisor's latest host sample when recent, else a cheap live reading (no GPUs)."""
-    sample = db.latest_sample(conn)
+    sample = reads.latest_sample(conn)
     if sample is not None and now - sample[0] <= 5 * 60:
         data = readonly.parse_json(sample[1])
         return {
@@ -424,9 +432,9 @@ def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
 
 
 def _mode(conn: sqlite3.Connection | None, cfg: Config) -> ModeDoc:
-    desired = db.desired_rows(conn)
+    desired = reads.desired_rows(conn)
     scopes: list[ScopeDoc] = []
-    for r in db.mode_rows(conn):
+    for r in reads.mode_rows(conn):
         pin = desired.get(r["scope"])
         scopes.append(
             {
