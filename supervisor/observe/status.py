@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from checkpoints.manifest import read_boot_id
-from supervisor.ledger import accounting, reads
+from checkpoints.boot import read_boot_id
+from supervisor.ledger import reads, time_split
 from supervisor.observe import fields, readonly
 from supervisor.observe.games import (  # re-exported: the status document's names
     EPH_WINDOW_S,
@@ -132,13 +132,13 @@ def _times(
     brought up to date with the events after it, never a replay of the whole ledger. A game
     whose snapshot entry is unusable shows no split (`-`), reported once."""
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
-    source = cfg.state_dir / accounting.SNAPSHOT_FILE
-    snap = accounting.read_snapshot(cfg.state_dir, lambda *bad: fields.report(source, *bad))
+    source = cfg.state_dir / time_split.SNAPSHOT_FILE
+    snap = time_split.read_snapshot(cfg.state_dir, lambda *bad: fields.report(source, *bad))
     upto = None if snap is None else fields.number(snap, "upto", source, 0.0, MAX_UNIX_TIME)
     usable = (
         snap is not None
         and upto is not None
-        and (not running or now - upto <= accounting.SNAPSHOT_STALE_S)
+        and (not running or now - upto <= time_split.SNAPSHOT_STALE_S)
         and snap.get("per_hour") == rate
         and snap.get("gpu_share") == share
     )
@@ -149,8 +149,8 @@ def _times(
             if entry is None:
                 g["time"] = None
                 continue
-            part = accounting.carry_part(entry.get("open"), running)
-            g["time"] = accounting.carried(entry, dt, part)
+            part = time_split.carry_part(entry.get("open"), running)
+            g["time"] = time_split.carried(entry, dt, part)
         return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
     return _folded(conn, cfg, games, now, running, snap)
 
@@ -167,9 +167,11 @@ def _folded(
     (a fold that does not validate: folded from the ledger's start, reported once); with the
     supervisor not running, each open part is carried on from the last event as paused or
     down."""
+    from supervisor.ledger import accounting  # the fold: only when the snapshot is unusable
+
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
     names = [g["name"] for g in games]
-    source = cfg.state_dir / accounting.SNAPSHOT_FILE
+    source = cfg.state_dir / time_split.SNAPSHOT_FILE
     fold = accounting.current_fold(conn, snap, names, lambda *bad: fields.report(source, *bad))
     steps = {g["name"]: g["global_step"] for g in games}
     upto = now if running or fold.ts is None else min(now, fold.ts)
@@ -181,12 +183,12 @@ def _folded(
             g["time"] = None
             continue
         entry = {"time": t.as_json(rate > 0), "rate": rates.get(g["name"], 0.0)}
-        g["time"] = accounting.carried(entry, now - upto, accounting.carry_part(t.open, False))
+        g["time"] = time_split.carried(entry, now - upto, time_split.carry_part(t.open, False))
     return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
 
 
 # A snapshot's time split: these are seconds (>= 0), each required; money only with a price.
-SPLIT_SECONDS = ("wall_s", "downtime_s", "lost_s", *(f"{c}_s" for c in accounting.CATEGORIES))
+SPLIT_SECONDS = ("wall_s", "downtime_s", "lost_s", *(f"{c}_s" for c in time_split.CATEGORIES))
 SPLIT_MONEY = ("money", "money_lost")
 
 
