@@ -421,16 +421,37 @@ def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
             "vitals_age_s": max(0.0, now - sample[0]),
             "gpus": data.get("gpus") or [],
         }
-    import psutil  # type: ignore[import-untyped, unused-ignore]
-
-    vm = psutil.virtual_memory()
     load1 = os.getloadavg()[0]
     return {
         "cpu_pct": round(min(100.0, 100.0 * load1 / (os.cpu_count() or 1)), 1),
-        "ram_available_pct": round(100.0 * vm.available / vm.total, 1),
+        "ram_available_pct": _ram_available_pct(),
         "vitals_age_s": None,
         "gpus": [],
     }
+
+
+def _ram_available_pct() -> float:
+    """psutil.virtual_memory()'s available share of RAM in percent, read from /proc/meminfo as
+    psutil reads it on Linux (MemAvailable; MemFree where that exceeds the total, in a
+    container) without importing psutil (~11 ms of a status line); psutil's own estimate where
+    the kernel gives no MemAvailable."""
+    mem: dict[bytes, int] = {}
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                fields = line.split()
+                mem[fields[0]] = int(fields[1]) * 1024
+        total, avail = mem[b"MemTotal:"], mem.get(b"MemAvailable:", 0)
+        if avail > total:
+            avail = mem[b"MemFree:"]
+    except (OSError, ValueError, IndexError, KeyError):
+        total = avail = 0
+    if total > 0 and avail > 0:
+        return round(100.0 * avail / total, 1)
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    vm = psutil.virtual_memory()
+    return round(100.0 * float(vm.available) / float(vm.total), 1)
 
 
 def _mode(conn: sqlite3.Connection | None, cfg: Config) -> ModeDoc:
