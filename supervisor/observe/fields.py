@@ -19,7 +19,7 @@ from _thread import allocate_lock
 from collections.abc import Mapping
 from typing import Any
 
-from training.protocol import (
+from training.run_files import (
     MAX_UNIX_TIME,
     clean_eval,
     clean_heartbeat,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from supervisor.ledger import reads
 from supervisor.observe import fields, readonly
-from training.protocol import (
+from training.run_files import (
     CHECKPOINT_DIR,
     ERROR_FILE,
     EVAL_FILE,

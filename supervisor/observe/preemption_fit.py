@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from supervisor.config import PREEMPTION_GRACE_S, Config
-from training.protocol import finite_number
+from training.run_files import finite_number
 
 LOG_TAIL_BYTES = 256 * 1024
 

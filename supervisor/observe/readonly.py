@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.ledger import reads, schema
-from training.protocol import MAX_UNIX_TIME, PROGRESS_FILE
+from training.run_files import MAX_UNIX_TIME, PROGRESS_FILE
 
 # The contract's event kinds (schema.EVENT_KINDS), in display order. A kind found in the
 # database is accepted too, so that a newer supervisor's kinds can be queried by an older CLI.

@@ -29,7 +29,7 @@ from supervisor.observe.games import (  # re-exported: the status document's nam
 )
 from supervisor.observe.games import games as games_of
 from supervisor.observe.preemption_fit import fit_warnings
-from training.protocol import MAX_UNIX_TIME
+from training.run_files import MAX_UNIX_TIME
 
 # The records are types only: building them (TypedDicts) is no part of a status line.
 if TYPE_CHECKING:
