@@ -10,6 +10,7 @@ import os
 import select
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import supervisor
 
@@ -38,9 +39,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line, with only its command's module imported (`rlsup
     status` need not import what `rlsup run` does: structlog alone costs ~70 ms)."""
-    parser = argparse.ArgumentParser(
-        prog="rlsup", description="Fault-tolerant supervisor for RL training workers."
-    )
+    parser = Parser(prog="rlsup", description="Fault-tolerant supervisor for RL training workers.")
     parser.add_argument("--version", action="version", version=f"rlsup {supervisor.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = _command_of(argv)
@@ -48,6 +47,38 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         if wanted is None or name == wanted:
             importlib.import_module(f"supervisor.commands.{module}").register(sub)
     return parser
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, formatting help with `help_formatter` unless told otherwise; each
+    command's parser is one too (argparse makes subparsers of the parser's class)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", help_formatter)
+        super().__init__(**kwargs)
+
+
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    """argparse's HelpFormatter, told the terminal's width as shutil.get_terminal_size() tells
+    it (the same help). argparse makes a formatter for every argument it adds (to check its
+    metavar), and one left to find the width itself imports shutil, and with it zlib, bz2 and
+    lzma: ~2 ms of every `rlsup status`, for help it never prints."""
+    return argparse.HelpFormatter(prog, width=terminal_columns() - 2)
+
+
+def terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS when a positive number, else the width of
+    the terminal on stdout, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 def _command_of(argv: Sequence[str] | None) -> str | None:
