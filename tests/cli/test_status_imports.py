@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import REPO
 from state_fixture import StateFixture
+
+REPO = Path(__file__).resolve().parents[2]
 
 NOT_ON_A_STATUS_LINE = (
     "supervisor.ledger.db",  # the ledger's writer: status reads (ledger/reads.py)
