@@ -25,8 +25,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# The categories are time_split.py's (read by `rlsup status` without this fold).
-from supervisor.ledger.time_split import CATEGORIES, DOWNTIME, LOST, RUNNING_PARTS
+# The categories are time_split.py's (read by `rlsup status` without this fold); handed on.
+from supervisor.ledger.time_split import CATEGORIES as CATEGORIES
+from supervisor.ledger.time_split import DOWNTIME as DOWNTIME
+from supervisor.ledger.time_split import LOST as LOST
+from supervisor.ledger.time_split import RUNNING_PARTS as RUNNING_PARTS
 
 # What the fold tracks: "running" is split into RUNNING_PARTS only when a result is asked for
 # (the split needs the game's average speed up to then).
