@@ -7,7 +7,6 @@ import contextlib
 import gc
 import importlib
 import os
-import select
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -130,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _stdout_reader_gone() -> bool:
     """Whether stdout is a pipe whose reader has closed it (poll says POLLERR)."""
+    import select  # a broken pipe's question only: not loaded by every command
+
     try:
         poll = select.poll()
         poll.register(sys.stdout.fileno(), select.POLLOUT)
