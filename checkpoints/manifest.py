@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+# The boot id moved to checkpoints/boot.py (status reads it without the manifest); these names
+# keep working here for the store, the ledger and `rlsup join`.
+from checkpoints.boot import BOOT_ID_ENV as BOOT_ID_ENV
+from checkpoints.boot import DEFAULT_BOOT_ID_PATH as DEFAULT_BOOT_ID_PATH
+from checkpoints.boot import read_boot_id as read_boot_id
 from checkpoints.errors import CheckpointError
 from checkpoints.names import validate_name
 
 SCHEMA = 1
-DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-BOOT_ID_ENV = "RLSUP_BOOT_ID_PATH"
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -27,38 +28,6 @@ class FileEntry:
 
     size: int
     sha256: str
-
-
-def read_boot_id() -> str:
-    """The kernel's boot id: tells a process restart apart from a host reboot.
-
-    Read on every call (not cached) because tests and the supervisor may point
-    RLSUP_BOOT_ID_PATH elsewhere at runtime. Where the file is missing (some containers), the
-    identity falls back to when init (pid 1) started, in clock ticks since boot: new at every
-    boot (or container start) and, unlike `btime` in /proc/stat, not moved by a wall-clock
-    step. `btime` is the last resort; "unknown-boot" (reboots then go unnoticed) the very last.
-    """
-    path = os.environ.get(BOOT_ID_ENV) or DEFAULT_BOOT_ID_PATH
-    try:
-        boot_id = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        boot_id = ""
-    return boot_id or _fallback_boot_id()
-
-
-def _fallback_boot_id() -> str:
-    try:
-        stat = Path("/proc/1/stat").read_text(encoding="utf-8")
-        return f"init-start-{int(stat.rsplit(')', 1)[1].split()[19])}"
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        for line in Path("/proc/stat").read_text(encoding="utf-8").splitlines():
-            if line.startswith("btime "):
-                return f"btime-{int(line.split()[1])}"
-    except (OSError, ValueError, IndexError):
-        pass
-    return "unknown-boot"
 
 
 @functools.lru_cache(maxsize=1)

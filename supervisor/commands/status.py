@@ -30,7 +30,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.commands import _render as render
 from supervisor.commands._common import (
@@ -41,17 +41,21 @@ from supervisor.commands._common import (
     add_config_argument,
     load_config_or_exit,
 )
-from supervisor.config import Config
-from supervisor.observe.schema import (
-    GameDoc,
-    HostDoc,
-    ModeDoc,
-    NodeDoc,
-    PreemptionDoc,
-    SpareDoc,
-    StatusDoc,
-)
 from supervisor.observe.status import LIVE_STATES, collect
+
+# Types only: a status line is a glance, and imports nothing it does not show
+# (tests/cli/test_status_imports.py).
+if TYPE_CHECKING:
+    from supervisor.config import Config
+    from supervisor.observe.schema import (
+        GameDoc,
+        HostDoc,
+        ModeDoc,
+        NodeDoc,
+        PreemptionDoc,
+        SpareDoc,
+        StatusDoc,
+    )
 
 DEFAULT_WATCH_S = 2.0
 

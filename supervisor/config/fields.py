@@ -6,7 +6,6 @@ value found and what was expected.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -88,6 +87,8 @@ def check_keys(
 ) -> None:
     for key in data:
         if key not in known:
+            import difflib  # a misspelt key's message only: not on every load (rlsup status)
+
             close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ctx.fail([*where, key], f"unknown key{hint} (known: {', '.join(known)})")

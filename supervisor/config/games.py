@@ -4,7 +4,6 @@ hyper-parameters and their variants, checked by the worker's own validation) or 
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -160,6 +159,8 @@ def check_args(ctx: ConfigSource, where: list[str | int], args: Mapping[str, Any
                 "not a hyper-parameter: remove it",
             )
         if key not in worker_args.HYPERPARAMETER_FIELDS:
+            import difflib  # a misspelt key's message only
+
             close = difflib.get_close_matches(key, sorted(worker_args.HYPERPARAMETER_FIELDS), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ctx.fail(

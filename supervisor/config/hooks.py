@@ -3,7 +3,6 @@ Whether each program exists is a service check (service_checks.resolve_hook_prog
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -62,13 +61,15 @@ def parse_hooks(ctx: ConfigSource, data: Any, game_names: Collection[str]) -> tu
     """The [[hooks]] tables; `game_names`: the configured games (runs) a hook may name."""
     if not isinstance(data, list):
         raise ctx.fail(["hooks"], "expected [[hooks]] tables (an array of tables)")
-    from supervisor.ledger.db import EVENT_KINDS  # the contract's event kinds
+    from supervisor.ledger.schema import EVENT_KINDS  # the contract's event kinds
 
     hooks: list[HookSpec] = []
     for i, table in enumerate(data):
         v = read_table(ctx, ["hooks", i], table, HOOK_FIELDS)
         for kind in v["on"]:
             if kind not in EVENT_KINDS and kind != "*":
+                import difflib  # a misspelt kind's message only
+
                 close = difflib.get_close_matches(kind, sorted(EVENT_KINDS), n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
                 raise ctx.fail(

@@ -3,6 +3,7 @@ status` can tell a live worker from a recycled pid without importing psutil (~11
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # The exit status of a worker whose host was lost (several hosts): not a real process's, a
@@ -39,9 +40,20 @@ def same_process(pid: int | None, ticks: int | None, create_time: float | None =
         return now == ticks
     if create_time is None:
         return True
-    import psutil  # type: ignore[import-untyped, unused-ignore]  # rows of old versions only
+    started = create_time_of(now)  # rows of old versions only
+    return started is not None and abs(started - create_time) <= 1.0
 
+
+def create_time_of(ticks: int) -> float | None:
+    """psutil's `create_time` of the process that started `ticks` clock ticks after boot:
+    ticks / CLK_TCK + the boot's wall time (/proc/stat `btime`), psutil's own reckoning on
+    Linux, without importing it (~11 ms of every `rlsup status` that meets an old row);
+    None when /proc/stat cannot tell."""
     try:
-        return bool(abs(psutil.Process(pid).create_time() - create_time) <= 1.0)
-    except psutil.Error:
-        return False
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime"):
+                    return float(ticks) / os.sysconf("SC_CLK_TCK") + float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

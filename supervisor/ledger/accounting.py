@@ -38,30 +38,35 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from supervisor.ledger import fold_state
-from supervisor.ledger.fold import (
+from supervisor.ledger.fold import GAME_KINDS, HOST_KINDS, KINDS, Bucket, Fold, GameTime, Row
+
+# The categories and the snapshot's reading side live in time_split.py (what `rlsup status`
+# reads without the fold); these names keep working here.
+from supervisor.ledger.time_split import (
     CATEGORIES,
     DOWNTIME,
-    GAME_KINDS,
-    HOST_KINDS,
-    KINDS,
     LOST,
     RUNNING_PARTS,
-    Bucket,
-    Fold,
-    GameTime,
-    Row,
+    SNAPSHOT_EVERY_S,
+    SNAPSHOT_FILE,
+    SNAPSHOT_STALE_S,
+    SNAPSHOT_VERSION,
+    OnBad,
+    carried,
+    carry_part,
+    read_snapshot,
 )
 
 __all__ = [
     "CATEGORIES", "DOWNTIME", "GAME_KINDS", "HOST_KINDS", "KINDS", "LOST", "RUNNING_PARTS",
-    "Bucket", "Fold", "GameTime", "Row", "account", "account_db", "carried", "carry_part",
-    "catch_up", "current_fold", "host_gpus", "read_rows", "read_snapshot", "resume_fold", "rows_of",
-    "snapshot", "split_game",
+    "SNAPSHOT_EVERY_S", "SNAPSHOT_FILE", "SNAPSHOT_STALE_S", "SNAPSHOT_VERSION",
+    "Bucket", "Fold", "GameTime", "OnBad", "Row", "account", "account_db", "carried",
+    "carry_part", "catch_up", "current_fold", "host_gpus", "read_rows", "read_snapshot",
+    "resume_fold", "rows_of", "snapshot", "split_game",
 ]  # fmt: skip
 
 
@@ -262,12 +267,7 @@ def host_gpus(conn: sqlite3.Connection | None) -> int:
 #
 # The supervisor folds the new events every SNAPSHOT_EVERY_S (and at its exit) and writes each
 # game's split, with the fold's state, to <state_dir>/accounting.json; `rlsup status` reads it
-# and carries each game's current part on to now, or folds the events after it.
-
-SNAPSHOT_FILE = "accounting.json"
-SNAPSHOT_VERSION = 2  # 2: "paused" and the fold's state; an older file is folded anew, quietly
-SNAPSHOT_EVERY_S = 30.0
-SNAPSHOT_STALE_S = 4 * SNAPSHOT_EVERY_S  # older while the supervisor runs: fold the tail
+# (time_split.py) and carries each game's current part on to now, or folds the events after it.
 
 
 def snapshot(
@@ -294,38 +294,6 @@ def snapshot(
     if fold is not None:
         out["fold"] = fold_state.dump(fold)
     return out
-
-
-# Told what of accounting.json could not be used: (key, value, what it should be).
-OnBad = Callable[[str, Any, str], None]
-
-
-def read_snapshot(state_dir: Path, on_bad: OnBad | None = None) -> dict[str, Any] | None:
-    """accounting.json as this rlsup writes it, or None: no file, one written by an older rlsup
-    (folded anew, quietly), or one that is not a JSON object with a `games` object (folded
-    anew, and `on_bad` told). Its entries are the reader's to check where it uses them
-    (status: `observe/status.py`); the fold's state is checked by `resume_fold`."""
-    import json
-
-    try:
-        text = (state_dir / SNAPSHOT_FILE).read_text(encoding="utf-8")
-    except (OSError, ValueError):
-        return None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict):
-        if on_bad is not None:
-            on_bad("(the file)", text[:40], "a JSON object")
-        return None
-    if data.get("version") != SNAPSHOT_VERSION:
-        return None
-    if not isinstance(data.get("games"), dict):
-        if on_bad is not None:
-            on_bad("games", data.get("games"), "an object")
-        return None
-    return data
 
 
 def resume_fold(
@@ -372,34 +340,3 @@ def current_fold(
     if conn is not None:
         catch_up(conn, fold, pause_s)
     return fold
-
-
-def carry_part(part: str | None, running: bool) -> str | None:
-    """The part a game's open part goes on in: itself while the supervisor runs; once it is
-    not running, "paused" after a clean stop, else "down" (it died)."""
-    if running or part is None or part == "paused":
-        return part
-    return "down"
-
-
-def carried(entry: Mapping[str, Any], dt: float, part: str | None) -> dict[str, Any]:
-    """A snapshot's game split carried `dt` seconds on in `part` (its open part; "down" or
-    "paused" when the supervisor is not running; None: ended, nothing added)."""
-    t = dict(entry["time"])
-    if part is None or dt <= 0:
-        return t
-    key = "training" if part == "running" else part
-    if f"{key}_s" not in t:
-        return t
-    t[f"{key}_s"] = round(t[f"{key}_s"] + dt, 3)
-    t["wall_s"] = round(t["wall_s"] + dt, 3)
-    if key in DOWNTIME:
-        t["downtime_s"] = round(t["downtime_s"] + dt, 3)
-    if key in LOST:
-        t["lost_s"] = round(t["lost_s"] + dt, 3)
-    if t.get("money") is not None:
-        extra = float(entry.get("rate") or 0.0) * dt
-        t["money"] = round(t["money"] + extra, 4)
-        if key in LOST:
-            t["money_lost"] = round(t["money_lost"] + extra, 4)
-    return t

@@ -25,11 +25,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-CATEGORIES = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",
-              "down", "paused")  # fmt: skip
-DOWNTIME = ("starting", "waiting", "backoff", "down", "paused")
-LOST = ("redone", "starting", "backoff", "down")
-RUNNING_PARTS = ("training", "evaluation", "redone")
+# The categories are time_split.py's (read by `rlsup status` without this fold); handed on.
+from supervisor.ledger.time_split import CATEGORIES as CATEGORIES
+from supervisor.ledger.time_split import DOWNTIME as DOWNTIME
+from supervisor.ledger.time_split import LOST as LOST
+from supervisor.ledger.time_split import RUNNING_PARTS as RUNNING_PARTS
+
 # What the fold tracks: "running" is split into RUNNING_PARTS only when a result is asked for
 # (the split needs the game's average speed up to then).
 PARTS = ("running", "setup", "starting", "waiting", "backoff", "down", "paused")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # ---- events -------------------------------------------------------------------------------
 
@@ -121,8 +121,38 @@ class BootSummary:
     supervisor_crashes: int
 
 
-def boots_summary(conn: sqlite3.Connection, now: float, window_s: float) -> BootSummary:
-    """Uptime and reboot counts over the last `window_s` seconds (e.g. 86400, 604800)."""
+class Failures(NamedTuple):
+    """The ledger's unexpected failures, read once: the times of its `host_reboot` events and
+    of its supervisor crashes (the `supervisor_start`s after one). Each window of
+    `boots_summary` and the MTBF count from it: `rlsup status` asks for three figures of them,
+    and a ledger of weeks is one read, not six. (A NamedTuple: a fraction of a dataclass's
+    cost to define, on every status line.)"""
+
+    reboots: tuple[float, ...]
+    crashes: tuple[float, ...]
+
+    @property
+    def total(self) -> int:
+        return len(self.reboots) + len(self.crashes)
+
+
+def failures(conn: sqlite3.Connection) -> Failures:
+    """Every unexpected failure in the ledger (`Failures`), oldest first."""
+    reboots: list[float] = []
+    crashes: list[float] = []
+    for e in events(conn, kind=["host_reboot", "supervisor_start"]):
+        if e.kind == "host_reboot":
+            reboots.append(e.ts)
+        elif e.detail.get("after") == "supervisor_crash":
+            crashes.append(e.ts)
+    return Failures(tuple(reboots), tuple(crashes))
+
+
+def boots_summary(
+    conn: sqlite3.Connection, now: float, window_s: float, seen: Failures | None = None
+) -> BootSummary:
+    """Uptime and reboot counts over the last `window_s` seconds (e.g. 86400, 604800);
+    `seen`: the ledger's failures when the caller read them already (`failures`)."""
     start = now - window_s
     up = 0.0
     rows = conn.execute("SELECT first_seen, last_seen FROM boots ORDER BY first_seen").fetchall()
@@ -132,31 +162,23 @@ def boots_summary(conn: sqlite3.Connection, now: float, window_s: float) -> Boot
     reboots = conn.execute(
         "SELECT COUNT(*) FROM boots WHERE first_seen >= ? AND first_seen > ?", (start, first_ever)
     ).fetchone()[0]
-    unexpected = conn.execute(
-        "SELECT COUNT(*) FROM events WHERE kind = 'host_reboot' AND ts >= ?", (start,)
-    ).fetchone()[0]
-    crashes = sum(
-        1
-        for e in events(conn, since=start, kind="supervisor_start")
-        if e.detail.get("after") == "supervisor_crash"
-    )
+    seen = failures(conn) if seen is None else seen
+    unexpected = sum(1 for ts in seen.reboots if ts >= start)
+    crashes = sum(1 for ts in seen.crashes if ts >= start)
     observed = max(1e-9, min(window_s, now - first_ever))
     return BootSummary(window_s, up, min(1.0, up / observed), reboots, unexpected, crashes)
 
 
-def mtbf_s(conn: sqlite3.Connection, now: float) -> float | None:
+def mtbf_s(conn: sqlite3.Connection, now: float, seen: Failures | None = None) -> float | None:
     """Mean time between unexpected failures (host reboots and supervisor crashes): observed
-    up time over the whole ledger / their count; None when none happened yet."""
+    up time over the whole ledger / their count; None when none happened yet. `seen`: as
+    `boots_summary`'s."""
     up = sum(
         max(0.0, min(r["last_seen"], now) - r["first_seen"])
         for r in conn.execute("SELECT first_seen, last_seen FROM boots")
     )
-    failures = len(events(conn, kind="host_reboot")) + sum(
-        1
-        for e in events(conn, kind="supervisor_start")
-        if e.detail.get("after") == "supervisor_crash"
-    )
-    return up / failures if failures else None
+    count = (failures(conn) if seen is None else seen).total
+    return up / count if count else None
 
 
 # ---- workers, the spare ------------------------------------------------------------------

@@ -15,11 +15,11 @@ import contextlib
 import json
 import os
 import sys
-import threading
+from _thread import allocate_lock
 from collections.abc import Mapping
 from typing import Any
 
-from training.protocol import (
+from training.run_files import (
     MAX_UNIX_TIME,
     clean_eval,
     clean_heartbeat,
@@ -28,7 +28,8 @@ from training.protocol import (
 )
 
 _reported: set[tuple[str, str]] = set()
-_lock = threading.Lock()
+# threading.Lock itself (`_thread`'s): the lock, without the threading module on a status line.
+_lock = allocate_lock()
 
 
 def report(source: str | os.PathLike[str], key: str, value: Any, want: str) -> None:

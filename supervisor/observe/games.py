@@ -11,17 +11,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from checkpoints.names import ckpt_name, newest_step
-from supervisor.config import Config, GameSpec
-from supervisor.ledger import db
-from supervisor.lifecycle.states import ALIVE
-from supervisor.mirror.state import MirrorState
+from supervisor.ledger import reads
 from supervisor.observe import fields, readonly
-from supervisor.observe.schema import ErrorDoc, GameDoc
-from training import torchbuild
-from training.protocol import (
+from training.run_files import (
     CHECKPOINT_DIR,
     ERROR_FILE,
     EVAL_FILE,
@@ -30,10 +24,20 @@ from training.protocol import (
     read_json_file,
 )
 
+# `rlsup status` is a glance: what only a rarer row needs (a mirror, a command game, a heartbeat
+# without a checkpoint time, a CPU fallback's reason) is imported where it is read, and the
+# records are types only (tests/cli/test_status_imports.py keeps it so).
+if TYPE_CHECKING:
+    from supervisor.config import Config, GameSpec
+    from supervisor.observe.schema import ErrorDoc, GameDoc
+
 HEARTBEAT_STALE_S = 30.0  # a live worker's heartbeat older than this is flagged
 
 
-LIVE_STATES = frozenset(str(state) for state in ALIVE)  # a worker process exists
+# A worker process exists: the lifecycle's ALIVE states (`supervisor.lifecycle.states`), as
+# the workers table spells them. Named here, not imported: its state machine (an enum, the
+# edges, a dataclass) is no part of a status line; test_status_imports.py checks they agree.
+LIVE_STATES = frozenset({"starting", "running", "stopping"})
 
 
 EPH_WINDOW_S = 3600.0
@@ -49,8 +53,8 @@ def pid_alive(pid: int | None, ticks: int | None, create_time: float | None = No
 
 
 def games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[GameDoc]:
-    workers = {r["game"]: r for r in (db.workers(conn) if conn is not None else [])}
-    modes = {r["scope"]: r["mode"] for r in db.mode_rows(conn)}
+    workers = {r["game"]: r for r in (reads.workers(conn) if conn is not None else [])}
+    modes = {r["scope"]: r["mode"] for r in reads.mode_rows(conn)}
     out = [
         _game(cfg, g.name, g.env_id, g.algo, g.total_steps, workers.get(g.name), modes, now)
         for g in cfg.games
@@ -60,7 +64,11 @@ def games(conn: sqlite3.Connection | None, cfg: Config, now: float) -> list[Game
     configured = {g.name for g in cfg.games}
     for name in sorted(set(workers) - configured):
         out.append(_game(cfg, name, None, None, 0, workers[name], modes, now, in_config=False))
-    mirror = MirrorState.read(cfg.state_dir) if cfg.mirror is not None else None
+    if cfg.mirror is None:
+        return out
+    from supervisor.mirror.state import MirrorState
+
+    mirror = MirrorState.read(cfg.state_dir)
     for g in out:
         if mirror is not None:
             g["mirror_step"], g["mirror_age_s"] = mirror.game_view(g["name"], now)
@@ -118,6 +126,8 @@ def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | No
     step = hb.get("last_checkpoint_step")
     if step is None:
         return None
+    from checkpoints.names import ckpt_name
+
     try:
         ckpt = run_dir / CHECKPOINT_DIR / ckpt_name(int(step))
         return max(0.0, now - ckpt.stat().st_mtime)
@@ -251,6 +261,8 @@ def _kind(cfg: Config, spec: GameSpec, doc: GameDoc) -> None:
     doc["kind"] = spec.kind
     if spec.command is None:
         return
+    from checkpoints.names import newest_step
+
     beats = doc["heartbeat_age_s"] is not None
     level = "L1" if beats else "L0"
     if newest_step(cfg.run_dir(spec.name) / CHECKPOINT_DIR) is not None:
@@ -269,6 +281,8 @@ def _device_note(cfg: Config, name: str, hb: dict[str, Any]) -> str | None:
     requested = next((g.device for g in cfg.games if g.name == name), "auto")
     if requested != "auto" or hb.get("device") != "cpu" or not isinstance(build, dict):
         return None
+    from training import torchbuild
+
     driver = build.get("driver")
     return torchbuild.cpu_fallback_reason(
         driver if isinstance(driver, str) else None,

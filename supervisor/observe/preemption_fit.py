@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 
 from supervisor.config import PREEMPTION_GRACE_S, Config
-from supervisor.mirror.state import MirrorState
-from training.protocol import finite_number
+from training.run_files import finite_number
 
 LOG_TAIL_BYTES = 256 * 1024
 
@@ -47,7 +46,11 @@ def fit_warnings(cfg: Config, provider: str | None = None) -> list[str]:
     grace = PREEMPTION_GRACE_S.get(provider)
     if grace is None:
         return []
-    mirror = MirrorState.read(cfg.state_dir) if cfg.mirror is not None else None
+    mirror = None
+    if cfg.mirror is not None:  # the mirror's state only where one is configured
+        from supervisor.mirror.state import MirrorState
+
+        mirror = MirrorState.read(cfg.state_dir)
     upload = cfg.preemption.flush == "upload"
     worst: tuple[float, str, float, float | None] | None = None
     for g in cfg.games:

@@ -6,7 +6,6 @@ status` must start in milliseconds.
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import math
 import os
@@ -16,15 +15,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.ledger import db
-from training.protocol import MAX_UNIX_TIME, PROGRESS_FILE
+from supervisor.ledger import reads, schema
+from training.run_files import MAX_UNIX_TIME, PROGRESS_FILE
 
-DB_FILE = db.DB_NAME
-
-
-# The contract's event kinds (db.EVENT_KINDS), in display order. A kind found in the database
-# is accepted too, so that a newer supervisor's kinds can be queried by an older CLI.
-EVENT_KINDS = tuple(sorted(db.EVENT_KINDS))
+# The contract's event kinds (schema.EVENT_KINDS), in display order. A kind found in the
+# database is accepted too, so that a newer supervisor's kinds can be queried by an older CLI.
+EVENT_KINDS = tuple(sorted(schema.EVENT_KINDS))
 
 
 MODE_EVENT_KINDS = ("scale_down", "scale_up", "mode_pinned")
@@ -114,8 +110,8 @@ def query_events(
     kinds: Sequence[str] = (),
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """`db.events` as JSON-ready dicts {ts, kind, game, detail}, oldest first."""
-    found = db.events(conn, since=since, game=game, kind=list(kinds) or None, limit=limit)
+    """`reads.events` as JSON-ready dicts {ts, kind, game, detail}, oldest first."""
+    found = reads.events(conn, since=since, game=game, kind=list(kinds) or None, limit=limit)
     return [{"ts": e.ts, "kind": e.kind, "game": e.game, "detail": e.detail} for e in found]
 
 
@@ -178,6 +174,8 @@ def read_progress_tail(run_dir: Path, max_bytes: int = 96 * 1024) -> ProgressRow
 
 def read_progress(run_dir: Path) -> list[dict[str, str]]:
     """Every row of `progress.csv` (for plots)."""
+    import csv  # plots only: status reads the tail as lines (read_progress_tail)
+
     try:
         with (run_dir / PROGRESS_FILE).open(newline="", encoding="utf-8", errors="replace") as f:
             return list(csv.DictReader(f))

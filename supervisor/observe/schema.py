@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-SCHEMA = 1
+# The version (1) is `status.SCHEMA`, beside the document's producer: `rlsup status` imports
+# these records for its types only, never to run.
 
 
 class SupervisorDoc(TypedDict):

@@ -15,10 +15,10 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from supervisor.config import Config
-from supervisor.ledger import accounting, db
+from checkpoints.boot import read_boot_id
+from supervisor.ledger import reads, time_split
 from supervisor.observe import fields, readonly
 from supervisor.observe.games import (  # re-exported: the status document's names
     EPH_WINDOW_S,
@@ -29,26 +29,32 @@ from supervisor.observe.games import (  # re-exported: the status document's nam
 )
 from supervisor.observe.games import games as games_of
 from supervisor.observe.preemption_fit import fit_warnings
-from supervisor.observe.schema import (
-    SCHEMA,
-    CostDoc,
-    GameDoc,
-    HostDoc,
-    ModeDoc,
-    NodeDoc,
-    PreemptionDoc,
-    ScopeDoc,
-    SpareDoc,
-    StatusDoc,
-    SupervisorDoc,
-)
-from training.protocol import MAX_UNIX_TIME
+from training.run_files import MAX_UNIX_TIME
+
+# The records are types only: building them (TypedDicts) is no part of a status line.
+if TYPE_CHECKING:
+    from supervisor.config import Config
+    from supervisor.observe.schema import (
+        CostDoc,
+        GameDoc,
+        HostDoc,
+        ModeDoc,
+        NodeDoc,
+        PreemptionDoc,
+        ScopeDoc,
+        SpareDoc,
+        StatusDoc,
+        SupervisorDoc,
+    )
 
 __all__ = [
     "EPH_WINDOW_S", "HEARTBEAT_STALE_S", "LIVE_STATES", "STALE_TICK_S", "collect",
     "episodes_per_hour", "pid_alive",
 ]  # fmt: skip
 
+# The document's version ("schema" in --json). Its records are schema.py's; the number lives
+# here, with the document's one producer, so that a status line never builds them.
+SCHEMA = 1
 STALE_TICK_S = 30.0  # a supervisor silent this long is shown as stale
 
 
@@ -64,7 +70,7 @@ def collect(cfg: Config, now: float, *, fit: bool = False) -> StatusDoc:
         nodes = _nodes(conn, games, running=supervisor["state"] == "running")
         spare = _spare(conn, supervisor)
         preemption = _preemption(conn, supervisor, now)
-        first_seen = db.first_boot_seen(conn)
+        first_seen = reads.first_boot_seen(conn)
         lost = _times(conn, cfg, games, now, supervisor["state"] == "running")
     return {
         "schema": SCHEMA,
@@ -95,8 +101,8 @@ def _preemption(
     if conn is None or not boot or (current_boot_id() or boot) != boot:
         return None
     try:
-        notice = db.boot_event(conn, "preemption_notice", boot)
-        cleared = db.boot_event(conn, "preemption_cleared", boot)
+        notice = reads.boot_event(conn, "preemption_notice", boot)
+        cleared = reads.boot_event(conn, "preemption_cleared", boot)
     except sqlite3.Error:  # a database from before (read-only, no json1): no notice known
         return None
     if notice is None or (cleared is not None and cleared.id > notice.id):
@@ -126,13 +132,13 @@ def _times(
     brought up to date with the events after it, never a replay of the whole ledger. A game
     whose snapshot entry is unusable shows no split (`-`), reported once."""
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
-    source = cfg.state_dir / accounting.SNAPSHOT_FILE
-    snap = accounting.read_snapshot(cfg.state_dir, lambda *bad: fields.report(source, *bad))
+    source = cfg.state_dir / time_split.SNAPSHOT_FILE
+    snap = time_split.read_snapshot(cfg.state_dir, lambda *bad: fields.report(source, *bad))
     upto = None if snap is None else fields.number(snap, "upto", source, 0.0, MAX_UNIX_TIME)
     usable = (
         snap is not None
         and upto is not None
-        and (not running or now - upto <= accounting.SNAPSHOT_STALE_S)
+        and (not running or now - upto <= time_split.SNAPSHOT_STALE_S)
         and snap.get("per_hour") == rate
         and snap.get("gpu_share") == share
     )
@@ -143,8 +149,8 @@ def _times(
             if entry is None:
                 g["time"] = None
                 continue
-            part = accounting.carry_part(entry.get("open"), running)
-            g["time"] = accounting.carried(entry, dt, part)
+            part = time_split.carry_part(entry.get("open"), running)
+            g["time"] = time_split.carried(entry, dt, part)
         return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
     return _folded(conn, cfg, games, now, running, snap)
 
@@ -161,9 +167,11 @@ def _folded(
     (a fold that does not validate: folded from the ledger's start, reported once); with the
     supervisor not running, each open part is carried on from the last event as paused or
     down."""
+    from supervisor.ledger import accounting  # the fold: only when the snapshot is unusable
+
     rate, share = float(cfg.cost_per_hour or 0.0), cfg.gpu_cost_share
     names = [g["name"] for g in games]
-    source = cfg.state_dir / accounting.SNAPSHOT_FILE
+    source = cfg.state_dir / time_split.SNAPSHOT_FILE
     fold = accounting.current_fold(conn, snap, names, lambda *bad: fields.report(source, *bad))
     steps = {g["name"]: g["global_step"] for g in games}
     upto = now if running or fold.ts is None else min(now, fold.ts)
@@ -175,12 +183,12 @@ def _folded(
             g["time"] = None
             continue
         entry = {"time": t.as_json(rate > 0), "rate": rates.get(g["name"], 0.0)}
-        g["time"] = accounting.carried(entry, now - upto, accounting.carry_part(t.open, False))
+        g["time"] = time_split.carried(entry, now - upto, time_split.carry_part(t.open, False))
     return sum(float((g["time"] or {}).get("money_lost") or 0.0) for g in games)
 
 
 # A snapshot's time split: these are seconds (>= 0), each required; money only with a price.
-SPLIT_SECONDS = ("wall_s", "downtime_s", "lost_s", *(f"{c}_s" for c in accounting.CATEGORIES))
+SPLIT_SECONDS = ("wall_s", "downtime_s", "lost_s", *(f"{c}_s" for c in time_split.CATEGORIES))
 SPLIT_MONEY = ("money", "money_lost")
 
 
@@ -230,7 +238,7 @@ def _nodes(
 
     if conn is not None:
         try:
-            ledger = db.events(conn, kind=[*NODE_EVENTS, *SPARE_STATE])
+            ledger = reads.events(conn, kind=[*NODE_EVENTS, *SPARE_STATE])
         except sqlite3.Error:
             ledger = []
         spares: dict[str, str | None] = {}
@@ -263,7 +271,7 @@ def _spare(conn: sqlite3.Connection | None, supervisor: SupervisorDoc) -> SpareD
     if conn is None:
         return None
     try:
-        row = db.spare(conn)
+        row = reads.spare(conn)
     except sqlite3.Error:  # a database from before the spare (schema 2) read read-only
         return None
     if row is None:
@@ -304,7 +312,7 @@ def _memory_mib(pid: int, fallback: float | None) -> tuple[float | None, float |
 
 
 def _supervisor(conn: sqlite3.Connection | None, now: float) -> SupervisorDoc:
-    row = db.supervisor_record(conn)
+    row = reads.supervisor_record(conn)
     if row is None:
         return {
             "state": "absent",
@@ -340,7 +348,7 @@ def _supervisor(conn: sqlite3.Connection | None, now: float) -> SupervisorDoc:
 
 def current_boot_id() -> str | None:
     try:
-        return db.read_boot_id() or None
+        return read_boot_id() or None
     except OSError:
         return None
 
@@ -354,8 +362,8 @@ def _host_boot_time() -> float | None:
 
 
 def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
-    """Unexpected reboots (host_reboot events) in 24 h / 7 d, from db's helpers, and MTBF:
-    mean time between failures: unexpected host reboots and supervisor crashes (db.mtbf_s)."""
+    """Unexpected reboots (host_reboot events) in 24 h / 7 d, from the ledger's reads, and MTBF:
+    mean time between failures: unexpected host reboots and supervisor crashes (reads.mtbf_s)."""
     out: dict[str, Any] = {
         "unexpected_reboots_24h": 0,
         "unexpected_reboots_7d": 0,
@@ -364,24 +372,26 @@ def reboot_summary(conn: sqlite3.Connection | None, now: float) -> dict[str, Any
         "observed_s": None,
         "mtbf_s": None,
     }
-    first = db.first_boot_seen(conn)
+    first = reads.first_boot_seen(conn)
     if conn is None or first is None:
         return out
-    day, week = db.boots_summary(conn, now, 86400.0), db.boots_summary(conn, now, 7 * 86400.0)
+    seen = reads.failures(conn)  # one read of the ledger's failures for every figure below
+    day = reads.boots_summary(conn, now, 86400.0, seen)
+    week = reads.boots_summary(conn, now, 7 * 86400.0, seen)
     out.update(
         unexpected_reboots_24h=day.unexpected_reboots,
         unexpected_reboots_7d=week.unexpected_reboots,
-        unexpected_reboots_total=len(db.events(conn, kind="host_reboot")),
+        unexpected_reboots_total=len(seen.reboots),
         uptime_fraction_7d=round(week.uptime_fraction, 4),
         observed_s=max(0.0, now - first),
-        mtbf_s=db.mtbf_s(conn, now),
+        mtbf_s=reads.mtbf_s(conn, now, seen),
     )
     return out
 
 
 def _host(conn: sqlite3.Connection | None, now: float) -> HostDoc:
     boot_id = current_boot_id()
-    boot_time = db.boot_time_of(conn, boot_id) or _host_boot_time()
+    boot_time = reads.boot_time_of(conn, boot_id) or _host_boot_time()
     reboots, vitals = reboot_summary(conn, now), _vitals(conn, now)
     return {
         "boot_id": boot_id,
@@ -402,7 +412,7 @@ def _host(conn: sqlite3.Connection | None, now: float) -> HostDoc:
 
 def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
     """The supervisor's latest host sample when recent, else a cheap live reading (no GPUs)."""
-    sample = db.latest_sample(conn)
+    sample = reads.latest_sample(conn)
     if sample is not None and now - sample[0] <= 5 * 60:
         data = readonly.parse_json(sample[1])
         return {
@@ -411,22 +421,43 @@ def _vitals(conn: sqlite3.Connection | None, now: float) -> dict[str, Any]:
             "vitals_age_s": max(0.0, now - sample[0]),
             "gpus": data.get("gpus") or [],
         }
-    import psutil  # type: ignore[import-untyped, unused-ignore]
-
-    vm = psutil.virtual_memory()
     load1 = os.getloadavg()[0]
     return {
         "cpu_pct": round(min(100.0, 100.0 * load1 / (os.cpu_count() or 1)), 1),
-        "ram_available_pct": round(100.0 * vm.available / vm.total, 1),
+        "ram_available_pct": _ram_available_pct(),
         "vitals_age_s": None,
         "gpus": [],
     }
 
 
+def _ram_available_pct() -> float:
+    """psutil.virtual_memory()'s available share of RAM in percent, read from /proc/meminfo as
+    psutil reads it on Linux (MemAvailable; MemFree where that exceeds the total, in a
+    container) without importing psutil (~11 ms of a status line); psutil's own estimate where
+    the kernel gives no MemAvailable."""
+    mem: dict[bytes, int] = {}
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                fields = line.split()
+                mem[fields[0]] = int(fields[1]) * 1024
+        total, avail = mem[b"MemTotal:"], mem.get(b"MemAvailable:", 0)
+        if avail > total:
+            avail = mem[b"MemFree:"]
+    except (OSError, ValueError, IndexError, KeyError):
+        total = avail = 0
+    if total > 0 and avail > 0:
+        return round(100.0 * avail / total, 1)
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    vm = psutil.virtual_memory()
+    return round(100.0 * float(vm.available) / float(vm.total), 1)
+
+
 def _mode(conn: sqlite3.Connection | None, cfg: Config) -> ModeDoc:
-    desired = db.desired_rows(conn)
+    desired = reads.desired_rows(conn)
     scopes: list[ScopeDoc] = []
-    for r in db.mode_rows(conn):
+    for r in reads.mode_rows(conn):
         pin = desired.get(r["scope"])
         scopes.append(
             {
