@@ -19,9 +19,13 @@ pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")
 
+# The inner tests start processes: e2e, as the guard in conftest.py asks of every such test.
 LEAKY = """
 import subprocess, sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 def test_leaks_a_process(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -30,6 +34,9 @@ def test_leaks_a_process(tmp_path):
 
 FOLLOWER = """
 import signal, subprocess, sys
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 def test_a_child_gets_sigint():
     p = subprocess.Popen([sys.executable, "-c",

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from state_fixture import StateFixture
+import pytest
+
+from harness.state_fixture import StateFixture
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,10 +67,12 @@ def _loaded_by_status(state: StateFixture, *modules: str) -> list[str]:
     return list(out["loaded"])
 
 
+@pytest.mark.e2e
 def test_status_imports_nothing_a_status_line_does_not_show(state: StateFixture) -> None:
     assert _loaded_by_status(state, *NOT_ON_A_STATUS_LINE) == []
 
 
+@pytest.mark.e2e
 def test_importing_the_status_command_loads_none_of_them() -> None:
     code = (
         "import sys, supervisor.commands.status\n"
