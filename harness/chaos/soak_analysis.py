@@ -318,7 +318,8 @@ class Analyst:
         )
         return (
             f"victim pid {victim.pid} (first seen {victim.first_seen - f.t:+.1f}s, steps "
-            f"{victim.first_step}..{victim.max_step}, resumed from {victim.resumed_from_step}); "
+            f"{victim.first_step}..{victim.max_step}, resumed from {victim.resumed_from_step}, "
+            f"{victim.checkpoint_failures} checkpoint failures); "
             f"replacement pid {rep.pid} (process start {rep.started - f.t:+.1f}s, first seen "
             f"{rep.first_seen - f.t:+.1f}s, resumed from {rep.resumed_from_step}, quarantined "
             f"{rep.quarantined}, replay damage {rep.replay_damage}); commits seen: {commits}"
