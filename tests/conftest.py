@@ -64,8 +64,9 @@ def _describe(p: psutil.Process) -> str:
 def no_process_left_behind() -> Iterator[None]:
     """Fails the session if any process started by a test is still running after the last one."""
     yield
-    # A process being torn down by the last fixture may need a moment to exit.
-    deadline = time.monotonic() + 10
+    # A process being torn down by the last fixture may need a moment to exit (tests of this
+    # guard itself wait less: RLSUP_LEFTOVER_WAIT_S).
+    deadline = time.monotonic() + float(os.environ.get("RLSUP_LEFTOVER_WAIT_S", "10"))
     left = _marked()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)

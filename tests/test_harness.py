@@ -50,6 +50,11 @@ def test_a_child_gets_sigint():
 """
 
 
+def _inner_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RLSUP_TEST_RUN"}
+    return {**env, "RLSUP_LEFTOVER_WAIT_S": "1"}
+
+
 def _inner(pytester: pytest.Pytester, body: str) -> subprocess.CompletedProcess[str]:
     shutil.copy(CONFTEST, pytester.path / "conftest.py")
     pytester.makepyfile(test_inner=body)
@@ -60,7 +65,8 @@ def _inner(pytester: pytest.Pytester, body: str) -> subprocess.CompletedProcess[
         text=True,
         timeout=120,
         # A separate run: its own marker, so this run's guard does not count its children.
-        env={k: v for k, v in os.environ.items() if k != "RLSUP_TEST_RUN"},
+        # The leftover waits 1 s, not 10, before it is named.
+        env=_inner_env(),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 

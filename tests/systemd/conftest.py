@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,9 @@ def sandbox(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sandbox]
     try:
         # The service account must reach the interpreter: open the way inside the overlay
         # (what an operator does by installing into /opt), never on the host.
-        for directory in [*Path(sys.executable).resolve().parents, *Path(sys.executable).parents]:
-            box.sh(f"chmod o+x {directory}")
+        # One shell for every directory (each `sh` enters the sandbox: ~0.2 s apiece).
+        ways = {*Path(sys.executable).resolve().parents, *Path(sys.executable).parents}
+        box.ok("chmod o+x " + " ".join(shlex.quote(str(d)) for d in sorted(ways)))
         yield box
     finally:
         if box.sh("systemctl is-active rlsup").stdout.strip() == "active":

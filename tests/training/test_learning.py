@@ -106,10 +106,12 @@ def _train_until(overrides: dict[str, Any], target: float, seed: int) -> Attempt
     return attempt
 
 
-def _learn(overrides: dict[str, Any], target: float) -> list[Attempt]:
+def _learn(
+    overrides: dict[str, Any], target: float, seeds: tuple[int, ...] = SEEDS
+) -> list[Attempt]:
     """Seeds in order until one meets the target (all of them when none does)."""
     attempts: list[Attempt] = []
-    for seed in SEEDS:
+    for seed in seeds:
         attempts.append(_train_until(overrides, target, seed))
         if attempts[-1].best >= target:
             break
@@ -138,7 +140,11 @@ def test_dqn_solves_cartpole(precision: str) -> None:
 
 @PATHS
 def test_pqn_solves_cartpole(precision: str) -> None:
-    tries = _learn({**PQN_CARTPOLE, "precision": precision}, 450.0)
+    # bf16 tries seed 2 first: seed 1 plateaus (~50 s of its whole 500k-step budget, on the
+    # AVX-512 bf16 EPYC here and on CI's host alike) where seed 2 reaches 450 in ~226k steps.
+    # The same three seeds, the same criterion; only the order, for the suite's time.
+    seeds = (2, 1, 3) if precision == "bf16" else SEEDS
+    tries = _learn({**PQN_CARTPOLE, "precision": precision}, 450.0, seeds)
     assert _learned(tries, 450.0), "PQN did not reach 450: " + "; ".join(map(str, tries))
 
 

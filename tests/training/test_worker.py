@@ -79,7 +79,7 @@ def test_help_lists_every_flag():
 
 def test_sigkill_then_rerun_resumes_at_last_committed_step(tmp_path: Path):
     run_dir = tmp_path / "run"
-    args = (*CARTPOLE_PPO, "--total-steps", "60000", "--checkpoint-every-steps", "2000")
+    args = (*CARTPOLE_PPO, "--total-steps", "20000", "--checkpoint-every-steps", "2000")
     proc = start(run_dir, *args)
     wait_for(lambda: len(committed_steps(run_dir)) >= 2, 120, "two checkpoints")
     kill(proc)
@@ -90,7 +90,7 @@ def test_sigkill_then_rerun_resumes_at_last_committed_step(tmp_path: Path):
     assert hb is not None
     # Resumed from the newest committed step, never from zero or an older one.
     assert hb["resumed_from_step"] == max(before)
-    assert hb["global_step"] >= 60000
+    assert hb["global_step"] >= 20000
     assert hb["last_checkpoint_step"] == hb["global_step"]
     eval_result = json.loads((run_dir / "eval.json").read_text())
     assert eval_result["episodes"] == 2 and eval_result["step"] == hb["global_step"]
@@ -251,7 +251,8 @@ def test_sigkill_while_checkpoint_is_being_written_never_loads_it(tmp_path: Path
             break
     assert any(p.exists() for p in staging), "never caught a checkpoint mid-write"
     before = committed_steps(run_dir)
-    again = run(run_dir, *args, "--eval-episodes", "0")
+    # The rerun resumes and finishes a few iterations later: what it loaded is the point.
+    again = run(run_dir, *args, "--eval-episodes", "0", "--total-steps", str(max(before) + 512))
     assert again.returncode == 0, again.stdout[-2000:]
     hb = heartbeat(run_dir)
     assert hb is not None and hb["resumed_from_step"] == max(before)
