@@ -32,7 +32,7 @@ from supervisor.commands import _render as render
 from supervisor.commands._common import EXIT_OK, add_config_argument, load_config_or_exit
 from supervisor.config import split_run_name
 from supervisor.observe import atari_scores
-from supervisor.observe.params import Param, differing
+from supervisor.observe.params import Param, common, differing
 from supervisor.observe.results import GroupRow, Results, RunFigures, Stats, collect
 
 COLUMNS = (
@@ -232,8 +232,7 @@ def _table(results: Results, per_run: bool) -> tuple[list[str], list[list[str]],
     headers += shown
     for row, p in zip(rows, params, strict=True):
         row += [_show(p.get(k)) for k in shown]
-    shared = [f"{k} = {_show(v)}" for k, v in (params[0] if params else {}).items()
-              if k not in varying and k not in SHOWN]  # fmt: skip
+    shared = [f"{k} = {_show(v)}" for k, v in common(params).items() if k not in SHOWN]
     note = ""
     if hidden:
         note = (

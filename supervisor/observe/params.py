@@ -90,15 +90,13 @@ def _scalar(value: Any) -> Param:
 
 
 def differing(rows: list[dict[str, Param]]) -> list[str]:
-    """The keys whose values are not the same in every row (absent counts as a value), in
-    order of first appearance: what a table of several runs shows, the rest being common."""
+    """The keys with more than one value among the rows that have them, in order of first
+    appearance: what a table of several runs shows (a key of one kind of game only, the same
+    in each of its rows, says nothing of the rows' differences)."""
     keys: dict[str, None] = {}
     for row in rows:
         keys.update(dict.fromkeys(row))
-    return [k for k in keys if len({repr(row.get(k, _ABSENT)) for row in rows}) > 1]
-
-
-_ABSENT = object()
+    return [k for k in keys if len({repr(row[k]) for row in rows if k in row}) > 1]
 
 
 def common(rows: list[dict[str, Param]]) -> dict[str, Param]:

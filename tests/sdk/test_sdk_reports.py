@@ -35,7 +35,7 @@ def _attach(path: Path, **kw: object) -> rlsup.Run:
 
 
 @pytest.mark.parametrize(
-    "name", ["sps", "global_step", "time", "wall_s", "episodes", "num_envs", "resume_count"]
+    "name", ["sps", "global_step", "time", "wall_s", "num_envs", "batch_size", "resume_count"]
 )
 def test_a_reserved_metric_name_is_refused_naming_it(tmp_path: Path, name: str) -> None:
     with _attach(tmp_path) as run:
