@@ -137,7 +137,13 @@ def _csv(results: Results) -> str:
 
 
 def _all_runs(results: Results) -> list[RunFigures]:
-    return [*results.runs, *results.unscored]
+    """Every selected run, those with no figure yet too, grouped (a group's runs together, in
+    the order the groups first appear)."""
+    runs = [*results.runs, *results.unscored]
+    first: dict[str, int] = {}
+    for r in runs:
+        first.setdefault(r.group, len(first))
+    return sorted(runs, key=lambda r: (first[r.group], r.seed if r.seed is not None else -1))
 
 
 def _runs_csv(results: Results) -> str:
