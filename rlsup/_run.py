@@ -8,7 +8,10 @@ supervisor (docs/own-trainer.md). Levels, each opted into by calling it:
   with large arrays chunked and hard-linked from the previous checkpoint when unchanged;
 - L3 `should_stop()` / `should_checkpoint()` / `exit_stopped()`: SIGTERM becomes a flag, the
   interval and the supervisor's requests become one question;
-- L4 `knobs`: the mode's num_envs / batch size, for a game whose config lists the knobs it honours.
+- L4 `knobs`: the mode's num_envs / batch size, for a game whose config lists the knobs it honours;
+  `params`: the game's declared hyper-parameters (`RLSUP_PARAMS`);
+- `evaluation(step, mean_return, ...)`: an evaluation, recorded as rlsup's own worker records
+  one (rlsup/_evaluation.py).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
 from checkpoints._log import StdlibLogger
-from rlsup import _damage
+from checkpoints.retention import EVAL_META
+from rlsup import _damage, _evaluation
 from training import protocol as P
 from training.checkpoint_request import CheckpointRequestWatch
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
@@ -115,6 +119,8 @@ def attach(
     algo: str = "",
     device: str = "",
     lock_wait_s: float = 10.0,
+    params: dict[str, Any] | None = None,
+    keep_best: int = 0,
 ) -> Run:
     """This process's run: under `rlsup run` the game's run directory (`RLSUP_RUN_DIR`, which
     wins over `run_dir`), standalone `run_dir` (made if missing). Takes the run directory's lock
@@ -131,6 +137,10 @@ def attach(
     exit_on_stop: after a checkpoint committed while a stop is requested, exit 75 (stopped
     after a checkpoint), so the supervisor neither counts a crash nor waits for a kill.
     lock_wait_s: how long to wait for another process to let go of the run directory.
+    params: the script's own hyper-parameters, overridden key by key by the config's `params`
+    (`RLSUP_PARAMS`): `run.params`.
+    keep_best: also keep the checkpoints of this many best evaluations (`run.evaluation()` at
+    a checkpoint's step, before it), besides the newest `keep`.
     """
     supervised = bool(os.environ.get(P.RUN_DIR_ENV))
     if supervised:
@@ -164,6 +174,8 @@ def attach(
         algo=algo,
         device=device,
         lock_wait_s=lock_wait_s,
+        params=_evaluation.params_from_env(params),
+        keep_best=keep_best,
     )
 
 
@@ -202,6 +214,8 @@ class Run:
         algo: str,
         device: str,
         lock_wait_s: float = 10.0,
+        params: dict[str, Any] | None = None,
+        keep_best: int = 0,
     ) -> None:
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise SdkError(f"checkpoint_every_steps={checkpoint_every_steps}: must be >= 1")
@@ -212,6 +226,7 @@ class Run:
         self.resume_count = resume_count
         self.mode = mode
         self.knobs = knobs
+        self.params: dict[str, Any] = dict(params or {})  # the game's declared `params`
         self.total_steps = total_steps
         self.checkpoint_every_s = checkpoint_every_s
         self.checkpoint_every_steps = checkpoint_every_steps
@@ -223,9 +238,16 @@ class Run:
         self._lock_fd = self._take_lock(lock_wait_s)
         # A library's logger (the user's logging configuration decides), never structlog's:
         # it prints to stdout unless configured, and may not be installed at all.
-        self.store = CheckpointStore(
-            run_dir / P.CHECKPOINT_DIR, keep=keep, log=StdlibLogger("rlsup.checkpoints")
-        )
+        try:
+            self.store = CheckpointStore(
+                run_dir / P.CHECKPOINT_DIR,
+                keep=keep,
+                keep_best=keep_best,
+                log=StdlibLogger("rlsup.checkpoints"),
+            )
+        except ValueError as exc:
+            os.close(self._lock_fd)
+            raise SdkError(f"rlsup.attach(): {exc}") from None
         self.store.sweep()  # staging dirs of a predecessor killed mid-checkpoint
         self._loaded: LoadedCheckpoint | None = None
         self._looked = False
@@ -240,6 +262,8 @@ class Run:
         self._writer: CheckpointWriter | None = None
         self._base_step: int | None = None
         self._stop_reason: str | None = None
+        self._evaluated: dict[str, Any] | None = None  # the newest evaluation (checkpoint meta)
+        self._evaluating_since: float | None = None  # inside `with run.evaluating():`
         # The supervisor (through any wrapper: `sh -c`, `uv run`, `torchrun`), when it says.
         self._parent = (
             P.ParentWatch.from_env() if supervised and os.environ.get(P.PARENT_PID_ENV) else None
@@ -319,7 +343,11 @@ class Run:
         must move for the supervisor to see progress). Cheap (a few hundred nanoseconds but
         every 50 ms): call it every step. The step is always current; the other fields are
         taken at most every 50 ms.
-        `mean_return`, `episodes` and any other numbers show in status, plot and metrics."""
+        `mean_return`, `episodes` and any other numbers show in status, plot and metrics (no
+        finite number: blank, counted); rlsup's own progress columns (`sps`, ...) are no
+        metric names (ValueError)."""
+        if metrics and not _evaluation.RESERVED_METRICS.isdisjoint(metrics):
+            _evaluation.check_metric_names(metrics)
         self._step = int(step)  # read by the heartbeat thread (`live_step`): always current
         now = time.monotonic()
         if self._training and now - self._applied_at < APPLY_EVERY_S:
@@ -330,15 +358,43 @@ class Run:
             self._training = True
             hb.live_step = lambda: self._step
             hb.set_phase(Phase.TRAINING, self.step_deadline_s)
-        fields: dict[str, Any] = {"metrics": {k: _finite(v) for k, v in metrics.items()}}
+        values = {k: _finite(v) for k, v in metrics.items()}
+        fields: dict[str, Any] = {"metrics": values}
         if episodes is not None:
             fields["episodes"] = int(episodes)
         if mean_return is not None:
             fields["mean_return"] = _finite(mean_return)
+        dropped = sum(v is None for v in values.values())
+        dropped += mean_return is not None and fields["mean_return"] is None
+        if dropped:
+            hb.count_dropped("metric", dropped)
         hb.progress(int(step), **fields)
         if now - self._progress_at >= PROGRESS_EVERY_S:
             self._progress_at = now
             self._progress_row(hb.current)
+
+    def evaluation(
+        self,
+        step: int,
+        mean_return: float,
+        *,
+        episodes: int | None = None,
+        seconds: float | None = None,
+        **extra: Any,
+    ) -> bool:
+        """An evaluation at `step`: its mean return over `episodes` episodes that took
+        `seconds` (timed inside `with run.evaluating():`), `extra` figures (std=...). Recorded
+        as rlsup's worker records one (rlsup/_evaluation.py): evaluate, then checkpoint, and
+        the checkpoint records it for `keep_best`. False, counted, nothing recorded, when step
+        or mean_return is no finite number."""
+        return _evaluation.report(self, step, mean_return, episodes, seconds, extra)
+
+    def evaluating(
+        self, deadline_s: float = _evaluation.EVALUATING_DEADLINE_S
+    ) -> _evaluation.Evaluating:
+        """`with run.evaluating(): ...; run.evaluation(step, mean)`: the step may stand still
+        for `deadline_s` (a long evaluation is no hang); the evaluation is timed by it."""
+        return _evaluation.Evaluating(self, deadline_s)
 
     def _on_request_report(self, report: dict[str, Any]) -> None:
         self._request_report = report
@@ -706,6 +762,8 @@ class Run:
             "resume_count": self.resume_count,
             **meta,
         }
+        if self._evaluated is not None and self._evaluated["step"] == step:
+            full_meta.setdefault(EVAL_META, dict(self._evaluated))
         self._phase(Phase.CHECKPOINTING, CHECKPOINT_DEADLINE_S)
         try:
             self._writer = self.store.begin(step, full_meta)

@@ -45,6 +45,15 @@ while the files are written or at the commit) is logged, counted in the heartbea
 `checkpoint_failures`, and training goes on (retried within 60 s); a failed stop checkpoint
 still stops.
 
+Evaluations: `RlsupEvalCallback(eval_env, run, eval_freq=..., n_eval_episodes=...)` is SB3's
+`EvalCallback` (every argument of it taken) whose evaluations rlsup records through
+`run.evaluation()`: the supervisor's `evaluation` event, `rlsup results` EVAL, status, the time
+split's evaluation part (each evaluation runs inside `run.evaluating()`, which times it and
+keeps a long one from reading as a hang). For an `EvalCallback` of your own, pass
+`callback_after_eval=RlsupEvalReport(run)` (not timed). Each reports the mean return at
+`num_timesteps`, the episodes, and where SB3 keeps them (with `log_path`) the std and mean
+episode length, and the success rate when the env reports `is_success`.
+
 Not saved: the environments' own state (a resumed run starts new episodes), action-noise
 processes' internal state, and replay buffers other than `ReplayBuffer` / `DictReplayBuffer`
 (HER and custom buffers are refused at `learn()` start).
@@ -64,14 +73,24 @@ import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import recursive_getattr
 from stable_baselines3.common.vec_env import VecNormalize
 
+from rlsup._evaluation import EVALUATING_DEADLINE_S
 from rlsup._run import CheckpointFailed, Run, SdkError, attach
 
-__all__ = ["FORMAT", "RlsupCallback", "replay_digest", "restore", "resume", "save"]
+__all__ = [
+    "FORMAT",
+    "RlsupCallback",
+    "RlsupEvalCallback",
+    "RlsupEvalReport",
+    "replay_digest",
+    "restore",
+    "resume",
+    "save",
+]
 
 FORMAT = 1
 STATE_JSON = "sb3.json"
@@ -208,6 +227,77 @@ class RlsupCallback(BaseCallback):
             log.warning("rlsup.sb3: checkpoint at step %d failed, training goes on: %s", step, exc)
         else:
             self.checkpoints += 1
+
+
+# ---- evaluations ----------------------------------------------------------------------------
+
+
+class RlsupEvalCallback(EvalCallback):
+    """SB3's `EvalCallback` (its arguments as they are) whose evaluations are recorded through
+    `run.evaluation()`, each inside `run.evaluating(deadline_s)` (timed; the step may stand
+    still that long while it runs)."""
+
+    def __init__(
+        self,
+        eval_env: Any,
+        run: Run,
+        *,
+        deadline_s: float = EVALUATING_DEADLINE_S,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(eval_env, **kwargs)
+        self.run = run
+        self.deadline_s = deadline_s
+        self.reported = 0  # evaluations recorded through the run
+
+    def _on_step(self) -> bool:
+        if not (self.eval_freq > 0 and self.n_calls % self.eval_freq == 0):
+            return super()._on_step()
+        with self.run.evaluating(self.deadline_s):
+            done = len(self.evaluations_timesteps)
+            go_on = super()._on_step()  # evaluates: it is due
+            self.reported += _report(self.run, self, len(self.evaluations_timesteps) > done)
+        return go_on
+
+
+class RlsupEvalReport(BaseCallback):
+    """`EvalCallback(..., callback_after_eval=RlsupEvalReport(run))`: each evaluation of an
+    `EvalCallback` of your own, recorded through `run.evaluation()` (not timed: wrap it in
+    `RlsupEvalCallback` for the evaluation's seconds)."""
+
+    def __init__(self, run: Run, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.run = run
+        self.reported = 0
+
+    def _on_step(self) -> bool:
+        parent = self.parent
+        if not isinstance(parent, EvalCallback):
+            raise SdkError(
+                "RlsupEvalReport: pass it as EvalCallback(..., callback_after_eval=...), "
+                "not as a callback of learn()"
+            )
+        logged = bool(parent.evaluations_timesteps) and (
+            parent.evaluations_timesteps[-1] == parent.num_timesteps
+        )
+        self.reported += _report(self.run, parent, logged)
+        return True
+
+
+def _report(run: Run, cb: EvalCallback, logged: bool) -> bool:
+    """`cb`'s latest evaluation through `run.evaluation()`; `logged`: SB3 kept its episodes
+    (with `log_path`), so their std and mean length are known too."""
+    extra: dict[str, float] = {}
+    if logged and cb.evaluations_results:
+        rewards = np.asarray(cb.evaluations_results[-1], dtype=np.float64)
+        lengths = np.asarray(cb.evaluations_length[-1], dtype=np.float64)
+        extra["std"] = float(rewards.std()) if rewards.size else math.nan
+        extra["mean_ep_length"] = float(lengths.mean()) if lengths.size else math.nan
+    if cb._is_success_buffer:
+        extra["success_rate"] = float(np.mean(cb._is_success_buffer))
+    return run.evaluation(
+        int(cb.num_timesteps), float(cb.last_mean_reward), episodes=cb.n_eval_episodes, **extra
+    )
 
 
 # ---- saving ---------------------------------------------------------------------------------

@@ -107,6 +107,13 @@ class HeartbeatWriter:
             failures[kind] = failures.get(kind, 0) + n
             self._hb = dataclasses.replace(self._hb, write_failures=failures)
 
+    def count_dropped(self, kind: str, n: int = 1) -> None:
+        """A reported value that was no finite number, dropped ("metric", "evaluation", ...)."""
+        with self._lock:
+            dropped = dict(self._hb.dropped)
+            dropped[kind] = dropped.get(kind, 0) + n
+            self._hb = dataclasses.replace(self._hb, dropped=dropped)
+
     def publish(self) -> None:
         lost_logs = logs.STDERR.failures
         with self._lock:

@@ -291,6 +291,11 @@ class Heartbeat:
     # then once a checkpoint captured after it commits: "committed", "committed_step" and
     # "latency_s" (committed - requested). `committed_step` null: not served yet.
     checkpoint_request: dict[str, Any] | None = None
+    # Values a script reported that were no finite number, dropped (never a crash), counted per
+    # kind: "metric" (a `run.heartbeat()` metric), "evaluation" (a `run.evaluation()` whose
+    # step or mean was unusable: nothing recorded), "evaluation_field" (one of its other
+    # numbers, left out of it).
+    dropped: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -347,6 +352,9 @@ BATCH_SIZE_ENV = "RLSUP_BATCH_SIZE"
 TOTAL_STEPS_ENV = "RLSUP_TOTAL_STEPS"  # `games.total_steps` (0 when the config gives none)
 CHECKPOINT_EVERY_S_ENV = "RLSUP_CHECKPOINT_EVERY_S"  # the file's `checkpoint_every_s`
 KEEP_CHECKPOINTS_ENV = "RLSUP_KEEP_CHECKPOINTS"  # how many committed checkpoints to keep
+# The game's declared `params` (a JSON object of scalars; "{}" when it declares none): the
+# SDK's `run.params`.
+PARAMS_ENV = "RLSUP_PARAMS"
 HEARTBEAT_ENV = "RLSUP_HEARTBEAT"  # "1": the config promises heartbeats (`games.heartbeat`)
 THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are set to it too)
 # A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's

@@ -116,7 +116,8 @@ def clean_eval(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def clean_heartbeat(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """A heartbeat's fields with every unusable value left out (fields unknown here are kept
     as they are), and the names of those left out; an `eval` is cleaned field by field
-    ("eval.step" names one of its numbers), `metrics` and `write_failures` keep their numbers."""
+    ("eval.step" names one of its numbers), `metrics`, `write_failures` and `dropped` keep
+    their numbers."""
     out, bad = _checked(data, HEARTBEAT_CHECKS)
     if "eval" in data:
         ev = _dict(data["eval"])
@@ -130,7 +131,8 @@ def clean_heartbeat(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
         out["evals"] = [clean_eval(e)[0] for e in evals or [] if isinstance(e, dict)]
         if evals is None:
             bad.append("evals")
-    for key, check in (("metrics", finite_number), ("write_failures", _COUNT)):
+    counted = (("metrics", finite_number), ("write_failures", _COUNT), ("dropped", _COUNT))
+    for key, check in counted:
         if key in data:
             given = _dict(data[key])
             kept = {k: v for k, v in (given or {}).items() if check(v) is not None}

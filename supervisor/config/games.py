@@ -4,6 +4,7 @@ hyper-parameters and their variants, checked by the worker's own validation) or 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -52,6 +53,9 @@ GAME_FIELDS: dict[str, Field] = {
 }
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# A command game's `params` (RLSUP_PARAMS, `run.params`): scalars under plain names.
+_PARAM_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+MAX_PARAM_TEXT = 1000
 # Variables a command game's `env` may not set: the supervisor sets them for every game.
 _OWNED_ENV = ("CUDA_VISIBLE_DEVICES", "NOTIFY_SOCKET", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -65,6 +69,12 @@ COMMAND_GAME_FIELDS: dict[str, Field] = {
     ),
     "cwd": ((str,), "", lambda v: "\0" not in v, "a directory (relative to this file)"),
     "env": ((dict,), {}, None, "a table of environment variables"),
+    "params": (
+        (dict,),
+        {},
+        None,
+        "a table of hyper-parameters, NAME = a number, a string or a boolean",
+    ),
     "heartbeat": ((bool,), False, None, "true (it heartbeats through the SDK) or false"),
     "knobs": (
         (list,),
@@ -102,6 +112,12 @@ SET_FROM = {
 def builtin_game(ctx: ConfigSource, i: int, table: Any) -> tuple[GameSpec, Variants]:
     """A [[games]] table of rlsup's own worker: the game as the table names it and its
     variants ({"": its own args} without `variants`)."""
+    if isinstance(table, dict) and "params" in table:
+        raise ctx.fail(
+            ["games", i, "params"],
+            "a game of rlsup's own worker takes its hyper-parameters in `args` (checked by the "
+            "worker's validation); `params` is for a command game's own program",
+        )
     v = read_table(ctx, ["games", i], table, GAME_FIELDS)
     if v["env_id"] not in KNOWN_TASKS:
         close = suggest(v["env_id"])
@@ -198,6 +214,7 @@ def command_game(ctx: ConfigSource, i: int, table: Any, path: Path) -> GameSpec:
                 "set by the supervisor for every command game (docs/own-trainer.md): remove it",
             )
         env[key] = value
+    params = check_params(ctx, ["games", i, "params"], v["params"])
     cwd = None
     if v["cwd"]:
         cwd = str((path.parent / os.path.expanduser(v["cwd"])).resolve())
@@ -212,6 +229,7 @@ def command_game(ctx: ConfigSource, i: int, table: Any, path: Path) -> GameSpec:
         command=tuple(v["command"]),
         cwd=cwd,
         env=tuple(sorted(env.items())),
+        params=params,
         heartbeat=v["heartbeat"],
         knobs=tuple(v["knobs"]),
         table=i,
@@ -219,6 +237,37 @@ def command_game(ctx: ConfigSource, i: int, table: Any, path: Path) -> GameSpec:
     if game.gpu is not None and game.device == "cpu":
         raise ctx.fail(["games", i, "gpu"], 'set on a game with device = "cpu"')
     return game
+
+
+def check_params(
+    ctx: ConfigSource, where: list[str | int], params: Mapping[str, Any]
+) -> tuple[tuple[str, Any], ...]:
+    """A command game's `params`: plain names, each set to a scalar (a finite number, a string,
+    a boolean), as the program gets them (RLSUP_PARAMS, JSON). Anything else (a table, a list,
+    a date, inf) is refused naming the key and the value."""
+    for key, value in params.items():
+        if _PARAM_NAME_RE.fullmatch(key) is None:
+            raise ctx.fail(
+                [*where, key],
+                f"got the name {key!r}; a parameter's name is 1-64 characters "
+                "[A-Za-z0-9_.-], starting with a letter or _",
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ctx.fail([*where, key], f"got {value!r}; expected a finite number")
+        if isinstance(value, str) and ("\0" in value or len(value) > MAX_PARAM_TEXT):
+            raise ctx.fail(
+                [*where, key],
+                f"got a string of {len(value)} characters; expected at most {MAX_PARAM_TEXT}, "
+                "without NUL",
+            )
+        if not isinstance(value, bool | int | float | str):
+            kind = "a table" if isinstance(value, dict) else type(value).__name__
+            raise ctx.fail(
+                [*where, key],
+                f"got {value!r} ({kind}); expected a number, a string or a boolean (params are "
+                "scalars; the program gets them as RLSUP_PARAMS, JSON)",
+            )
+    return tuple(sorted(params.items()))
 
 
 def gpu_choice(value: Any) -> tuple[int, ...] | None:

@@ -52,6 +52,8 @@ class GameSpec:
     command: tuple[str, ...] | None = None
     cwd: str | None = None  # absolute; None: the game's run dir
     env: tuple[tuple[str, str], ...] = ()
+    # A command game's declared hyper-parameters (`params`: scalars), its RLSUP_PARAMS.
+    params: tuple[tuple[str, Any], ...] = ()
     heartbeat: bool = True  # False: a command game that promises none (no hang detection)
     knobs: tuple[str, ...] = KNOBS  # the mode's knobs it honours (a change restarts it)
     # Which [[games]] table it came from (a matrix expands one table into several runs): error

@@ -5,6 +5,7 @@ The launchers (local, spare, Ray) are built on these. Rotating a log is `supervi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -262,6 +263,7 @@ def command_env(
         P.CHECKPOINT_EVERY_S_ENV: f"{cfg.checkpoint_every_s:g}",
         P.KEEP_CHECKPOINTS_ENV: str(KEEP_CHECKPOINTS),
         P.HEARTBEAT_ENV: "1" if spec.heartbeat else "0",
+        P.PARAMS_ENV: json.dumps(dict(spec.params), allow_nan=False, sort_keys=True),
         P.THREADS_ENV: str(threads),
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),

@@ -158,6 +158,7 @@ _EXPECTED = {
     "seconds": "a finite number >= 0",
     "metrics": "an object of finite numbers",
     "write_failures": "an object of whole numbers",
+    "dropped": "an object of whole numbers",
     "eval": "an object",
     "evals": "a list",
     **dict.fromkeys(("phase", "device", "game", "algo", "host", "precision", "writer",

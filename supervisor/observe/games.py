@@ -119,6 +119,19 @@ def episodes_per_hour(rows: Sequence[dict[str, str]], now: float) -> float | Non
     return round((newest[1] - e0) / (newest[0] - t0) * 3600.0, 1)
 
 
+def _resumed_step(run_dir: Path, hb: dict[str, Any]) -> int:
+    """The step a (re)started worker that has not stepped yet stands at: the checkpoint it
+    resumed from (its heartbeat's `resumed_from_step`), else its newest committed checkpoint
+    (the one it is loading, or a predecessor left), else 0 (a first start). Never the 0 of a
+    heartbeat whose loop has not begun."""
+    for key in ("resumed_from_step", "last_checkpoint_step"):
+        if hb.get(key):
+            return int(hb[key])
+    from checkpoints.names import newest_step  # only for a worker yet to step
+
+    return newest_step(run_dir / CHECKPOINT_DIR) or 0
+
+
 def _checkpoint_age(run_dir: Path, hb: dict[str, Any], now: float) -> float | None:
     t = hb.get("last_checkpoint_time")
     if t:
@@ -190,7 +203,7 @@ def _game(
     )
 
     step = hb["global_step"] if "global_step" in hb else last.count("global_step")
-    step = int(step or 0)
+    step = int(step or 0) or _resumed_step(run_dir, hb)
     total = int(hb.get("total_steps") or total_steps or 0)
     if in_config and total_steps:
         total = total_steps

@@ -11,7 +11,12 @@ A run's figures:
   newest periodic one (the heartbeat's `eval`, `eval_every_steps`); `eval_final` says which.
 - `last_100`: the mean return of its last 100 training episodes (the heartbeat's, else the
   last row of progress.csv: a heartbeat is removed when a worker restarts).
-A group (a game, or one variant of it) is marked `training` while any of its runs is not done.
+- `params`: its effective hyper-parameters (observe/params.py); a group's are those its runs
+  share.
+A command game's ENV is the environment it declares (its `params`' `env_id` or `env`, else an
+`--env-id` / `--env` argument of its command), else its program's name: never the run's name.
+A group (a game, or one variant of it) is marked `training` while any of its runs is not done;
+`configured` counts its runs in the file, so "2 of 3 runs evaluated" can be told (`eval.n`).
 Its cost: the runs' hours (each run's life, ledger/accounting.py) and, with `cost_per_hour`,
 their money and the part of it lost to instability.
 The normalised score of a group is that of its mean evaluation when every run has one, else of
@@ -31,9 +36,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import Config, split_run_name
+from supervisor.config import Config, GameSpec, split_run_name
 from supervisor.ledger import accounting
 from supervisor.observe import atari_scores, fields, readonly
+from supervisor.observe.params import Param, common, run_params
 from training.protocol import EVAL_FILE, HEARTBEAT_FILE, PROGRESS_FILE, read_json_file
 
 SCHEMA = 1
@@ -59,6 +65,7 @@ class RunFigures:
     hours: float | None = None  # its life's wall time (ledger/accounting.py), hours
     money: float | None = None  # with cost_per_hour: what it accrued
     money_lost: float | None = None  # of it, lost to instability
+    params: dict[str, Param] = field(default_factory=dict)  # its effective hyper-parameters
 
     @property
     def training(self) -> bool:
@@ -100,6 +107,8 @@ class GroupRow:
     hours: float | None = None  # the runs' wall time, summed (the worker-hours they took)
     money: float | None = None  # with cost_per_hour: what they accrued
     money_lost: float | None = None  # of it, lost to instability
+    params: dict[str, Param] = field(default_factory=dict)  # those every run of it shares
+    configured: int = 0  # its runs in the configuration (`n`: those with any figure yet)
 
 
 @dataclass
@@ -109,6 +118,8 @@ class Results:
     median_hns: float | None
     iqm_hns: float | None
     hns_games: int
+    # The selected runs with no figure yet (not started, no heartbeat): `--runs` lists them.
+    unscored: list[RunFigures] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -208,10 +219,11 @@ def collect(cfg: Config, only: Sequence[str] = ()) -> Results:
             spec.name,
             cfg.run_dir(spec.name),
             states.get(spec.name, "unknown"),
-            spec.env_id,
+            spec.env_id or command_env_label(spec),
             spec.algo if spec.command is None else "command",
         )
         fig.seed = spec.seed
+        fig.params = run_params(cfg, spec.name)
         t = times.get(spec.name)
         if t is not None and t.first is not None:
             fig.hours = t.wall_s / 3600.0
@@ -222,6 +234,34 @@ def collect(cfg: Config, only: Sequence[str] = ()) -> Results:
     return summarize(runs)
 
 
+_ENV_FLAGS = ("--env-id", "--env_id", "--env")
+_INTERPRETERS = ("python", "python3", "uv", "poetry", "conda", "torchrun", "accelerate", "sh",
+                 "bash")  # fmt: skip
+
+
+def command_env_label(spec: GameSpec) -> str:
+    """What a command game trains on, for the ENV column: its params' `env_id` or `env`, else
+    the value of an `--env-id` / `--env` argument of its command, else its program (the script
+    an interpreter runs, else the command's first word): never the run's name."""
+    params = dict(spec.params)
+    for key in ("env_id", "env"):
+        if isinstance(params.get(key), str) and params[key]:
+            return str(params[key])
+    argv = list(spec.command or ())
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in _ENV_FLAGS:
+            if eq and value:
+                return value
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                return argv[i + 1]
+    words = [Path(a).name for a in argv if a and not a.startswith("-")]
+    for word in words:
+        if not any(word == p or word.startswith(p + "3.") for p in _INTERPRETERS):
+            return word[:40]
+    return words[0][:40] if words else "command"
+
+
 def _selected(name: str, only: Sequence[str]) -> bool:
     group = split_run_name(name)[0]
     return any(o in (name, group, name.split("/")[0]) for o in only)
@@ -230,9 +270,14 @@ def _selected(name: str, only: Sequence[str]) -> bool:
 def summarize(runs: list[RunFigures]) -> Results:
     """Group the runs that have any figure; normalise; aggregate."""
     by: dict[str, list[RunFigures]] = {}
+    members: dict[str, list[RunFigures]] = {}  # every run of a group, with figures or not
+    unscored = []
     for r in runs:
+        members.setdefault(r.group, []).append(r)
         if r.eval is not None or r.last_100 is not None:
             by.setdefault(r.group, []).append(r)
+        else:
+            unscored.append(r)
     groups = []
     for group, rs in by.items():
         ev, l100 = Stats.of(r.eval for r in rs), Stats.of(r.last_100 for r in rs)
@@ -261,6 +306,8 @@ def summarize(runs: list[RunFigures]) -> Results:
                 hours=_sum(r.hours for r in rs),
                 money=_sum(r.money for r in rs),
                 money_lost=_sum(r.money_lost for r in rs),
+                params=common([r.params for r in members[group]]),
+                configured=len(members[group]),
             )
         )
     scored = [g.hns for g in groups if g.hns is not None]
@@ -271,4 +318,5 @@ def summarize(runs: list[RunFigures]) -> Results:
         median_hns=statistics.median(scored) if scored else None,
         iqm_hns=iqm(pooled),
         hns_games=len(scored),
+        unscored=unscored,
     )
