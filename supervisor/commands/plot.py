@@ -21,7 +21,6 @@ cannot be written.
 from __future__ import annotations
 
 import argparse
-import bisect
 import sqlite3
 import sys
 import time
@@ -219,21 +218,12 @@ def _xy(c: C.Curve, metric: str, x: str) -> list[tuple[float, float]]:
 
 def _markers(c: C.Curve, run: str, x: str, events: list[dict[str, Any]]) -> list[tuple[float, str]]:
     """The run's incidents (its own events and the host's) within its curve, on the x-axis."""
-    if len(c.time) < 2:
-        return []
     out = []
     for e in events:
-        if e["game"] not in (None, run) or e["kind"] not in MARKERS:
-            continue
-        ts = float(e["ts"])
-        if not c.time[0] <= ts <= c.time[-1]:
-            continue
-        if x == "time":
-            pos = ts - c.time[0]
-        else:
-            i = max(0, bisect.bisect_right(c.time, ts) - 1)
-            pos = c.step[i]
-        out.append((pos, MARKERS[e["kind"]][0]))
+        if e["game"] in (None, run) and e["kind"] in MARKERS:
+            pos = C.x_of_time(c, float(e["ts"]), x)
+            if pos is not None:
+                out.append((pos, MARKERS[e["kind"]][0]))
     return out
 
 

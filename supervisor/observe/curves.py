@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from training.run_files import MAX_UNIX_TIME, PROGRESS_FILE
 
@@ -296,3 +296,59 @@ def duration_ticks(lo: float, hi: float, target: int = 6) -> list[float]:
     step = next((s for s in NICE_STEPS_S if span / s <= target), NICE_STEPS_S[-1])
     first = math.ceil(lo / step) * step
     return [first + k * step for k in range(int((hi - first) // step) + 1)]
+
+
+def x_of_time(c: Curve, ts: float, x: str = "step") -> float | None:
+    """Where the moment `ts` falls on the run's x-axis (its step then, or its elapsed time):
+    None outside the run's curve."""
+    if len(c.time) < 2 or not c.time[0] <= ts <= c.time[-1]:
+        return None
+    if x == "time":
+        return ts - c.time[0]
+    return c.step[max(0, bisect.bisect_right(c.time, ts) - 1)]
+
+
+# tab10's colours (matplotlib's default cycle), one per variant: the plot's and the page's
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+
+
+def chart(
+    game: str,
+    groups: dict[str, list[str]],
+    read: dict[str, Curve],
+    metric: str,
+    points: int = 400,
+) -> dict[str, Any]:
+    """One game's chart of `metric` against agent steps, as the dashboard draws it: a common
+    grid of steps (`x`), each run's curve on it (`role` "run"), and each variant of several
+    runs its mean, min and max over them (`role` "mean" / "min" / "max", over the steps every
+    one of its runs reached); `variants` is the legend. Values are null off a curve."""
+    pts = {r: read[r].points(metric) for members in groups.values() for r in members if r in read}
+    xs = [p[0] for v in pts.values() for p in (v[:1] + v[-1:])]
+    doc: dict[str, Any] = {"game": game, "metric": metric, "x": [], "series": [], "variants": []}
+    doc["superseded"] = sum(read[r].superseded for r in pts)
+    doc["dropped"] = sum(read[r].dropped.get(metric, 0) for r in pts)
+    if not xs:
+        return doc
+    lo, hi = min(xs), max(xs)
+    n = max(2, points) if hi > lo else 1
+    grid = [lo + (hi - lo) * k / (n - 1) for k in range(n)] if n > 1 else [lo]
+    doc["x"] = grid
+    for k, (group, members) in enumerate(groups.items()):
+        colour = PALETTE[k % len(PALETTE)]
+        have = {r: pts[r] for r in members if pts.get(r)}
+        if not have:
+            continue
+        for r, v in have.items():
+            doc["series"].append({"role": "run", "run": r, "group": group, "colour": colour,
+                                  "values": on_grid(v, grid)})  # fmt: skip
+        b = band(list(have.values()), points) if len(have) > 1 else None
+        if b is not None:
+            for role, ys in (("mean", b.mean), ("min", b.lo), ("max", b.hi)):
+                values = on_grid(list(zip(b.x, ys, strict=True)), grid)
+                doc["series"].append({"role": role, "group": group, "colour": colour,
+                                      "values": values})  # fmt: skip
+        doc["variants"].append({"group": group, "colour": colour, "runs": len(have),
+                                "band": b is not None})  # fmt: skip
+    return doc
