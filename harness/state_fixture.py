@@ -430,7 +430,7 @@ def build_matrix_state(
     )  # fmt: skip
     config.write_text(CONFIG.format(cost=0.0, games=body))
     state_dir = root / "state"
-    start = now - rows * every_s - 60
+    start = now - 1.4 * rows * every_s - 60  # the resumed run's 1.3 lives in the past too
     games = []
     crash_ts = start + 0.8 * rows * every_s
     for seed in seeds:

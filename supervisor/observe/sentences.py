@@ -152,7 +152,7 @@ def _exit(who: str, d: dict[str, Any], ex: dict[str, Any]) -> str:
     status = exit_status(d.get("returncode"))
     up = _num(d.get("uptime_s"))
     tail = f" after {_duration(up)}" if up is not None else ""
-    return f"{who}'s worker {words}" + (f" ({status})" if status else "") + _at(d, {}) + tail
+    return f"{who}'s worker {words}" + (f" ({status})" if status else "") + tail + _at(d, {})
 
 
 def _restart(who: str, d: dict[str, Any], ex: dict[str, Any]) -> str:

@@ -241,7 +241,18 @@
     });
   }
 
-  if (metricSelect) metricSelect.addEventListener("change", drawCharts);
+  // The metric picked is kept in the URL's fragment (#metric=NAME): a reload or a shared link
+  // shows the same one, picked from the same list (a name not in it is ignored).
+  if (metricSelect) {
+    const wanted = new URLSearchParams(location.hash.slice(1)).get("metric");
+    if (wanted && Array.from(metricSelect.options).some((o) => o.value === wanted)) {
+      metricSelect.value = wanted;
+    }
+    metricSelect.addEventListener("change", () => {
+      history.replaceState(null, "", "#metric=" + encodeURIComponent(metricSelect.value));
+      drawCharts();
+    });
+  }
   drawCharts();
   setInterval(poll, pollMs);
   setInterval(drawCharts, CHART_REFRESH_MS);
