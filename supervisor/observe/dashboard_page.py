@@ -77,8 +77,9 @@ def events_section(found: list[dict[str, Any]]) -> str:
 
 
 def params_section() -> str:
-    # TODO(issue 42, helper A): the hyper-parameter table per group (differing keys first)
-    # comes from supervisor/observe/params.py's run_params(cfg, game), not on this branch.
+    # HYPER-PARAMETERS GO HERE: a table per group (the keys that differ first) from
+    # supervisor/observe/params.py's run_params(cfg, game), built on another branch; this
+    # place only says so until it is merged (no data is made up here).
     return (
         '<section id="params-section"><h2>Hyper-parameters</h2>'
         '<p class="empty">hyper-parameters: next</p></section>'
