@@ -88,7 +88,7 @@ def read_curve(run_dir: Path, metrics: Iterable[str], max_points: int | None = M
         with (run_dir / PROGRESS_FILE).open(newline="", encoding="utf-8", errors="replace") as f:
             return parse(f, wanted, max_points)
     except OSError:
-        return Curve(values={m: [] for m in wanted}, series={m: [] for m in wanted})
+        return _empty(wanted)
 
 
 def parse(
@@ -100,7 +100,7 @@ def parse(
     try:
         header = [h.strip() for h in next(reader)]
     except (StopIteration, csv.Error):
-        return Curve(values={m: [] for m in wanted}, series={m: [] for m in wanted})
+        return _empty(wanted)
     index = {name: header.index(name) for name in set(header)}  # the first of a repeated name
     out = Curve(columns=tuple(header), dropped=dict.fromkeys(wanted, 0))
     it, ist, ir = index.get(TIME), index.get(STEP), index.get(RESUMES)
@@ -149,6 +149,11 @@ def parse(
     out.time = [k[1] for k in kept]
     out.values = {m: [k[2][j] for k in kept] for j, m in enumerate(wanted)}
     return out
+
+
+def _empty(wanted: list[str], columns: tuple[str, ...] = ()) -> Curve:
+    return Curve(values={m: [] for m in wanted}, series={m: [] for m in wanted},
+                 dropped=dict.fromkeys(wanted, 0), columns=columns)  # fmt: skip
 
 
 def _cell_number(row: Sequence[str], i: int | None) -> float | None:

@@ -536,7 +536,7 @@ def test_the_curves_endpoints_overlay_variants_with_mean_and_band(matrix: Any) -
     assert "cart/lr3/s2 was restarted (restart 1), resuming from its last checkpoint, step " \
         "60,000" in page  # fmt: skip
     assert "<details><summary>worker_crash</summary><pre>" in page
-    assert '"returncode": -9' in page  # the raw detail, a click away
+    assert "&quot;returncode&quot;: -9" in page  # the raw detail, a click away
     assert 'id="params-section"' in page and "hyper-parameters: next" in page
 
 
