@@ -152,6 +152,8 @@ def _exit(who: str, d: dict[str, Any], ex: dict[str, Any]) -> str:
     status = exit_status(d.get("returncode"))
     up = _num(d.get("uptime_s"))
     tail = f" after {_duration(up)}" if up is not None else ""
+    if status and status.startswith("killed by"):
+        words, status = f"was {status}", None
     return f"{who}'s worker {words}" + (f" ({status})" if status else "") + tail + _at(d, {})
 
 
