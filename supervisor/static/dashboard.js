@@ -174,9 +174,12 @@
       if (!r.ok) throw new Error("HTTP " + r.status);
       doc = await r.json();
     } catch (e) {
+      if (charts.has(table)) charts.get(table).destroy();
+      charts.delete(table);
       el.textContent = "cannot load the curves (" + e.message + ")";
       return;
     }
+    if (name !== metric()) return; // another metric was picked meanwhile: its draw wins
     const old = charts.get(table);
     if (old) {
       old.destroy();
