@@ -212,6 +212,7 @@ def _mode(who: str, d: dict[str, Any], ex: dict[str, Any]) -> str:
     scope = "every game" if who == "the host" else who
     reasons = d.get("reasons")
     why = "; ".join(r for r in reasons if isinstance(r, str)) if isinstance(reasons, list) else ""
+    why = why or _why(d)
     return f"{scope} went from mode {old or '?'} to {new or '?'}" + (f": {why}" if why else "")
 
 
