@@ -27,7 +27,7 @@ def sentences(events: Iterable[dict[str, Any]]) -> list[str]:
     out = []
     for e in events:
         game = e.get("game")
-        detail = e.get("detail") if isinstance(e.get("detail"), dict) else {}
+        detail = _dict(e.get("detail"))
         if e.get("kind") == "worker_exit" and isinstance(game, str):
             last_exit[game] = {"ts": e.get("ts"), **detail}
         out.append(sentence(e, last_exit.get(game) if isinstance(game, str) else None))
@@ -37,7 +37,7 @@ def sentences(events: Iterable[dict[str, Any]]) -> list[str]:
 def sentence(e: dict[str, Any], exit_detail: dict[str, Any] | None = None) -> str:
     """The event as a sentence; `exit_detail`: the detail of its game's latest worker_exit."""
     kind = str(e.get("kind") or "event")
-    d: dict[str, Any] = e.get("detail") if isinstance(e.get("detail"), dict) else {}
+    d = _dict(e.get("detail"))
     who = str(e.get("game")) if e.get("game") else "the host"
     fn = _KINDS.get(kind)
     return fn(who, d, _near(e, exit_detail)) if fn else _generic(who, kind, d)
@@ -52,6 +52,10 @@ def _near(e: dict[str, Any], exit_detail: dict[str, Any] | None) -> dict[str, An
         return exit_detail
     ts, at = _num(e.get("ts")), _num(exit_detail.get("ts"))
     return exit_detail if ts is not None and at is not None and abs(ts - at) <= NEAR_S else {}
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
 
 
 def _int(v: Any) -> int | None:
