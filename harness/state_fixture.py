@@ -463,11 +463,14 @@ def build_matrix_state(
                          "restarts": 1, "mode": "light", "served": "cold"}),
         ]  # fmt: skip
         conn = sqlite3.connect(fx.db)
-        with conn:
+        with conn:  # the events table in time order, as a supervisor writes it
+            rows = conn.execute("SELECT ts, kind, game, detail FROM events").fetchall()
+            rows += [(crash_ts + 0.01 * k, kind, name, json.dumps(d))
+                     for k, (kind, d) in enumerate(crash)]  # fmt: skip
+            conn.execute("DELETE FROM events")
             conn.executemany(
                 "INSERT INTO events(ts, kind, game, detail) VALUES (?,?,?,?)",
-                [(crash_ts + 0.01 * k, kind, name, json.dumps(d))
-                 for k, (kind, d) in enumerate(crash)],
-            )  # fmt: skip
+                sorted(rows, key=lambda r: r[0]),
+            )
         conn.close()
     return fx
