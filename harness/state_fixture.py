@@ -337,3 +337,140 @@ def _write_db(fx: StateFixture, n_events: int, rng: random.Random, alive: bool) 
     )
     conn.commit()
     conn.close()
+
+
+# ---- a matrix: one [[games]] table over seeds x variants, with metrics and a resume -----------
+
+MATRIX_GAME = """
+[[games]]
+name = "{name}"
+env_id = "CartPole-v1"
+algo = "ppo"
+total_steps = {total}
+seeds = [{seeds}]
+[games.variants]
+{variants}
+"""
+MATRIX_METRICS = ("policy_loss", "value_loss", "my_metric")
+SUPERSEDED = -999.0  # the value of every row a resume superseded: no curve may show it
+
+
+def matrix_return(variant: int, seed: int, frac: float) -> float:
+    """The mean return written at `frac` of the run: each variant its own level, seeds apart."""
+    return 100.0 * (variant + 1) * frac + 3.0 * seed
+
+
+def write_matrix_progress(
+    run_dir: Path,
+    *,
+    variant: int,
+    seed: int,
+    total: int,
+    start: float,
+    rows: int,
+    every_s: float,
+    resume: tuple[float, float] | None = None,
+    bad_cells: int = 0,
+) -> None:
+    """progress.csv with the built-in columns, PPO's diagnostics and an SDK-style metric.
+    `resume` = (at, back): the worker died at fraction `at` of the rows and resumed from the
+    checkpoint at fraction `back`: the rows it wrote past `back` carry SUPERSEDED, the next
+    life (resume_count 1) writes them again. `bad_cells`: that many `my_metric` cells `nan`."""
+    head = ("time,wall_s,global_step,episodes,sps,mean_return,num_envs,batch_size,resume_count,"
+            + ",".join(MATRIX_METRICS))  # fmt: skip
+    lines = [head]
+    t = start
+
+    def row(i: int, life: int, superseded: bool) -> str:
+        frac = (i + 1) / rows
+        step = int(total * frac)
+        ret = SUPERSEDED if superseded else matrix_return(variant, seed, frac)
+        loss = SUPERSEDED if superseded else 1.0 / (1.0 + 10 * frac) + 0.01 * seed
+        mine = "nan" if i < bad_cells else f"{SUPERSEDED if superseded else seed * frac:.4f}"
+        return (f"{t:.3f},{t - start:.1f},{step},{step // 200},500.0,{ret:.3f},8,256,{life},"
+                f"{loss:.5f},{2 * loss:.5f},{mine}")  # fmt: skip
+
+    life = 0
+    if resume is None:
+        plan = [(i, 0, False) for i in range(rows)]
+    else:
+        at, back = int(resume[0] * rows), int(resume[1] * rows)
+        plan = [(i, 0, i >= back) for i in range(at)]
+        plan += [(i, 1, False) for i in range(back, rows)]
+    for i, life, superseded in plan:
+        lines.append(row(i, life, superseded))
+        t += every_s
+    (run_dir / "progress.csv").write_text("\n".join(lines) + "\n")
+
+
+def build_matrix_state(
+    root: Path,
+    *,
+    game: str = "cart",
+    variants: tuple[tuple[str, str], ...] = (("base", "{}"), ("lr3", "{ learning_rate = 3e-4 }")),
+    seeds: tuple[int, ...] = (1, 2, 3),
+    rows: int = 120,
+    every_s: float = 10.0,
+    total: int = 120_000,
+    resumed: str | None = "lr3/s2",
+    bad_cells: int = 0,
+) -> StateFixture:
+    """One [[games]] table over `seeds` x `variants` (runs GAME/VARIANT/sSEED), each run done
+    with a progress.csv of the built-in columns, PPO's diagnostics and `my_metric`; the run
+    GAME/`resumed` crashed at 80 % and resumed from its checkpoint at 50 % (its events:
+    worker_exit, worker_crash, backoff, restart). A state database as `build_state`'s."""
+    now = time.time()
+    root.mkdir(parents=True, exist_ok=True)
+    boot_id_path = root / "boot_id"
+    boot_id_path.write_text(BOOT_ID + "\n")
+    config = root / "rlsup.toml"
+    body = MATRIX_GAME.format(
+        name=game, total=total, seeds=", ".join(map(str, seeds)),
+        variants="\n".join(f"{v} = {args}" for v, args in variants),
+    )  # fmt: skip
+    config.write_text(CONFIG.format(cost=0.0, games=body))
+    state_dir = root / "state"
+    start = now - 1.4 * rows * every_s - 60  # the resumed run's 1.3 lives in the past too
+    games = []
+    crash_ts = start + 0.8 * rows * every_s
+    for seed in seeds:
+        for k, (variant, _) in enumerate(variants):
+            name = f"{game}/{variant}/s{seed}"
+            run_dir = state_dir / "runs" / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            is_resumed = resumed is not None and name == f"{game}/{resumed}"
+            g = GameFixture(name=name, state="done", global_step=total, total_steps=total,
+                            restarts=1 if is_resumed else 0)  # fmt: skip
+            games.append(g)
+            (run_dir / "heartbeat.json").write_text(json.dumps(heartbeat(g, now)))
+            write_matrix_progress(
+                run_dir, variant=k, seed=seed, total=total, start=start, rows=rows,
+                every_s=every_s, resume=(0.8, 0.5) if is_resumed else None, bad_cells=bad_cells,
+            )  # fmt: skip
+    fx = StateFixture(root, config, state_dir, now, games, boot_id_path)
+    _write_db(fx, 40, random.Random(0), alive=False)
+    if resumed is not None:
+        name = f"{game}/{resumed}"
+        step, ckpt = int(total * 0.8), int(total * 0.5)
+        crash = [
+            ("worker_exit", {"returncode": -9, "exit": "killed_by_signal", "uptime_s": 960.0,
+                             "global_step": step, "last_checkpoint_step": ckpt}),
+            ("worker_crash", {"returncode": -9, "description": "killed by SIGKILL",
+                              "error_kind": None, "message": None, "uptime_s": 960.0}),
+            ("backoff", {"from": "exited", "to": "backoff", "reason": "killed_by_signal: "
+                         "killed by SIGKILL", "delay_s": 0.0, "failures": 1, "budget": 5}),
+            ("restart", {"from": "backoff", "to": "starting", "reason": "restart after backoff",
+                         "restarts": 1, "mode": "light", "served": "cold"}),
+        ]  # fmt: skip
+        conn = sqlite3.connect(fx.db)
+        with conn:  # the events table in time order, as a supervisor writes it
+            rows = conn.execute("SELECT ts, kind, game, detail FROM events").fetchall()
+            rows += [(crash_ts + 0.01 * k, kind, name, json.dumps(d))
+                     for k, (kind, d) in enumerate(crash)]  # fmt: skip
+            conn.execute("DELETE FROM events")
+            conn.executemany(
+                "INSERT INTO events(ts, kind, game, detail) VALUES (?,?,?,?)",
+                sorted(rows, key=lambda r: r[0]),
+            )
+        conn.close()
+    return fx

@@ -10,8 +10,11 @@ Routes (GET or HEAD; anything else 405, any other path 404):
   /                          the page: games, results, cost, recent events, one chart per game
   /api/status                the status document (`rlsup status --json`)
   /api/results               the results table (`rlsup results --json`)
-  /api/progress?game=NAME    a configured game's curve (thinned) and its incident markers
-  /api/events[?since=TS][&limit=N]  events since Unix time TS (newest last)
+  /api/progress?game=NAME[&metric=M]  a configured run's curve (thinned) and its markers
+  /api/metrics               every numeric progress column any run has (the page's list)
+  /api/curves?game=GAME[&metric=M]  a [[games]] table's runs of metric M against agent
+                             steps: each run, each variant's mean and min..max band
+  /api/events[?since=TS][&limit=N]  events since Unix time TS (newest last), with sentences
   /static/NAME               a fixed map of packaged files (the page's JS/CSS, uPlot)
 
 Files read: the database, the run directories of configured games (a name from a request is
@@ -24,7 +27,6 @@ a loopback name is refused (403): a web page cannot read the dashboard by DNS re
 from __future__ import annotations
 
 import hmac
-import html
 import json
 import math
 import sqlite3
@@ -36,8 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import Config
+from supervisor.observe import curves as C
 from supervisor.observe import readonly
 from supervisor.observe import results as results_mod
+from supervisor.observe.dashboard_page import (
+    _cost_section,
+    _e,
+    _num,
+    _table,
+    charts_section,
+    events_section,
+    params_section,
+)
+from supervisor.observe.sentences import sentences
 from supervisor.observe.status import collect as collect_status
 from training.protocol import PROGRESS_FILE
 
@@ -53,6 +66,7 @@ STATIC: dict[str, tuple[str, str]] = {
 POLL_S = 2.0  # the page polls /api/status this often
 STATUS_TTL_S = 1.0  # one status document serves every tab polling within this
 MAX_POINTS = 2000  # per curve
+MAX_CACHED = 512  # curves kept (run x metric), read again once the file changes
 EVENTS_ON_PAGE = 30
 EVENTS_LIMIT = 1000
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
@@ -97,7 +111,10 @@ class Dashboard:
         self._games = {g.name: g for g in cfg.games}
         self._lock = threading.Lock()
         self._status: tuple[float, dict[str, Any]] | None = None
-        self._progress: dict[str, tuple[tuple[int, int], dict[str, list[float | None]]]] = {}
+        # (run, metric) -> (its progress file's (mtime, size), its curve): read once per change
+        self._curves: dict[tuple[str, str], tuple[tuple[int, int], C.Curve]] = {}
+        self._columns: dict[str, tuple[tuple[int, int], list[str]]] = {}
+        self._tables = C.group_runs((g.name, g.group) for g in cfg.games)
 
     # ---- WSGI ---------------------------------------------------------------------------
 
@@ -151,6 +168,8 @@ class Dashboard:
             "/api/status": lambda q: self.status(),
             "/api/results": lambda q: results_mod.collect(self.cfg).as_json(),
             "/api/progress": self.progress,
+            "/api/metrics": lambda q: {"metrics": self.metrics(), "default": C.DEFAULT_METRIC},
+            "/api/curves": self.curves,
             "/api/events": self.events,
         }
         handler = api.get(path)
@@ -180,40 +199,99 @@ class Dashboard:
             raise HTTPError("404 Not Found", f"unknown game {name!r}")
         return name
 
+    def _metric_of(self, query: dict[str, list[str]]) -> str:
+        metric = (query.get("metric") or [C.DEFAULT_METRIC])[0]
+        if not metric or len(metric) > 200 or not metric.isprintable():
+            raise HTTPError("400 Bad Request", "metric: expected a column name")
+        return metric
+
     def progress(self, query: dict[str, list[str]]) -> dict[str, Any]:
         name = self._game_of(query)
-        series = self._series(name)
+        metric = self._metric_of(query)
+        wanted = list(dict.fromkeys(("mean_return", "sps", metric)))
+        c = self._curve(name, wanted)
         markers = []
         for e in self._events(kinds=tuple(readonly.MARKERS)):
             if e["game"] in (None, name):
                 colour, label = readonly.MARKERS[e["kind"]]
                 markers.append({"ts": e["ts"], "kind": e["kind"], "label": label,
-                                "colour": colour})  # fmt: skip
-        return {"game": name, **series, "markers": markers}
+                                "colour": colour, "step": C.x_of_time(c, e["ts"])})  # fmt: skip
+        return {
+            "game": name, "time": c.time, "step": c.step,
+            "mean_return": c.values["mean_return"], "sps": c.values["sps"],
+            "metric": metric, "value": c.values[metric], "superseded": c.superseded,
+            "dropped": c.dropped[metric], "markers": markers,
+        }  # fmt: skip
 
-    def _series(self, name: str) -> dict[str, list[float | None]]:
-        """The game's progress.csv thinned to MAX_POINTS rows, cached while the file is
-        unchanged (a week of 2 s rows is read once, not per request)."""
-        path = self.cfg.run_dir(name) / PROGRESS_FILE
+    def _key(self, name: str) -> tuple[int, int] | None:
         try:
-            st = path.stat()
-            key = (st.st_mtime_ns, st.st_size)
+            st = (self.cfg.run_dir(name) / PROGRESS_FILE).stat()
         except OSError:
-            return {"time": [], "step": [], "mean_return": [], "sps": []}
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _curve(self, name: str, metrics: list[str]) -> C.Curve:
+        """The run's curves of `metrics` (superseded points dropped, thinned to MAX_POINTS),
+        cached while its progress.csv is unchanged (a week of 2 s rows is read once)."""
+        key, tag = self._key(name), "\0".join(metrics)
         with self._lock:
-            hit = self._progress.get(name)
+            hit = self._curves.get((name, tag))
         if hit is not None and hit[0] == key:
             return hit[1]
-        series = thin(readonly.read_progress(self.cfg.run_dir(name)))
-        with self._lock:
-            self._progress[name] = (key, series)
-        return series
+        c = C.read_curve(self.cfg.run_dir(name), metrics, MAX_POINTS)
+        if key is not None:
+            with self._lock:
+                if len(self._curves) >= MAX_CACHED:  # names asked for are any strings
+                    self._curves.clear()
+                self._curves[(name, tag)] = (key, c)
+        return c
+
+    def metrics(self) -> list[str]:
+        """Every numeric column of any configured run's progress.csv (the default first)."""
+        found: dict[str, None] = {C.DEFAULT_METRIC: None}
+        for g in self.cfg.games:
+            key = self._key(g.name)
+            with self._lock:
+                hit = self._columns.get(g.name)
+            if hit is None or hit[0] != key:
+                hit = (key or (0, 0), C.numeric_columns(self.cfg.run_dir(g.name)))
+                with self._lock:
+                    self._columns[g.name] = hit
+            found.update(dict.fromkeys(hit[1]))
+        return list(found)
+
+    def _metrics_or_default(self) -> list[str]:
+        try:
+            return self.metrics()
+        except OSError:
+            return [C.DEFAULT_METRIC]
+
+    def curves(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        game = (query.get("game") or [""])[0]
+        groups = self._tables.get(game)  # looked up, never joined into a path
+        if groups is None:
+            raise HTTPError("404 Not Found", f"unknown game {game!r}")
+        metric = self._metric_of(query)
+        read = {r: self._curve(r, [metric]) for members in groups.values() for r in members}
+        doc = C.chart(game, groups, read, metric)
+        markers = []
+        for e in self._events(kinds=tuple(readonly.MARKERS)):
+            for r in read:
+                x = C.x_of_time(read[r], e["ts"]) if e["game"] in (None, r) else None
+                if x is not None:
+                    colour, label = readonly.MARKERS[e["kind"]]
+                    markers.append({"x": x, "kind": e["kind"], "label": label,
+                                    "colour": colour, "run": r})  # fmt: skip
+        return {**doc, "markers": markers}
 
     def events(self, query: dict[str, list[str]]) -> dict[str, Any]:
         since = _number(query, "since")
         limit = _number(query, "limit")
         n = EVENTS_LIMIT if limit is None else max(1, min(EVENTS_LIMIT, int(limit)))
-        return {"events": self._events(since=since, limit=n)}
+        found = self._events(since=since, limit=n)
+        for e, text in zip(found, sentences(found), strict=True):
+            e["text"] = text
+        return {"events": found}
 
     def _events(
         self, *, since: float | None = None, kinds: tuple[str, ...] = (), limit: int | None = None
@@ -238,7 +316,8 @@ class Dashboard:
         parts.append(self._results_section())
         if doc is not None:
             parts.append(_cost_section(doc))
-        parts.append(_charts_section(self.cfg))
+        parts.append(params_section())
+        parts.append(charts_section(self._metrics_or_default(), self._tables, C.DEFAULT_METRIC))
         parts.append(self._events_section())
         token_attr = "" if self.token is None else f' data-token="{_e(self.token)}"'
         return PAGE.format(
@@ -285,17 +364,7 @@ class Dashboard:
             found = self._events(limit=EVENTS_ON_PAGE)
         except sqlite3.Error as exc:
             return f'<h2>Recent events</h2><p class="error">cannot read events: {_e(exc)}</p>'
-        if not found:
-            body = '<p class="empty">no events yet</p>'
-        else:
-            rows = [
-                f"<tr><td>{_e(_clock(e['ts']))}</td><td class='kind-{_e(e['kind'])}'>"
-                f"{_e(e['kind'])}</td><td>{_e(e['game'] or '')}</td>"
-                f"<td class='detail'>{_e(_detail(e['detail']))}</td></tr>"
-                for e in reversed(found)
-            ]
-            body = _table("events", ("time", "kind", "game", "detail"), rows)
-        return f'<section id="events-section"><h2>Recent events</h2>{body}</section>'
+        return events_section(found)
 
 
 PAGE = """<!doctype html>
@@ -385,39 +454,6 @@ def _status_sections(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def _cost_section(doc: dict[str, Any]) -> str:
-    c = doc.get("cost")
-    if not c:
-        body = '<p class="empty">no cost configured (cost_per_hour)</p>'
-    else:
-        proj = (
-            f", ~{c['projected_total']:.2f} projected to finish"
-            if c.get("projected_total") is not None
-            else ", projection unknown (nothing running)"
-        )
-        lost = f"; {c['lost']:.2f} lost to instability" if c.get("lost") is not None else ""
-        body = f'<p id="cost">{c["spent"]:.2f} spent at {c["per_hour"]:g}/h{_e(proj)}{_e(lost)}</p>'
-    return f'<section id="cost-section"><h2>Cost</h2>{body}{_time_table(doc)}</section>'
-
-
-def _charts_section(cfg: Config) -> str:
-    legend: dict[str, str] = {}
-    for colour, label in readonly.MARKERS.values():
-        legend.setdefault(label, colour)
-    keys = "".join(
-        f'<span class="marker marker-{_e(c)}">{_e(label)}</span>' for label, c in legend.items()
-    )
-    charts = "".join(
-        f'<div class="chart-box"><h3>{_e(g.name)}</h3>'
-        f'<div class="chart" data-game="{_e(g.name)}"></div></div>'
-        for g in cfg.games
-    )
-    return (
-        '<section id="charts-section"><h2>Mean return against wall time</h2>'
-        f'<p class="legend">markers: {keys}</p><div class="charts">{charts}</div></section>'
-    )
-
-
 def thin(rows: list[dict[str, str]], max_points: int = MAX_POINTS) -> dict[str, list[float | None]]:
     """Columns of progress.csv (time, step, mean_return, sps), at most `max_points` rows, the
     newest always kept."""
@@ -437,46 +473,6 @@ def thin(rows: list[dict[str, str]], max_points: int = MAX_POINTS) -> dict[str, 
     return cols
 
 
-TIME_PARTS = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",
-              "down", "paused")  # fmt: skip
-
-
-def _time_table(doc: dict[str, Any]) -> str:
-    """Where each game's time went (status's games[].time): the parts as shares of its wall
-    time, what was lost to instability, and its money with a price."""
-    rows = []
-    for g in doc.get("games") or []:
-        t = g.get("time")
-        if not t or not t.get("wall_s"):
-            continue
-        wall = float(t["wall_s"])
-        pct = [f"{100 * float(t[f'{p}_s']) / wall:.1f}%" for p in TIME_PARTS]
-        money = "-" if t.get("money") is None else f"{t['money']:.2f} ({t['money_lost']:.2f})"
-        cells = [g["name"], f"{wall / 3600:.2f} h", *pct, f"{100 * t['lost_s'] / wall:.1f}%",
-                 money]  # fmt: skip
-        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
-    if not rows:
-        return ""
-    heads = ("game", "wall", *TIME_PARTS, "lost", "money (lost)")
-    return _table("time", heads, rows)
-
-
-def _table(ident: str, headers: tuple[str, ...], rows: list[str]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join(rows)
-    return f'<table id="{ident}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(v: Any, digits: int) -> str:
-    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-        return "-"
-    return f"{v:,.{digits}f}"
-
-
 def _stat(s: results_mod.Stats | None) -> str:
     if s is None:
         return "-"
@@ -489,15 +485,6 @@ def _steps(g: results_mod.GroupRow) -> str:
     if g.steps_min is not None and g.steps_min != g.steps_max:
         return f"{g.steps_min:,}-{g.steps_max:,}"
     return f"{g.steps_max:,}"
-
-
-def _clock(ts: float) -> str:
-    return time.strftime("%m-%d %H:%M:%S", time.localtime(ts))
-
-
-def _detail(detail: Any) -> str:
-    text = json.dumps(detail, default=str, separators=(", ", ": ")) if detail else ""
-    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _number(query: dict[str, list[str]], key: str) -> float | None:

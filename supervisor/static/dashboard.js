@@ -1,5 +1,6 @@
 // rlsup dashboard: polls /api/status and updates the games table in place; draws one uPlot
-// chart per game (mean return against wall time) with the incident markers. Read-only.
+// chart per [[games]] table of the metric picked (its variants overlaid, each variant's seeds
+// with their mean and min..max band, against agent steps) with the incident markers. Read-only.
 "use strict";
 (function () {
   const body = document.body;
@@ -103,9 +104,12 @@
             const ctx = u.ctx;
             const top = u.bbox.top;
             const bottom = top + u.bbox.height;
+            const seen = new Set();
             for (const m of markers) {
-              const x = Math.round(u.valToPos(m.ts, "x", true));
+              const x = Math.round(u.valToPos(m.x, "x", true));
               if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+              if (seen.has(x + m.colour)) continue;
+              seen.add(x + m.colour);
               ctx.save();
               ctx.strokeStyle = m.colour;
               ctx.lineWidth = 1.5 * devicePixelRatio;
@@ -122,50 +126,136 @@
     };
   }
 
+  const metricSelect = document.getElementById("metric");
+  function metric() {
+    return metricSelect && metricSelect.value ? metricSelect.value : "mean_return";
+  }
+
+  // The legend under a chart: one swatch per variant (the runs' colour), what is drawn.
+  function drawLegend(table, doc) {
+    const box = document.querySelector('.chart-legend[data-legend="' + CSS.escape(table) + '"]');
+    if (!box) return;
+    box.replaceChildren();
+    for (const v of doc.variants) {
+      const item = document.createElement("span");
+      item.className = "variant";
+      item.dataset.group = v.group;
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = v.colour;
+      item.appendChild(swatch);
+      const what = v.band
+        ? ": " + v.runs + " seeds, mean and min..max band"
+        : v.runs > 1
+          ? ": " + v.runs + " seeds (no common range yet)"
+          : "";
+      item.appendChild(document.createTextNode(v.group + what));
+      box.appendChild(item);
+    }
+    if (doc.superseded) {
+      const note = document.createElement("span");
+      note.className = "muted";
+      note.textContent = doc.superseded.toLocaleString("en-US") + " point(s) redone after a resume dropped";
+      box.appendChild(note);
+    }
+  }
+
+  // One chart per [[games]] table: every run of every variant against agent steps; a variant
+  // of several seeds also its mean (bold) and its min..max band (filled).
   const charts = new Map();
   async function drawChart(el) {
-    const game = el.dataset.game;
+    const table = el.dataset.table;
+    const name = metric();
     let doc;
     try {
-      const r = await fetch(api("/api/progress", { game: game }), { cache: "no-store" });
+      const r = await fetch(api("/api/curves", { game: table, metric: name }), {
+        cache: "no-store",
+      });
       if (!r.ok) throw new Error("HTTP " + r.status);
       doc = await r.json();
     } catch (e) {
-      el.textContent = "cannot load the curve (" + e.message + ")";
+      if (charts.has(table)) charts.get(table).destroy();
+      charts.delete(table);
+      el.textContent = "cannot load the curves (" + e.message + ")";
       return;
     }
-    const data = [doc.time, doc.mean_return];
-    if (!doc.time.length) {
-      el.textContent = "no progress yet";
+    if (name !== metric()) return; // another metric was picked meanwhile: its draw wins
+    const old = charts.get(table);
+    if (old) {
+      old.destroy();
+      charts.delete(table);
+    }
+    drawLegend(table, doc);
+    if (!doc.x.length) {
+      el.textContent = "no " + name + " values yet";
       el.classList.add("empty");
       return;
     }
     el.classList.remove("empty");
-    const old = charts.get(game);
-    if (old) {
-      old.destroy();
-    } else {
-      el.textContent = "";
+    el.textContent = "";
+    const banded = new Set(doc.variants.filter((v) => v.band).map((v) => v.group));
+    const data = [doc.x];
+    const series = [{}];
+    const edges = new Map();
+    for (const s of doc.series) {
+      data.push(s.values);
+      const i = data.length - 1;
+      if (s.role === "run") {
+        const thin = banded.has(s.group);
+        series.push({ label: s.run, stroke: s.colour + (thin ? "59" : ""), width: thin ? 1 : 1.6,
+                      spanGaps: true, points: { show: false } });
+      } else if (s.role === "mean") {
+        series.push({ label: s.group + " mean", stroke: s.colour, width: 2.4, spanGaps: true,
+                      points: { show: false } });
+      } else {
+        series.push({ label: s.group + " " + s.role, stroke: "transparent", width: 0,
+                      spanGaps: true, points: { show: false } });
+        const e = edges.get(s.group) || { colour: s.colour };
+        e[s.role] = i;
+        edges.set(s.group, e);
+      }
+    }
+    const bands = [];
+    for (const e of edges.values()) {
+      if (e.max !== undefined && e.min !== undefined) {
+        bands.push({ series: [e.max, e.min], fill: e.colour + "2e" });
+      }
     }
     const opts = {
       width: Math.max(300, el.clientWidth || 560),
-      height: 220,
-      scales: { x: { time: true } },
+      height: 260,
+      scales: { x: { time: false } },
       legend: { show: false },
-      series: [{}, { label: "mean return", stroke: "#1f77b4", width: 1.5, spanGaps: true }],
-      axes: [{}, { label: "mean return" }],
+      series: series,
+      bands: bands,
+      axes: [{ label: "agent steps" }, { label: name }],
       plugins: [markersPlugin(doc.markers || [])],
     };
-    charts.set(game, new uPlot(opts, data, el));
+    el.dataset.metric = name;
+    el.dataset.series = String(series.length - 1);
+    el.dataset.bands = String(bands.length);
+    charts.set(table, new uPlot(opts, data, el));
   }
 
   function drawCharts() {
     if (typeof uPlot === "undefined") return;
-    document.querySelectorAll(".chart[data-game]").forEach((el) => {
+    document.querySelectorAll(".chart[data-table]").forEach((el) => {
       drawChart(el);
     });
   }
 
+  // The metric picked is kept in the URL's fragment (#metric=NAME): a reload or a shared link
+  // shows the same one, picked from the same list (a name not in it is ignored).
+  if (metricSelect) {
+    const wanted = new URLSearchParams(location.hash.slice(1)).get("metric");
+    if (wanted && Array.from(metricSelect.options).some((o) => o.value === wanted)) {
+      metricSelect.value = wanted;
+    }
+    metricSelect.addEventListener("change", () => {
+      history.replaceState(null, "", "#metric=" + encodeURIComponent(metricSelect.value));
+      drawCharts();
+    });
+  }
   drawCharts();
   setInterval(poll, pollMs);
   setInterval(drawCharts, CHART_REFRESH_MS);

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from harness.runs import MODES, REPO, env_for, start_supervisor, stop_supervisor
+from harness.state_fixture import SUPERSEDED, build_matrix_state
 from supervisor.config import load_config
 from supervisor.observe import dashboard as dash
 from supervisor.observe import readonly
@@ -424,7 +425,9 @@ def test_chromium_screenshot_shows_the_games_and_the_results_table(
     # What the browser rendered (after its scripts ran): the games, the table, the charts.
     assert 'data-game="cart/s1"' in dom and 'data-game="cart/s2"' in dom
     assert 'id="results"' in dom and "<td>cart</td>" in dom
-    assert dom.count("<canvas") >= 2  # uPlot drew a chart per game (script and CSP work)
+    # uPlot drew the game's one chart, its two seeds overlaid (script and CSP work)
+    assert dom.count("<canvas") >= 1 and 'data-table="cart"' in dom
+    assert 'data-metric="mean_return" data-series="' in dom
     assert 'id="stamp" class="muted">updated' in dom  # the poll ran and succeeded
     assert "worker_crash" in dom
 
@@ -472,3 +475,100 @@ def test_every_static_file_exists_and_is_package_data() -> None:
         assert (dash.STATIC_DIR / file).is_file(), name
         assert any(fnmatch.fnmatch(f"static/{file}", g) for g in globs), file
     assert any(fnmatch.fnmatch("static/LICENSE-uPlot.txt", g) for g in globs)
+
+
+# ---- curves of any metric: a game's variants overlaid, each with its seeds' mean and band ----
+
+
+@pytest.fixture
+def matrix(tmp_path: Path) -> Any:
+    """cart over seeds 1-3 x variants base, lr3 (six runs, done); cart/lr3/s2 crashed at 80 %
+    and resumed from its checkpoint at 50 % (its old life's rows carry SUPERSEDED)."""
+    fx = build_matrix_state(tmp_path / "m", bad_cells=2)
+    env_for(tmp_path / "m")
+    return load_config(fx.config)
+
+
+def test_the_curves_endpoints_overlay_variants_with_mean_and_band(matrix: Any) -> None:
+    with serving(dash.Dashboard(matrix)) as base:
+        doc = json.loads(get(base + "/api/metrics")[1])
+        assert doc["default"] == "mean_return" and doc["metrics"][0] == "mean_return"
+        assert {"policy_loss", "value_loss", "my_metric", "sps"} <= set(doc["metrics"])
+        assert "time" not in doc["metrics"] and "global_step" not in doc["metrics"]
+        code, body, _ = get(base + "/api/curves?game=cart&metric=policy_loss")
+        assert code == 200, body
+        doc = json.loads(body)
+        assert doc["game"] == "cart" and doc["metric"] == "policy_loss"
+        assert [v["group"] for v in doc["variants"]] == ["cart/base", "cart/lr3"]
+        assert all(v["runs"] == 3 and v["band"] for v in doc["variants"])
+        roles = sorted((s["group"], s["role"]) for s in doc["series"])
+        assert roles.count(("cart/base", "run")) == 3 and roles.count(("cart/lr3", "run")) == 3
+        for group in ("cart/base", "cart/lr3"):
+            assert {(group, r) for r in ("mean", "min", "max")} <= set(roles)
+        assert all(len(s["values"]) == len(doc["x"]) for s in doc["series"])
+        assert doc["superseded"] == 36
+        values = [v for s in doc["series"] for v in s["values"] if v is not None]
+        assert values and SUPERSEDED not in values and min(values) > 0
+        assert any(
+            m["kind"] == "worker_crash" and m["run"] == "cart/lr3/s2" for m in doc["markers"]
+        )
+        prog = json.loads(get(base + "/api/progress?game=cart%2Flr3%2Fs2&metric=my_metric")[1])
+        assert prog["metric"] == "my_metric" and prog["superseded"] == 36
+        assert len(prog["value"]) == len(prog["step"]) == len(prog["mean_return"])
+        assert SUPERSEDED not in prog["mean_return"] and prog["dropped"] == 2
+        assert all(b > a for a, b in zip(prog["step"], prog["step"][1:], strict=False))
+        for bad in ("/api/curves?game=cart%2Fbase", "/api/curves?game=nosuch", "/api/curves"):
+            assert get(base + bad)[0] == 404, bad
+        assert get(base + "/api/curves?game=cart&metric=%00")[0] == 400
+        empty = json.loads(get(base + "/api/curves?game=cart&metric=nosuch")[1])
+        assert empty["x"] == [] and empty["series"] == []
+        events = json.loads(get(base + "/api/events")[1])["events"]
+        assert all(isinstance(e["text"], str) and e["text"] for e in events)
+        page = get(base + "/")[1].decode()
+    assert '<select id="metric" name="metric">' in page
+    assert '<option value="policy_loss">policy_loss</option>' in page
+    assert '<option value="mean_return" selected>mean_return</option>' in page
+    assert page.count('class="chart" data-table=') == 1  # one chart per game, variants overlaid
+    assert (
+        "cart/lr3/s2 crashed (killed by SIGKILL) at step 96,000; its last checkpoint was step "
+        "60,000"
+    ) in page
+    assert "cart/lr3/s2 was restarted (restart 1), resuming from its last checkpoint, step " \
+        "60,000" in page  # fmt: skip
+    assert "<details><summary>worker_crash</summary><pre>" in page
+    assert "&quot;returncode&quot;: -9" in page  # the raw detail, a click away
+    assert 'id="params-section"' in page and "hyper-parameters: next" in page
+
+
+@needs_chromium
+def test_chromium_overlays_three_seeds_of_two_variants_for_a_metric_picked_from_the_list(
+    matrix: Any, tmp_path: Path
+) -> None:
+    """The page, opened with a metric picked from its list (#metric=policy_loss: the select
+    takes it only when the list has it), draws cart's one chart: six runs, two means, two
+    bands, a legend of the two variants; a name not in the list leaves mean_return."""
+    shot = tmp_path / "curves.png"
+    with serving(dash.Dashboard(matrix)) as base:
+        profile = f"--user-data-dir={tmp_path / 'profile'}"
+        url = base + "/#metric=policy_loss"
+        out = chromium(profile, "--window-size=1400,1800", "--virtual-time-budget=6000",
+                       f"--screenshot={shot}", url)  # fmt: skip
+        assert shot.is_file(), out.stderr[-2000:]
+        dom = chromium(profile, "--virtual-time-budget=6000", "--dump-dom", url).stdout
+        other = chromium(profile, "--virtual-time-budget=6000", "--dump-dom",
+                         base + "/#metric=not_a_column").stdout  # fmt: skip
+    keep = os.environ.get("RLSUP_DASHBOARD_CURVES_SCREENSHOT")
+    if keep:
+        shutil.copyfile(shot, keep)
+    assert 'data-table="cart" data-metric="policy_loss"' in dom, dom[-4000:]
+    # 6 runs + per variant mean, min, max = 12 series; one band per variant
+    assert 'data-series="12" data-bands="2"' in dom
+    assert dom.count("<canvas") == 1
+    assert '<span class="variant" data-group="cart/base">' in dom
+    assert "cart/base: 3 seeds, mean and min..max band" in dom
+    assert "cart/lr3: 3 seeds, mean and min..max band" in dom
+    assert "point(s) redone after a resume dropped" in dom
+    assert 'data-table="cart" data-metric="mean_return"' in other
+    assert 'class="sentence">cart/lr3/s2 crashed (killed by SIGKILL)' in dom
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
