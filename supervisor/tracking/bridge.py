@@ -111,6 +111,9 @@ class TrackingBridge:
                 self.pass_once()
                 self._wake.wait(max(0.0, self.pass_s - (self.clock() - began)))
                 self._wake.clear()
+            # One last pass on the last runs posted (a game that just finished: its last rows,
+            # its final checkpoint), within close()'s timeout.
+            self.pass_once()
         finally:
             for sink in self.sinks:
                 try:
@@ -131,8 +134,6 @@ class TrackingBridge:
             sent = 0
             try:
                 for run in runs:
-                    if self._stop.is_set():
-                        break
                     if sink.wants(run):
                         sent += self._pass_run(sink, run, checkpoints[run.name])
             except Exception as exc:
