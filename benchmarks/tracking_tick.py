@@ -23,16 +23,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from supervisor.config import load_config  # noqa: E402
-from supervisor.lifecycle.runtime import GameRuntime  # noqa: E402
-from supervisor.participants.tick import TickView  # noqa: E402
-from supervisor.participants.tracking import TrackingBridgeParticipant  # noqa: E402
+from supervisor.config import load_config
+from supervisor.lifecycle.runtime import GameRuntime
+from supervisor.participants.tick import TickView
+from supervisor.participants.tracking import TrackingBridgeParticipant
 
 HEADER = "time,wall_s,global_step,episodes,sps,mean_return,num_envs,batch_size,resume_count,loss\n"
 
 
 def config(where: Path, games: int, on: bool) -> Path:
-    text = f'state_dir = "state"\n[modes.light]\nnum_envs = 2\nbatch_size = 8\n'
+    text = 'state_dir = "state"\n[modes.light]\nnum_envs = 2\nbatch_size = 8\n'
     for i in range(games):
         text += f'[[games]]\nname = "g{i}"\ncommand = ["true"]\ndevice = "cpu"\nknobs = []\n'
     text += "[tracking]\n" + (
