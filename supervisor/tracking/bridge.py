@@ -182,7 +182,8 @@ class TrackingBridge:
         if not decided and not evals[0] and not (run.done and not st.get("done")):
             return 0
         sink.open_run(run, st, save)
-        if not st.get("params") and hasattr(sink, "log_params") and sink.log_params(run, st):
+        log_params = getattr(sink, "log_params", None)
+        if log_params is not None and not st.get("params") and log_params(run, st):
             self.state.update(sink.name, run.name, params=True)
         step = int(st.get("step", -1))
         rows: list[Row] = []

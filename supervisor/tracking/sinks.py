@@ -6,6 +6,7 @@ that into `tracking_failed` and retries later, from the same position.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -103,15 +104,21 @@ class TensorBoardSink:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         writer = self._writers[run.name]
-        for step, at, values in [
-            *((r.step, r.time or time.time(), r.values) for r in rows),
-            *((e.step, e.time, e.values) for e in evals),
-        ]:
-            summary = Summary(
-                value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
-            )
-            writer.add_event(Event(step=step, wall_time=at, summary=summary))
-        writer.flush()
+        try:
+            for step, at, values in [
+                *((r.step, r.time or time.time(), r.values) for r in rows),
+                *((e.step, e.time, e.values) for e in evals),
+            ]:
+                tagged = [Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+                writer.add_event(Event(step=step, wall_time=at, summary=Summary(value=tagged)))
+            writer.flush()
+        except Exception:
+            # Sent again from the state's step: in a new file, whose purge drops what of
+            # this batch reached the old one.
+            self._writers.pop(run.name, None)
+            with contextlib.suppress(Exception):
+                writer.close()
+            raise
 
     def finish(self, run: RunFacts, st: dict[str, Any], checkpoint: Path | None) -> None:
         writer = self._writers.pop(run.name, None)
@@ -239,9 +246,17 @@ class MlflowSink:
         params = dict(run.params) if run.kind == "command" else builtin_params(run.run_dir)
         if not params:
             return False
+        from mlflow.exceptions import MlflowException
+
         items = [Param(mlflow_key(k), _param_text(v)) for k, v in sorted(params.items())]
         for chunk in _chunks(items, BATCH_PARAMS):
-            self.client().log_batch(st["run_id"], params=chunk)
+            try:
+                self.client().log_batch(st["run_id"], params=chunk)
+            except MlflowException as exc:
+                # MLflow's parameters never change: a run's first values stay (the config's
+                # params edited since); anything else is the store's failure.
+                if exc.error_code != "INVALID_PARAMETER_VALUE":
+                    raise
         return True
 
     def send(
