@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
 
 def logdir_spec(cfg: Config) -> list[tuple[str, Path]]:
     """(run name, its tb dir) for each configured run that has one."""
-    out = []
+    out: list[tuple[str, Path]] = []
     for spec in cfg.games:
         tb = cfg.run_dir(spec.name) / TB_DIR
         if tb.is_dir():

@@ -197,7 +197,7 @@ class TrackingBridge:
             elif row.step < step:
                 skipped.append(row)
         eval_step = int(st.get("eval_step", -1))
-        to_send = []
+        to_send: list[Evaluation] = []
         for ev in evals[0]:
             if ev.step > eval_step:
                 to_send.append(ev)

@@ -205,7 +205,8 @@ class MlflowSink:
             found = client.get_experiment_by_name(self.cfg.experiment)
             if found is None:
                 try:
-                    self._experiment = str(client.create_experiment(self.cfg.experiment))
+                    where = self.artifact_location()
+                    self._experiment = str(client.create_experiment(self.cfg.experiment, where))
                 except Exception:  # created meanwhile (another supervisor): read it back
                     found = client.get_experiment_by_name(self.cfg.experiment)
                     if found is None:
@@ -214,6 +215,14 @@ class MlflowSink:
             else:
                 self._experiment = str(found.experiment_id)
         return self._experiment
+
+    def artifact_location(self) -> str | None:
+        """Beside an SQLite store (MLflow's default would be ./mlruns in the supervisor's
+        working directory); a server's own default otherwise."""
+        uri = self.cfg.tracking_uri
+        if not uri.startswith("sqlite:///"):
+            return None
+        return (Path(uri[len("sqlite:///") :]).parent / "mlflow-artifacts").as_uri()
 
     def wants(self, run: RunFacts) -> bool:
         return True
