@@ -32,7 +32,7 @@ HEADER = "time,wall_s,global_step,episodes,sps,mean_return,num_envs,batch_size,r
 
 
 def config(where: Path, games: int, on: bool) -> Path:
-    text = 'state_dir = "state"\n[modes.light]\nnum_envs = 2\nbatch_size = 8\n'
+    text = 'state_dir = "state"\n[modes.light]\nnum_envs = 2\nbatch_size = 8\nmax_concurrent = 1\n'
     for i in range(games):
         text += f'[[games]]\nname = "g{i}"\ncommand = ["true"]\ndevice = "cpu"\nknobs = []\n'
     text += "[tracking]\n" + (

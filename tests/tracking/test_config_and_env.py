@@ -18,6 +18,7 @@ state_dir = "state"
 [modes.light]
 num_envs = 2
 batch_size = 8
+max_concurrent = 1
 [[games]]
 name = "mine"
 command = ["/bin/true"]
