@@ -188,6 +188,7 @@ def history(uri: str, run_id: str, key: str = "loss") -> list[int]:
     return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
 
 
+@pytest.mark.e2e  # MLflow's client runs `uname -p` (platform.processor())
 def test_mlflow_one_run_for_the_whole_life_with_params_tags_evals_and_the_final_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -227,17 +228,20 @@ def test_mlflow_one_run_for_the_whole_life_with_params_tags_evals_and_the_final_
     assert only.data.metrics["eval/episodes"] == 4.0
 
 
+@pytest.mark.e2e
 def test_mlflow_misconfigured_then_fixed_loses_no_point(tmp_path: Path) -> None:
     state, run_dir = tmp_path / "state", tmp_path / "run"
     run_dir.mkdir(parents=True)
     add_rows(run_dir, 10, 20)
     where = tmp_path / "not-yet"
-    uri = f"sqlite:///{where / 'mlflow.db'}"  # its directory does not exist: no store
+    where.write_text("a file where the store's directory should be\n")
+    uri = f"sqlite:///{where / 'mlflow.db'}"  # cannot be created: no store
     b = bridge(state, mlflow_sink(uri))
     b.post((facts(run_dir, committed=20, life=0),))
     b.pass_once()
     [(kind, _, detail)] = b.drain()
     assert kind == "tracking_failed" and detail["sink"] == "mlflow", detail
+    where.unlink()
     where.mkdir()
     b.health["mlflow"].retry_at = 0.0
     b.pass_once()
