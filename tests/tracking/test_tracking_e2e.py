@@ -140,7 +140,8 @@ def test_wandb_init_continues_one_run_across_a_kill(tmp_path: Path) -> None:
     config = tmp_path / "rlsup.toml"
     config.write_text(
         HEAD
-        + f'[[games]]\nname = "wb"\nseeds = [3]\ncommand = [{json.dumps(sys.executable)}, "train.py"]\n'
+        + '[[games]]\nname = "wb"\nseeds = [3]\n'
+        + f'command = [{json.dumps(sys.executable)}, "train.py"]\n'
         + f"cwd = {json.dumps(str(tmp_path))}\nheartbeat = false\n"
         + f'device = "cpu"\nknobs = []\nenv = {json.dumps(env).replace(":", " =")}\n'
         + "[tracking]\ntensorboard = false\n"
