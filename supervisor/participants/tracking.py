@@ -4,6 +4,8 @@ files and sending, happens on its thread. Its news become `tracking_*` events.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from supervisor.config import Config
 from supervisor.lifecycle.runtime import GameRuntime
 from supervisor.lifecycle.states import WorkerState
@@ -26,6 +28,7 @@ class TrackingBridgeParticipant:
         self.cfg = cfg
         self.bridge = TrackingBridge(cfg.state_dir, cfg.db_path, make_sinks(cfg))
         self._held: list[Event] = []  # a replaced bridge's last news
+        self._dirs: dict[str, Path] = {}  # run dirs by run name (not rebuilt every tick)
 
     def start(self) -> None:
         self.bridge.start()
@@ -40,7 +43,8 @@ class TrackingBridgeParticipant:
         spec, hb = rt.spec, rt.heartbeat
         return RunFacts(
             name=spec.name,
-            run_dir=self.cfg.run_dir(spec.name),
+            run_dir=self._dirs.get(spec.name)
+            or self._dirs.setdefault(spec.name, self.cfg.run_dir(spec.name)),
             kind=spec.kind,
             group=spec.group,
             seed=spec.seed,
@@ -60,6 +64,7 @@ class TrackingBridgeParticipant:
             self.bridge = TrackingBridge(cfg.state_dir, cfg.db_path, make_sinks(cfg))
             self.bridge.start()
         self.cfg = cfg
+        self._dirs.clear()
 
     def close(self) -> None:
         self.bridge.close()
