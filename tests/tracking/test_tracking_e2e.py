@@ -164,3 +164,40 @@ def test_wandb_init_continues_one_run_across_a_kill(tmp_path: Path) -> None:
     assert run_id == (state / "runs" / "wb" / "s3" / "wandb_run_id").read_text().strip()
     assert (group, name) == ("wb", "wb/s3")
     assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+
+
+def test_a_killed_builtin_cartpole_is_one_mlflow_run_with_its_params_and_evaluations(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        HEAD
+        + '[[games]]\nname = "cart"\nenv_id = "CartPole-v1"\nalgo = "ppo"\n'
+        + 'total_steps = 16384\nseed = 1\ndevice = "cpu"\n'
+        + "args = { eval_episodes = 2, eval_every_steps = 4096, tensorboard = false }\n"
+        + '[tracking]\nmlflow = { experiment = "builtin" }\n'
+    )
+    state = tmp_path / "state"
+    sup = start_supervisor(config, env_for(tmp_path), "--exit-when-done")
+    try:
+        wait_for(lambda: committed_step(state, "cart") > 0, 90, "a periodic checkpoint")
+        pid = wait_for(lambda: training_pid(state, "cart"), 30, "the worker training")
+        kill_quietly(pid, signal.SIGKILL)
+        assert sup.wait(120) == 0, (tmp_path / "supervisor.log").read_text()[-3000:]
+    finally:
+        stop_supervisor(sup)
+    assert events(state, "worker_crash", "cart") or events(state, "restart", "cart")
+    assert not events(state, "tracking_failed")
+    client = MlflowClient(f"sqlite:///{state / 'mlflow.db'}")
+    [only] = client.search_runs([client.get_experiment_by_name("builtin").experiment_id])
+    for key in ("sps", "policy_loss", "eval/mean_return"):
+        steps = [m.step for m in client.get_metric_history(only.info.run_id, key)]
+        assert steps and steps == sorted(set(steps)), (key, steps)
+    assert only.data.params["game"] == "CartPole-v1" and only.data.params["seed"] == "1"
+    assert only.data.tags["rlsup.kind"] == "builtin" and only.info.status == "FINISHED"
+    newest = committed_step(state, "cart")
+    assert newest >= 16384 - 1024  # the last iteration's step, at or past total_steps' reach
+    assert only.data.tags["rlsup.final_checkpoint"].endswith(f"ckpt-{newest:012d}")
