@@ -240,12 +240,22 @@ class TrackingBridge:
                 "AND id > ? ORDER BY id LIMIT ?",
                 (run.name, after, EVALS_PER_PASS),
             ).fetchall()
+            # The current worker's start: an earlier life's evaluation past the step this one
+            # resumed from was redone (superseded), never sent.
+            started = 0
+            if found and run.resumed_from is not None:
+                started = conn.execute(
+                    "SELECT COALESCE(MAX(id), 0) FROM events WHERE kind = 'worker_start' "
+                    "AND game = ?",
+                    (run.name,),
+                ).fetchone()[0]
         except sqlite3.Error:
             return [], after
         out: list[Evaluation] = []
         for event_id, ts, text in found:
             ev = _evaluation(ts, text)
-            if ev is not None:
+            superseded = ev is not None and event_id < started and ev.step > (run.resumed_from or 0)
+            if ev is not None and not superseded:
                 if committed is None or ev.step > committed:
                     break
                 out.append(ev)

@@ -114,6 +114,7 @@ class Flaky:
     def __init__(self) -> None:
         self.down = True
         self.got: list[int] = []
+        self.evals: list[tuple[int, float]] = []
 
     def wants(self, run: RunFacts) -> bool:
         return True
@@ -124,6 +125,7 @@ class Flaky:
 
     def send(self, run: RunFacts, st: dict[str, Any], rows: Any, evals: Any) -> None:
         self.got += [r.step for r in rows]
+        self.evals += [(e.step, e.values["eval/mean_return"]) for e in evals]
 
     def finish(self, run: RunFacts, st: dict[str, Any], checkpoint: Path | None) -> None:
         pass
@@ -172,6 +174,25 @@ def test_a_resume_before_steps_already_sent_skips_their_new_values_with_an_event
     [(kind, game, detail)] = b.drain()
     assert (kind, game) == ("tracking_skipped", "mine")
     assert detail["points"] == 1 and detail["from_step"] == 20 and detail["sent_through"] == 40
+
+
+def test_an_evaluation_a_later_life_redid_is_never_sent(tmp_path: Path) -> None:
+    state, run_dir = tmp_path / "state", tmp_path / "run"
+    run_dir.mkdir()
+    conn = db.connect(state)
+    db._add_event(conn, "evaluation", "mine", {"step": 10, "mean": 1.0})
+    db._add_event(conn, "evaluation", "mine", {"step": 30, "mean": 3.0})  # killed at 35
+    db._add_event(conn, "worker_start", "mine", {"pid": 2})  # resumes from 20
+    db._add_event(conn, "evaluation", "mine", {"step": 30, "mean": 3.5})
+    flaky = Flaky()
+    flaky.down = False
+    b = bridge(state, flaky)
+    b.post((facts(run_dir, committed=20, life=0),))
+    b.pass_once()
+    assert flaky.evals == [(10, 1.0)]  # 30 waits past the committed step
+    b.post((facts(run_dir, committed=40, life=1, resumed_from=20),))
+    b.pass_once()
+    assert flaky.evals == [(10, 1.0), (30, 3.5)]  # the first life's 30 was redone
 
 
 # ---- MLflow --------------------------------------------------------------------------------
