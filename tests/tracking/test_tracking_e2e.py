@@ -163,7 +163,10 @@ def test_wandb_init_continues_one_run_across_a_kill(tmp_path: Path) -> None:
     run_id, group, name = first.split()
     assert run_id == (state / "runs" / "wb" / "s3" / "wandb_run_id").read_text().strip()
     assert (group, name) == ("wb", "wb/s3")
-    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+    # W&B's offline run dirs (one per life, or one when both started in the same second):
+    # every one is this run's.
+    dirs = [d.name for d in (tmp_path / "wandb").glob("offline-run-*")]
+    assert dirs and all(d.endswith(f"-{run_id}") for d in dirs), dirs
 
 
 def test_a_killed_builtin_cartpole_is_one_mlflow_run_with_its_params_and_evaluations(
