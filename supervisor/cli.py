@@ -32,6 +32,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("results", "results"),
     ("report", "report"),
     ("dashboard", "dashboard"),
+    ("tensorboard", "tensorboard"),
 )
 
 

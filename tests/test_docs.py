@@ -238,6 +238,7 @@ FULL_CONFIG: dict[str, Any] = {
     "spare": {},
     "metrics": {},
     "preemption": {},
+    "tracking": {},
     "hooks": [{"on": ["fatal"], "command": ["/bin/true"]}],
 }
 PROBE = "zz_not_a_key"

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from supervisor.config.service_checks import check_runs_match as check_runs_match
     from supervisor.config.service_checks import mirror_reload_refusal as mirror_reload_refusal
     from supervisor.config.service_checks import resolve_hook_programs as resolve_hook_programs
+    from supervisor.config.tracking import MlflowConfig as MlflowConfig
+    from supervisor.config.tracking import TrackingConfig as TrackingConfig
 
 _WHERE = {
     "CONFIG_ENV": "location",
@@ -88,6 +90,8 @@ _WHERE = {
     "load_config": "parser",
     "parse_config": "parser",
     "worker_config": "recipe",
+    "MlflowConfig": "tracking",
+    "TrackingConfig": "tracking",
     "check_for_service": "service_checks",
     "check_runs_match": "service_checks",
     "mirror_reload_refusal": "service_checks",

@@ -15,6 +15,7 @@ from supervisor.config.hooks import HookSpec
 from supervisor.config.metrics import MetricsConfig
 from supervisor.config.mirror import MirrorConfig
 from supervisor.config.preemption import PreemptionConfig
+from supervisor.config.tracking import TrackingConfig
 
 GAME_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
 # A run of a game's matrix (`seeds`, `variants`): `pong/s2`, `pong/lr3/s1`, `pong/lr3`.
@@ -147,6 +148,7 @@ class Config:
     hooks: tuple[HookSpec, ...] = ()  # added tables: [[hooks]]
     gpu_cost_share: float = 0.0  # added key: the part of cost_per_hour that is the GPUs'
     preemption: PreemptionConfig = PreemptionConfig()  # noqa: RUF009 - added table: [preemption]
+    tracking: TrackingConfig = TrackingConfig()  # noqa: RUF009 - added table: [tracking]
 
     @property
     def logs_dir(self) -> Path:

@@ -39,6 +39,7 @@ from supervisor.config.model import (
     WatchdogConfig,
 )
 from supervisor.config.preemption import parse_preemption
+from supervisor.config.tracking import parse_tracking
 
 _TOP: dict[str, Field] = {
     "state_dir": ((str,), "var/rlsup", None, "a path (string)"),
@@ -60,7 +61,7 @@ _TOP: dict[str, Field] = {
 }
 _TABLES = (
     "modes", "games", "restart", "watchdog", "stability", "gpu", "mirror", "cluster", "spare",
-    "metrics", "hooks", "preemption",
+    "metrics", "hooks", "preemption", "tracking",
 )  # fmt: skip
 _MODE: dict[str, Field] = {
     "num_envs": ((int,), None, positive, "a positive integer"),
@@ -169,6 +170,7 @@ def parse_config(
     spare = parse_spare(ctx, data.get("spare", {}))
     metrics = parse_metrics(ctx, data.get("metrics", {}), path)
     preemption = parse_preemption(ctx, data.get("preemption", {}))
+    tracking = parse_tracking(ctx, data.get("tracking", {}), state_dir)
     hooks = parse_hooks(ctx, data.get("hooks", []), {g.name for g in games})
     if cluster.backend == "ray" and mirror is None:
         raise ctx.fail(
@@ -209,6 +211,7 @@ def parse_config(
         metrics=metrics,
         hooks=hooks,
         preemption=preemption,
+        tracking=tracking,
     )
 
 

@@ -21,6 +21,7 @@ from supervisor.files import make_private_dir, rotate_log
 from supervisor.launch import sessions
 from supervisor.launch.crashlog import death_from_log
 from supervisor.launch.process import same_process
+from supervisor.tracking.wandb import wandb_env
 from training import protocol as P
 from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV, PARENT_START_ENV, own_start_ticks
 
@@ -241,6 +242,7 @@ def prepare_worker(
         (run_dir / HEARTBEAT_FILE).unlink()
     if spec.command is not None:
         extra = {**dict(spec.env), **command_env(cfg, spec, mode, run_dir, threads, starts)}
+        extra |= wandb_env(spec.name, spec.group, run_dir, dict(spec.env), os.environ)
         cwd = Path(spec.cwd) if spec.cwd else run_dir
         return Prepared(list(spec.command), log, cwd, {**extra, **(env or {})}, True)
     wcfg = worker_config(spec, mode, run_dir, cfg.checkpoint_every_s, threads, cfg.mirror)

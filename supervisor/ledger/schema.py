@@ -70,6 +70,12 @@ EVENT_KINDS = frozenset(
         "preemption_watch_failed",
         "worker_preempted",
         "preempted",
+        # The tracking bridge ([tracking]): a sink (MLflow, TensorBoard) that failed (once per
+        # outage), that works again, and points it will not send (a resume went back before
+        # steps already sent: their new values are skipped).
+        "tracking_failed",
+        "tracking_ok",
+        "tracking_skipped",
     }
 )
 

@@ -17,6 +17,7 @@ from supervisor.participants.mirror import MirrorUploads
 from supervisor.participants.spare import SpareTending
 from supervisor.participants.tick import Participant
 from supervisor.participants.time_ledger import TimeLedger
+from supervisor.participants.tracking import TrackingBridgeParticipant
 from supervisor.preemption.participant import PreemptionWatch
 from supervisor.stability import modes
 
@@ -57,5 +58,6 @@ class Started:
         uploads = MirrorUploads(cfg, local=launcher.local)
         parts: list[Participant] = [
             pre, spare, uploads, hooks, MetricsExport(cfg), TimeLedger(cfg, steady),
+            TrackingBridgeParticipant(cfg),
         ]  # fmt: skip
         return cls(conn, journal, recorder, mode_view, parts, spare, hooks, uploads, pre)

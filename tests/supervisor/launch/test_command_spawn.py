@@ -50,7 +50,11 @@ def config(tmp_path: Path):  # type: ignore[no-untyped-def]
     return load_config(tmp_path / "rlsup.toml")
 
 
-def test_a_command_game_is_prepared_with_the_contract(tmp_path: Path) -> None:
+def test_a_command_game_is_prepared_with_the_contract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("WANDB_RUN_ID", "WANDB_RESUME", "WANDB_RUN_GROUP", "WANDB_NAME"):
+        monkeypatch.delenv(key, raising=False)
     cfg = config(tmp_path)
     mine = cfg.game("mine")
     run_dir = cfg.run_dir("mine")
@@ -79,6 +83,11 @@ def test_a_command_game_is_prepared_with_the_contract(tmp_path: Path) -> None:
         "OMP_NUM_THREADS": "2",
         "MKL_NUM_THREADS": "2",
         "CUDA_VISIBLE_DEVICES": "1",
+        # W&B: one run for the game's life (supervisor/tracking/wandb.py).
+        "WANDB_RUN_ID": (run_dir / "wandb_run_id").read_text().strip(),
+        "WANDB_RESUME": "allow",
+        "WANDB_RUN_GROUP": "mine",
+        "WANDB_NAME": "mine",
     }
     other = sp.prepare_worker(cfg, cfg.game("elsewhere"), cfg.mode("light"), 1)
     assert other.cwd == tmp_path / "work" and other.env[P.HEARTBEAT_ENV] == "1"
