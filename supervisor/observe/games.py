@@ -127,6 +127,8 @@ def _resumed_step(run_dir: Path, hb: dict[str, Any]) -> int:
     for key in ("resumed_from_step", "last_checkpoint_step"):
         if hb.get(key):
             return int(hb[key])
+    if not hb:
+        return 0  # no worker yet (a game waiting for its first start): nothing to scan
     from checkpoints.names import newest_step  # only for a worker yet to step
 
     return newest_step(run_dir / CHECKPOINT_DIR) or 0

@@ -80,6 +80,7 @@ def test_a_command_game_is_prepared_with_the_contract(
         P.KEEP_CHECKPOINTS_ENV: str(sp.KEEP_CHECKPOINTS),
         P.HEARTBEAT_ENV: "0",
         P.THREADS_ENV: "2",
+        P.PARAMS_ENV: "{}",  # none declared
         "OMP_NUM_THREADS": "2",
         "MKL_NUM_THREADS": "2",
         "CUDA_VISIBLE_DEVICES": "1",
