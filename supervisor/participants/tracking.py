@@ -6,27 +6,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from checkpoints.names import newest_step
 from supervisor.config import Config
 from supervisor.lifecycle.runtime import GameRuntime
 from supervisor.lifecycle.states import WorkerState
+from supervisor.observe.params import run_params
 from supervisor.participants.tick import Event, TickView
 from supervisor.tracking.bridge import TrackingBridge
-from supervisor.tracking.sinks import MlflowSink, RunFacts, Sink, TensorBoardSink
+from supervisor.tracking.sinks import (
+    MlflowSink,
+    ParamsOf,
+    RunFacts,
+    Sink,
+    TensorBoardSink,
+    declared_params,
+)
+from training.protocol import CHECKPOINT_DIR
 
 
-def make_sinks(cfg: Config) -> list[Sink]:
+def make_sinks(cfg: Config, params_of: ParamsOf = declared_params) -> list[Sink]:
     sinks: list[Sink] = []
     if cfg.tracking.tensorboard:
-        sinks.append(TensorBoardSink())
+        sinks.append(TensorBoardSink(params_of))
     if cfg.tracking.mlflow is not None:
-        sinks.append(MlflowSink(cfg.tracking.mlflow))
+        sinks.append(MlflowSink(cfg.tracking.mlflow, params_of))
     return sinks
 
 
 class TrackingBridgeParticipant:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.bridge = TrackingBridge(cfg.state_dir, cfg.db_path, make_sinks(cfg))
+        self.bridge = TrackingBridge(cfg.state_dir, cfg.db_path, make_sinks(cfg, self.params_of))
         self._held: list[Event] = []  # a replaced bridge's last news
         self._dirs: dict[str, Path] = {}  # run dirs by run name (not rebuilt every tick)
 
@@ -56,12 +66,24 @@ class TrackingBridgeParticipant:
             live=rt.life is not None,
         )
 
+    def params_of(self, run: RunFacts) -> dict[str, object]:
+        """A run's effective hyper-parameters (observe/params.py), read on the bridge's
+        thread: a built-in game's once its first checkpoint holds its resolved arguments."""
+        if run.kind != "command" and newest_step(run.run_dir / CHECKPOINT_DIR) is None:
+            return {}
+        try:
+            return dict(run_params(self.cfg, run.name))
+        except KeyError:  # no longer configured
+            return {}
+
     def reconfigure(self, cfg: Config) -> None:
         # A changed [tracking] takes a new thread (its sinks); the runs follow the view.
         if cfg.tracking != self.cfg.tracking:
             self.bridge.close()
             self._held += self.bridge.drain()
-            self.bridge = TrackingBridge(cfg.state_dir, cfg.db_path, make_sinks(cfg))
+            self.bridge = TrackingBridge(
+                cfg.state_dir, cfg.db_path, make_sinks(cfg, self.params_of)
+            )
             self.bridge.start()
         self.cfg = cfg
         self._dirs.clear()

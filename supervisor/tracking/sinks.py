@@ -19,12 +19,10 @@ from typing import Any, Protocol
 
 from supervisor.config.tracking import MlflowConfig
 from supervisor.tracking.progress import Row
-from training.protocol import CHECKPOINT_DIR
 
 TB_DIR = "tb"  # as training/metrics.py's
 TB_SUFFIX = ".rlsup"  # the bridge's event files, beside anything else in tb/
 EVAL_PREFIX = "eval/"
-CONFIG_FILE = "config.json"  # a built-in checkpoint's resolved arguments (training.checkpointing)
 
 
 @dataclass(frozen=True)
@@ -42,6 +40,16 @@ class RunFacts:
     resumed_from: int | None
     params: tuple[tuple[str, Any], ...] = ()  # a command game's declared params
     live: bool = field(default=False, compare=False)  # a worker process exists now
+
+
+# A run's hyper-parameters as the sinks log them, {} while not known yet (a built-in game
+# before its first checkpoint). The participant gives observe/params.py's run_params (this
+# wing sits below observe); alone, a sink takes the params the facts carry.
+ParamsOf = Callable[[RunFacts], dict[str, Any]]
+
+
+def declared_params(run: RunFacts) -> dict[str, Any]:
+    return dict(run.params)
 
 
 @dataclass(frozen=True)
@@ -78,8 +86,9 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self) -> None:
+    def __init__(self, params_of: ParamsOf = declared_params) -> None:
         self._writers: dict[str, Any] = {}
+        self.params_of = params_of
 
     def wants(self, run: RunFacts) -> bool:
         return run.kind == "command"
@@ -96,6 +105,22 @@ class TensorBoardSink:
         writer.add_event(Event(step=purge, wall_time=time.time(), session_log=start))
         writer.flush()
         self._writers[run.name] = writer
+
+    def log_params(self, run: RunFacts, st: dict[str, Any]) -> bool:
+        """The run's hyper-parameters, once, as TensorBoard's hparams plugin reads them (its
+        session-start summary, built by tensorboard's own summary_v2 without TensorFlow)."""
+        params = self.params_of(run)
+        if not params:
+            return False
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.plugins.hparams.summary_v2 import hparams_pb
+
+        values = {k: v if isinstance(v, bool | int | float | str) else str(v)
+                  for k, v in params.items()}  # fmt: skip
+        writer = self._writers[run.name]
+        writer.add_event(Event(step=0, wall_time=time.time(), summary=hparams_pb(values)))
+        writer.flush()
+        return True
 
     def send(
         self, run: RunFacts, st: dict[str, Any], rows: Sequence[Row], evals: Sequence[Evaluation]
@@ -163,21 +188,6 @@ def run_tags(run: RunFacts) -> dict[str, str]:
     }
 
 
-def builtin_params(run_dir: Path) -> dict[str, Any]:
-    """A built-in game's resolved arguments: config.json of its newest checkpoint."""
-    from checkpoints.names import newest_step
-
-    step = newest_step(run_dir / CHECKPOINT_DIR)
-    if step is None:
-        return {}
-    path = run_dir / CHECKPOINT_DIR / f"ckpt-{step:012d}" / CONFIG_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 class MlflowSink:
     """One MLflow run per rlsup run for its whole life: created once (tagged with a random
     key saved first, so a supervisor killed between creating it and saving its id finds it
@@ -186,8 +196,9 @@ class MlflowSink:
 
     name = "mlflow"
 
-    def __init__(self, cfg: MlflowConfig) -> None:
+    def __init__(self, cfg: MlflowConfig, params_of: ParamsOf = declared_params) -> None:
         self.cfg = cfg
+        self.params_of = params_of
         self._client: Any = None
         self._experiment: str | None = None
         self._checked: set[str] = set()  # runs found by id this supervisor life
@@ -252,7 +263,7 @@ class MlflowSink:
         """The run's parameters, once (a built-in game's need its first checkpoint)."""
         from mlflow.entities import Param
 
-        params = dict(run.params) if run.kind == "command" else builtin_params(run.run_dir)
+        params = self.params_of(run)
         if not params:
             return False
         from mlflow.exceptions import MlflowException

@@ -99,6 +99,35 @@ def test_tensorboard_gets_final_steps_once_across_a_bridge_restart_and_a_resume(
     assert (state / STATE_DIR / STATE_FILE).stat().st_mode & 0o077 == 0
 
 
+def test_tensorboard_gets_the_runs_hparams_once(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    state, run_dir = tmp_path / "state", tmp_path / "state" / "runs" / "mine"
+    run_dir.mkdir(parents=True)
+    add_rows(run_dir, 10, 20)
+    commit(run_dir, 20)
+    for life in range(2):  # a second bridge (a supervisor restarted) writes them no more
+        b = bridge(state, TensorBoardSink())
+        b.post((facts(run_dir, committed=20, life=0),))
+        b.pass_once()
+        add_rows(run_dir, 30 + 10 * life)
+        commit(run_dir, 30 + 10 * life)
+        b.post((facts(run_dir, committed=30 + 10 * life, life=0),))
+        b.pass_once()
+        b.close()
+        for sink in b.sinks:
+            sink.close()
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    content = acc.PluginTagToContent(metadata.PLUGIN_NAME)
+    assert list(content) == [metadata.SESSION_START_INFO_TAG]
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    got = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
+    assert got == {"lr": 0.001, "arch": "mlp"}
+    assert len(list((run_dir / "tb").iterdir())) == 2 and tb_steps(run_dir) == [10, 20, 30, 40]
+
+
 def test_tensorboard_is_for_command_games_only(tmp_path: Path) -> None:
     assert not TensorBoardSink().wants(facts(tmp_path, kind="builtin"))
 

@@ -1,5 +1,5 @@
 """`[tracking]` read and refused by key; the W&B environment a command game gets; `rlsup
-tensorboard --print`; a built-in game's parameters as the tracker gets them."""
+tensorboard --print`; a run's parameters as the trackers get them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from supervisor.cli import main
 from supervisor.config import ConfigError, load_config
-from supervisor.tracking.sinks import builtin_params, mlflow_key
+from supervisor.participants.tracking import TrackingBridgeParticipant
+from supervisor.tracking.sinks import RunFacts, mlflow_key
 from supervisor.tracking.wandb import RUN_ID_FILE, wandb_env
 
 BASE = """
@@ -97,10 +98,23 @@ def test_rlsup_tensorboard_prints_every_run_with_event_files(
     assert f"--logdir_spec mine/s1:{runs}/mine/s1/tb,pong:{runs}/pong/tb --port 7007" in out
 
 
-def test_a_builtin_games_params_are_its_newest_checkpoints_config(tmp_path: Path) -> None:
-    assert builtin_params(tmp_path) == {}
-    ckpt = tmp_path / "checkpoints" / "ckpt-000000000100"
+def test_the_trackers_params_are_the_runs_effective_params(tmp_path: Path) -> None:
+    cfg = load(tmp_path)
+    part = TrackingBridgeParticipant(cfg)  # type: ignore[arg-type]
+
+    def of(name: str, kind: str) -> dict[str, object]:
+        run = RunFacts(
+            name=name, run_dir=cfg.run_dir(name), kind=kind, group=name, seed=1,  # type: ignore[attr-defined]
+            done=False, committed=None, life=None, resumed_from=None,
+        )  # fmt: skip
+        return part.params_of(run)
+
+    # A built-in game's wait for its first checkpoint: its resolved arguments, then.
+    assert of("pong", "builtin") == {}
+    ckpt = cfg.run_dir("pong") / "checkpoints" / "ckpt-000000000100"  # type: ignore[attr-defined]
     ckpt.mkdir(parents=True)
-    (ckpt / "config.json").write_text(json.dumps({"lr": 0.00025, "env_id": "CartPole-v1"}))
-    assert builtin_params(tmp_path) == {"lr": 0.00025, "env_id": "CartPole-v1"}
+    resolved = {"learning_rate": 0.00025, "game": "CartPole-v1", "run_dir": "/x", "other": 1}
+    (ckpt / "config.json").write_text(json.dumps(resolved))
+    assert of("pong", "builtin") == {"game": "CartPole-v1", "learning_rate": 0.00025}
+    assert of("gone", "builtin") == {}  # no longer configured
     assert mlflow_key("charts/x y:z") == "charts/x y:z" and mlflow_key("a..b@c") == "a_b_c"
