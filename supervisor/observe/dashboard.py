@@ -313,10 +313,15 @@ class Dashboard:
             parts.append(f'<p class="error">cannot read the state: {_e(exc)}</p>')
         if doc is not None:
             parts += _status_sections(doc)
-        parts.append(self._results_section())
+        try:
+            res: results_mod.Results | None = results_mod.collect(self.cfg)
+            error = None
+        except (sqlite3.Error, OSError) as exc:
+            res, error = None, str(exc)
+        parts.append(self._results_section(res, error))
         if doc is not None:
             parts.append(_cost_section(doc))
-        parts.append(params_section())
+        parts.append(params_section(None if res is None else [*res.runs, *res.unscored], error))
         parts.append(charts_section(self._metrics_or_default(), self._tables, C.DEFAULT_METRIC))
         parts.append(self._events_section())
         token_attr = "" if self.token is None else f' data-token="{_e(self.token)}"'
@@ -329,11 +334,9 @@ class Dashboard:
             generated=_e(time.strftime("%Y-%m-%d %H:%M:%S")),
         )
 
-    def _results_section(self) -> str:
-        try:
-            res = results_mod.collect(self.cfg)
-        except (sqlite3.Error, OSError) as exc:
-            return f'<h2>Results</h2><p class="error">cannot read the results: {_e(exc)}</p>'
+    def _results_section(self, res: results_mod.Results | None, error: str | None) -> str:
+        if res is None:
+            return f'<h2>Results</h2><p class="error">cannot read the results: {_e(error)}</p>'
         if res.empty:
             body = '<p class="empty">no evaluation or training return yet</p>'
         else:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from supervisor.observe import readonly
+from supervisor.observe.params import common, differing
 from supervisor.observe.sentences import sentences
 
 DETAIL_CHARS = 4000  # the raw detail shown under a sentence is cut here
@@ -76,14 +77,56 @@ def events_section(found: list[dict[str, Any]]) -> str:
     return f'<section id="events-section"><h2>Recent events</h2>{body}</section>'
 
 
-def params_section() -> str:
-    # HYPER-PARAMETERS GO HERE: a table per group (the keys that differ first) from
-    # supervisor/observe/params.py's run_params(cfg, game), built on another branch; this
-    # place only says so until it is merged (no data is made up here).
-    return (
-        '<section id="params-section"><h2>Hyper-parameters</h2>'
-        '<p class="empty">hyper-parameters: next</p></section>'
-    )
+def params_section(runs: Iterable[Any] | None, error: str | None = None) -> str:
+    """One table per game, a row per run (its variants' seeds, as `results` collects them, each
+    with its `params`, observe/params.py): the keys whose values differ between the rows first,
+    in columns; those every row shares folded under a <details>."""
+    head = '<section id="params-section"><h2>Hyper-parameters</h2>'
+    if error is not None:
+        return f'{head}<p class="error">cannot read the parameters: {_e(error)}</p></section>'
+    by_game: dict[str, list[Any]] = {}
+    for r in runs or ():
+        by_game.setdefault(r.group.partition("/")[0], []).append(r)
+    tables = []
+    for game, found in by_game.items():
+        rows = [r.params for r in found]
+        if not any(rows):
+            continue
+        keys = differing(rows)
+        shared = common(rows)
+        seen = dict.fromkeys(k for row in rows for k in row)
+        keys += [k for k in seen if k not in shared and k not in keys]  # in some rows only
+        cols = "".join(f"<th>{_e(k)}</th>" for k in ("run", *keys))
+        body = "".join(
+            f'<tr class="params-run"><td>{_e(r.name)}</td>'
+            + "".join(f"<td>{_e(_param(r.params, k))}</td>" for k in keys)
+            + "</tr>"
+            for r in found
+        )
+        folded = ""
+        if shared:
+            items = "".join(
+                f"<tr><th>{_e(k)}</th><td>{_e(_param(shared, k))}</td></tr>" for k in shared
+            )
+            folded = (
+                f"<details><summary>shared by its {len(found)} run(s): {len(shared)} "
+                f'parameter(s)</summary><table class="params-shared">{items}</table></details>'
+            )
+        tables.append(
+            f'<div class="params-game" data-game="{_e(game)}"><h3>{_e(game)}</h3>'
+            f'<table class="params"><thead><tr>{cols}</tr></thead><tbody>{body}</tbody></table>'
+            f"{folded}</div>"
+        )
+    if not tables:
+        tables.append('<p class="empty">no run with known parameters yet</p>')
+    return head + "".join(tables) + "</section>"
+
+
+def _param(params: dict[str, Any], key: str) -> str:
+    if key not in params:
+        return "-"
+    value = params[key]
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
 TIME_PARTS = ("training", "evaluation", "redone", "setup", "starting", "waiting", "backoff",

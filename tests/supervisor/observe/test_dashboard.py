@@ -15,6 +15,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -537,7 +538,14 @@ def test_the_curves_endpoints_overlay_variants_with_mean_and_band(matrix: Any) -
         "60,000" in page  # fmt: skip
     assert "<details><summary>worker_crash</summary><pre>" in page
     assert "&quot;returncode&quot;: -9" in page  # the raw detail, a click away
-    assert 'id="params-section"' in page and "hyper-parameters: next" in page
+    assert 'id="params-section"' in page and "hyper-parameters: next" not in page
+    # One table for cart, a row per run; the keys that differ (the variant's learning rate,
+    # the seed) first, the shared ones folded.
+    assert '<div class="params-game" data-game="cart"><h3>cart</h3>' in page
+    assert "<thead><tr><th>run</th><th>learning_rate</th><th>seed</th></tr></thead>" in page
+    assert '<tr class="params-run"><td>cart/lr3/s2</td><td>0.0003</td><td>2</td></tr>' in page
+    assert "<details><summary>shared by its 6 run(s): " in page
+    assert "<tr><th>game</th><td>CartPole-v1</td></tr>" in page
 
 
 @needs_chromium
@@ -570,5 +578,11 @@ def test_chromium_overlays_three_seeds_of_two_variants_for_a_metric_picked_from_
     assert "point(s) redone after a resume dropped" in dom
     assert 'data-table="cart" data-metric="mean_return"' in other
     assert 'class="sentence">cart/lr3/s2 crashed (killed by SIGKILL)' in dom
+    # The hyper-parameters: cart's table, the differing key (learning_rate) its first column.
+    table = dom[dom.index('<div class="params-game" data-game="cart">') :]
+    heads = re.findall(r"<th>([^<]*)</th>", table[: table.index("</thead>")])
+    assert heads == ["run", "learning_rate", "seed"], heads
+    assert '<tr class="params-run"><td>cart/lr3/s1</td><td>0.0003</td><td>1</td></tr>' in table
+    assert "<summary>shared by its 6 run(s): " in table
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
