@@ -83,7 +83,8 @@ def test_a_killed_command_game_is_one_continuous_curve_in_mlflow_and_tensorboard
         HEAD
         + f'[[games]]\nname = "mine"\ncommand = [{json.dumps(sys.executable)}, "train.py"]\n'
         + f"cwd = {json.dumps(str(tmp_path))}\ntotal_steps = 6000\nseed = 1\n"
-        + 'device = "cpu"\nknobs = []\n[tracking]\nmlflow = { experiment = "e2e" }\n'
+        + 'device = "cpu"\nknobs = []\nparams = { lr = 0.001, arch = "mlp" }\n'
+        + '[tracking]\nmlflow = { experiment = "e2e" }\n'
     )
     state = tmp_path / "state"
     sup = start_supervisor(config, env_for(tmp_path), "--exit-when-done")
@@ -117,6 +118,15 @@ def test_a_killed_command_game_is_one_continuous_curve_in_mlflow_and_tensorboard
     acc = EventAccumulator(str(state / "runs" / "mine" / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == steps
+    # The declared params: MLflow's parameters, TensorBoard's hparams (written once).
+    from tensorboard.plugins.hparams import metadata
+
+    assert only.data.params == {"lr": "0.001", "arch": "mlp"}
+    content = acc.PluginTagToContent(metadata.PLUGIN_NAME)
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert {k: v.string_value or v.number_value for k, v in start.hparams.items()} == {
+        "lr": 0.001, "arch": "mlp",
+    }  # fmt: skip
 
 
 WANDB_SCRIPT = """\
@@ -200,6 +210,7 @@ def test_a_killed_builtin_cartpole_is_one_mlflow_run_with_its_params_and_evaluat
         steps = [m.step for m in client.get_metric_history(only.info.run_id, key)]
         assert steps and steps == sorted(set(steps)), (key, steps)
     assert only.data.params["game"] == "CartPole-v1" and only.data.params["seed"] == "1"
+    assert "run_dir" not in only.data.params  # the run's plumbing is no hyper-parameter
     assert only.data.tags["rlsup.kind"] == "builtin" and only.info.status == "FINISHED"
     newest = committed_step(state, "cart")
     assert newest >= 16384 - 1024  # the last iteration's step, at or past total_steps' reach
