@@ -36,7 +36,7 @@ from harness.runs import MODES, REPO, env_for, start_supervisor, stop_supervisor
 from harness.state_fixture import SUPERSEDED, build_matrix_state
 from supervisor.config import load_config
 from supervisor.observe import dashboard as dash
-from supervisor.observe import readonly
+from supervisor.observe import dashboard_page, readonly
 from supervisor.observe.metrics import start_bounded_wsgi
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -222,6 +222,26 @@ def test_without_a_token_only_loopback_host_names_are_served(fresh: Any) -> None
         assert get(base + "/", {"Host": f"localhost:{port}"})[0] == 200
         assert get(base + "/", {"Host": f"[::1]:{port}"})[0] == 200
         assert get(base + "/", {"Host": f"attacker.example:{port}"})[0] == 403  # DNS rebinding
+
+
+def test_the_params_tables_put_differing_and_partial_keys_first() -> None:
+    from types import SimpleNamespace as Run
+
+    runs = [
+        Run(name="cmd/a/s1", group="cmd/a", params={"lr": 0.1, "env": "x", "flag": True}),
+        Run(name="cmd/b/s1", group="cmd/b", params={"lr": 0.2, "env": "x", "extra": None}),
+        Run(name="other", group="other", params={}),  # nothing known: no table
+    ]
+    html = dashboard_page.params_section(runs)
+    heads = "<tr><th>run</th><th>lr</th><th>flag</th><th>extra</th></tr>"
+    assert heads in html and html.count('class="params-game"') == 1
+    row = '<tr class="params-run"><td>'
+    assert row + "cmd/a/s1</td><td>0.1</td><td>true</td><td>-</td></tr>" in html
+    assert row + "cmd/b/s1</td><td>0.2</td><td>-</td><td>null</td></tr>" in html
+    assert "<summary>shared by its 2 run(s): 1 parameter(s)</summary>" in html
+    assert "no run with known parameters yet" in dashboard_page.params_section([])
+    broken = dashboard_page.params_section(None, "database is locked <x>")
+    assert "cannot read the parameters: database is locked &lt;x&gt;" in broken
 
 
 def test_thinning_keeps_the_newest_row() -> None:
