@@ -545,6 +545,9 @@ def test_the_curves_endpoints_overlay_variants_with_mean_and_band(matrix: Any) -
         assert empty["x"] == [] and empty["series"] == []
         events = json.loads(get(base + "/api/events")[1])["events"]
         assert all(isinstance(e["text"], str) and e["text"] for e in events)
+        res = json.loads(get(base + "/api/results")[1])
+        lrs = {r["name"]: r["params"]["learning_rate"] for r in res["runs"]}
+        assert lrs["cart/lr3/s2"] == 3e-4 and lrs["cart/base/s2"] is None  # the algo's default
         page = get(base + "/")[1].decode()
     assert '<select id="metric" name="metric">' in page
     assert '<option value="policy_loss">policy_loss</option>' in page
