@@ -83,8 +83,8 @@ class GameTime:
             "since": self.first,
         }
         if priced:
-            out["money"] = round(sum(self.money.values()), 4)
-            out["money_lost"] = round(sum(self.money[c] for c in LOST), 4)
+            out["money"] = round(sum(self.money.values()), 6)
+            out["money_lost"] = round(sum(self.money[c] for c in LOST), 6)
         return out
 
 

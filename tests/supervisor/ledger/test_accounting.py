@@ -376,3 +376,22 @@ def test_an_sdk_game_trains_from_its_first_heartbeat_step(tmp_path: Any) -> None
     life.check(rt, rt.life, wd, now=3.0)
     kinds = [getattr(e, "kind", None) for e in life.drain()]
     assert kinds.count("worker_training") == 1
+
+
+def test_a_short_game_s_money_keeps_its_precision() -> None:
+    """A game of seconds on a cheap host costs fractions of a cent: its money figures keep
+    the precision of its seconds (CI saw money_lost 0.0048 for 4.752 s at 3.6/h, 1 % off)."""
+    events = [
+        ev(0, "supervisor_start", None, after="first"),
+        ev(0, "worker_start", "a"),
+        ev(1, "worker_training", "a"),
+        ev(5, "worker_exit", "a", exit="stopped", global_step=9, last_checkpoint_step=9),
+        ev(5, "supervisor_stop", None, clean=True),
+        ev(6, "supervisor_start", None, after="supervisor_restart", downtime_s=None),
+        ev(6, "worker_start", "a"),
+        ev(10.752, "worker_training", "a"),
+    ]
+    doc = account(events, ["a"], now=12.0, per_hour=3.6)["a"].as_json(priced=True)
+    assert doc["lost_s"] == pytest.approx(4.752)
+    assert doc["money"] == pytest.approx(0.001 * doc["wall_s"], rel=1e-3)
+    assert doc["money_lost"] == pytest.approx(0.001 * doc["lost_s"], rel=1e-3)
