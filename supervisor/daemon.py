@@ -7,10 +7,10 @@ modes), hands it to the owners of the decisions, and applies what they return:
   hangs, stops; it returns its effects in an outbox that `_apply` carries out;
 - the GPUs (`gpu.placer.GpuPlacer`): where a game may start, lost GPUs, moves;
 - modes (`stability`): the stability policy and the modes in force;
+- the sweeps (`sweep.keeper`): trials' evaluations to the pruner, an ended trial's runs;
 - the participants (`participants`): the preemption watch (read first: its one `Hold` rules
   the tick), alert hooks, metrics, the uploader, the spare, each handed one `TickView`.
-Every database write, the events they return included, goes through the Recorder
-(`ledger.recorder`), which also logs it.
+Every database write goes through the Recorder (`ledger.recorder`), which also logs it.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ from supervisor.lifecycle.startup import (
 )
 from supervisor.lifecycle.states import WorkerState
 from supervisor.lock import LockHeld, acquire_lock
-from supervisor.participants import Event, HookAlerts, Started, TickView
+from supervisor.participants import Event, HookAlerts, Started, StartFailed, TickView
 from supervisor.sdnotify import Notifier
 from supervisor.stability import modes, scaling, vitals
+from supervisor.sweep.keeper import TrialWaits
 from supervisor.waker import Waker
 from training import protocol
 
@@ -75,10 +76,6 @@ S = WorkerState
 VITALS_EVERY_S = 5.0
 # A tick's spawns stop once they have taken this long; the rest wait for the next tick.
 SPAWN_BUDGET_S = 10.0
-
-
-class StartFailed(RuntimeError):
-    """The supervisor could not start (its state database could not be opened or read)."""
 
 
 # The stability policy's seam: called once a tick (before modes are applied) with the state
@@ -308,6 +305,7 @@ class Supervisor:
         self.record(self.launcher.observe(now))
         if not self.stopping:
             self.observe(now)
+            self.sweep(now)
             grace = now + self.cfg.stop_grace_s
             for name in self.gpus.watch():  # games on a lost GPU: placed again elsewhere
                 if (rt := self.games.get(name)) is not None:
@@ -412,6 +410,14 @@ class Supervisor:
                 self.life.stop(rt, StopReason.HANG, now + self.cfg.watchdog.kill_grace_s)
         self._apply()
 
+    def sweep(self, now: float) -> None:
+        """The sweeps' trials: evaluations to the pruner, ends told, an ended trial's runs
+        stopped with a checkpoint (supervisor/sweep/keeper.py)."""
+        step = self.on.sweeps.step({n: (rt.state, rt.reason) for n, rt in self.games.items()})
+        self.record(step.events)
+        self.life.end_runs(step.ends, now + self.cfg.stop_grace_s)
+        self._apply()
+
     # ---- modes, GPUs and scheduling ---------------------------------------------------------
 
     def run_policy(self) -> None:
@@ -497,8 +503,9 @@ class Supervisor:
         env = self.life.hold.worker_env(self.gpus.env_for(name))
         try:
             proc = self._launch(rt, mode, threads, now, env)
-        except NoRoom as exc:
-            # All hosts full, or its last worker's remains still stopping: it waits, no failure.
+        except (NoRoom, TrialWaits) as exc:
+            # All hosts full, its last worker's remains still stopping, its sweep's study store
+            # failing: it waits, no failure.
             self.gpus.unassign(name)
             if name not in self._no_room and exc.event:
                 self._no_room.add(name)
@@ -519,8 +526,8 @@ class Supervisor:
 
     def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float,
                 env: dict[str, str] | None) -> WorkerProcess:  # fmt: skip
-        name = rt.spec.name
-        w = sp.prepare_worker(self.cfg, rt.spec, mode, threads, env, db.starts(self.on.conn, name))
+        name, spec = rt.spec.name, self.on.sweeps.assign(rt.spec)  # a trial's values: drawn once
+        w = sp.prepare_worker(self.cfg, spec, mode, threads, env, db.starts(self.on.conn, name))
         proc = self.launcher.spawn(w.argv, w.log, now, cwd=w.cwd, env=w.env, command=w.command)
         try:
             self.waker.watch(proc.pidfd, name)

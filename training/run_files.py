@@ -22,6 +22,9 @@ ERROR_FILE = "error.json"
 EVAL_FILE = "eval.json"
 CHECKPOINT_DIR = "checkpoints"
 LOCK_FILE = "worker.lock"
+# A sweep's trial run: the trial and the values the study drew for it, written by the supervisor
+# before the run's first start ({"sweep", "trial", "params"}; docs/sweeps.md).
+TRIAL_FILE = "trial.json"
 
 PROGRESS_COLUMNS = (
     "time",

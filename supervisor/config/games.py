@@ -50,6 +50,7 @@ GAME_FIELDS: dict[str, Field] = {
         "a list of seeds (integers >= 0): one run per seed, named GAME/sSEED",
     ),
     "variants": ((dict,), {}, None, "a table of named argument variants: NAME = { key = value }"),
+    "sweep": ((dict,), {}, None, "a search (docs/sweeps.md): [games.sweep] trials, params, ..."),
 }
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -87,6 +88,7 @@ COMMAND_GAME_FIELDS: dict[str, Field] = {
     "device": GAME_FIELDS["device"],
     "gpu": GAME_FIELDS["gpu"],
     "seeds": GAME_FIELDS["seeds"],
+    "sweep": GAME_FIELDS["sweep"],
 }
 
 # Where the supervisor takes each worker flag it owns (worker_args.SUPERVISOR_FIELDS): the key an

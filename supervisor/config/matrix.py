@@ -13,6 +13,7 @@ from supervisor.config.fields import ConfigSource
 from supervisor.config.games import Variants, builtin_game, command_game
 from supervisor.config.model import GameSpec, ModeSpec
 from supervisor.config.recipe import worker_config
+from supervisor.config.sweep import expand_trials, extremes, parse_sweep
 from training import args as worker_args
 
 
@@ -34,18 +35,33 @@ def parse_games(
                     "table (its own command or env)",
                 )
             base = command_game(ctx, i, table, ctx.path)
-            tables.append(expand(ctx, i, table, base, {"": ()}))
+            if "sweep" in table:
+                tables.append(sweep_runs(ctx, i, table, base))
+            else:
+                tables.append(expand(ctx, i, table, base, {"": ()}))
             continue
         base, variants = builtin_game(ctx, i, table)
-        runs = expand(ctx, i, table, base, variants)
-        for game in runs:
+        if isinstance(table, dict) and "sweep" in table:
+            base = dataclasses.replace(base, args=variants[""])
+            runs = sweep_runs(ctx, i, table, base)
+            # Each searched value at its ends, the others at their first: the worker's own
+            # validation in every mode, as a variant's args are checked.
+            assert runs[0].sweep is not None
+            checked = [
+                dataclasses.replace(base, args=tuple(sorted({**base.args_dict, **v}.items())))
+                for v in extremes(runs[0].sweep)
+            ]
+        else:
+            runs = checked = expand(ctx, i, table, base, variants)
+        for game in checked:
             for mode in modes:
                 try:
                     worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, None)
                 except (worker_args.ConfigError, TypeError, ValueError) as exc:
+                    drawn = f" (with the sweep's values {dict(game.args)})" if runs[0].sweep else ""
                     raise ctx.fail(
                         ["games", i], f"{game.name}: invalid worker settings in mode "
-                        f"{mode.name!r}: {exc}",
+                        f"{mode.name!r}{drawn}: {exc}",
                     ) from None  # fmt: skip
         tables.append(runs)
     games = [t[k] for k in range(max(map(len, tables))) for t in tables if k < len(t)]
@@ -65,15 +81,16 @@ def parse_games(
     return tuple(games)
 
 
-def expand(
-    ctx: ConfigSource,
-    i: int,
-    table: Mapping[str, Any],
-    base: GameSpec,
-    variants: Variants,
+def sweep_runs(
+    ctx: ConfigSource, i: int, table: Mapping[str, Any], base: GameSpec
 ) -> list[GameSpec]:
-    """One [[games]] table's runs: each seed (`seeds`, else `seed`) x each variant ("" = the
-    game's own args), seed-major, named GAME[/VARIANT][/sSEED]."""
+    """A sweep's runs: its trials x `seeds` (docs/sweeps.md)."""
+    seeds = check_seeds(ctx, i, table)
+    return expand_trials(parse_sweep(ctx, i, table, base, seeds), base, i)
+
+
+def check_seeds(ctx: ConfigSource, i: int, table: Mapping[str, Any]) -> list[int]:
+    """`seeds` as given (checked: not empty, not with `seed`, no seed twice); [] without."""
     seeds: list[int] = table.get("seeds", [])
     if "seeds" in table:
         if not seeds:
@@ -88,6 +105,19 @@ def expand(
             raise ctx.fail(
                 ["games", i, "seeds"], f"seed {dup} appears twice in {seeds}: each seed is one run"
             )
+    return seeds
+
+
+def expand(
+    ctx: ConfigSource,
+    i: int,
+    table: Mapping[str, Any],
+    base: GameSpec,
+    variants: Variants,
+) -> list[GameSpec]:
+    """One [[games]] table's runs: each seed (`seeds`, else `seed`) x each variant ("" = the
+    game's own args), seed-major, named GAME[/VARIANT][/sSEED]."""
+    seeds = check_seeds(ctx, i, table)
     runs = []
     for seed in seeds or [base.seed]:
         for vname, args in variants.items():

@@ -8,7 +8,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.config.cluster import ClusterConfig, SpareConfig
 from supervisor.config.hooks import HookSpec
@@ -16,6 +16,9 @@ from supervisor.config.metrics import MetricsConfig
 from supervisor.config.mirror import MirrorConfig
 from supervisor.config.preemption import PreemptionConfig
 from supervisor.config.tracking import TrackingConfig
+
+if TYPE_CHECKING:
+    from supervisor.config.sweep import SweepSpec
 
 GAME_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
 # A run of a game's matrix (`seeds`, `variants`): `pong/s2`, `pong/lr3/s1`, `pong/lr3`.
@@ -60,6 +63,10 @@ class GameSpec:
     # Which [[games]] table it came from (a matrix expands one table into several runs): error
     # messages name that table's line. Not part of what the game is (reload compares specs).
     table: int = dataclasses.field(default=0, compare=False)
+    # A sweep's trial run (supervisor/config/sweep.py): its study's definition and its trial's
+    # number; its args (params) are the trial's, drawn when the trial first starts.
+    sweep: SweepSpec | None = None
+    trial: int | None = None
 
     @property
     def group(self) -> str:

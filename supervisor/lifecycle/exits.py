@@ -29,6 +29,7 @@ class StopReason(enum.StrEnum):
     SHUTDOWN = "shutdown"  # the supervisor is stopping
     GPU_LOST = "gpu_lost"  # its GPU fell off the bus: placed again on another (not a failure)
     GPU_MOVE = "gpu_move"  # its GPU runs hot: moved to a calmer one (not a failure)
+    SWEEP = "sweep"  # its sweep's trial ended (pruned, or another run of it failed): DONE
 
 
 class Route(enum.StrEnum):
@@ -42,6 +43,7 @@ class Route(enum.StrEnum):
     FENCED = "fenced"  # exit 77 -> FATAL: another placement owns the game
     IMPORT_ERROR = "import_error"  # an ImportError at start-up -> FATAL at once
     FAILURE = "failure"  # a crash, an OOM, a signal, a hang: backoff (or FATAL past the budget)
+    SWEEP = "sweep"  # -> DONE: its trial ended (pruned, failed); its newest checkpoint is kept
 
 
 def error_event(error_kind: str) -> str | None:
@@ -90,6 +92,8 @@ def route_exit(
         return Route.FENCED
     if stopping:
         return Route.SHUTDOWN
+    if asked is StopReason.SWEEP:
+        return Route.SWEEP
     if kind is ExitKind.HOST_LOST:
         return Route.MOVE
     if kind is ExitKind.START_LOST:
@@ -113,6 +117,7 @@ _SETTLED = {
     Route.DONE: (WorkerState.DONE, "total_steps reached"),
     Route.REMOVED: (WorkerState.STOPPED, "removed from the configuration"),
     Route.SHUTDOWN: (WorkerState.STOPPED, "supervisor shutdown"),
+    Route.SWEEP: (WorkerState.DONE, "its sweep ended its trial (pruned, or failed elsewhere)"),
     Route.MOVE: (WorkerState.WAITING, "its host was lost: placed again on another host"),
     Route.START_AGAIN: (
         WorkerState.WAITING,

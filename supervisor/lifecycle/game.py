@@ -11,7 +11,7 @@ hands it to a step, and applies the outbox (torchelastic's `RunResult`, supervis
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from supervisor.lifecycle.restart import (
 from supervisor.lifecycle.runtime import GameRuntime, Reconciled, WorkerLife, reconcile
 from supervisor.lifecycle.states import ACTIVE, ALIVE, TERMINAL, Transition, WorkerState, transition
 from supervisor.preemption.notice import NO_HOLD, Hold
+from supervisor.sweep.keeper import EndRun
 from training.protocol import Heartbeat
 
 log = structlog.get_logger("rlsup.supervisor")
@@ -257,6 +258,20 @@ class Lifecycle:
             life.stop_reason = reason
         self.outbox.append(Signal(life.proc))
         life.kill_at = kill_at if life.kill_at is None else min(life.kill_at, kill_at)
+
+    def end_runs(self, ends: Iterable[EndRun], kill_at: float) -> None:
+        """A sweep's trial ended: its runs stop with a checkpoint (exit 75) and are DONE, or
+        are DONE at once when they have no worker."""
+        for end in ends:
+            rt = self.games.get(end.game)
+            if rt is None:
+                continue
+            if rt.life is not None:
+                if rt.state is S.STOPPING:
+                    rt.life.stop_reason = StopReason.SWEEP  # whatever it was asked before
+                self.stop(rt, StopReason.SWEEP, kill_at)
+            elif rt.state in (S.WAITING, S.BACKOFF, S.STOPPED):
+                self.set(rt, S.DONE, end.why)
 
     def escalate(self, now: float) -> None:
         """The workers past their grace after SIGTERM: killed, once each."""

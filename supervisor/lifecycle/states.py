@@ -28,7 +28,7 @@ class WorkerState(enum.StrEnum):
     its exit classified; the loop picks the next state in the same tick.
     BACKOFF: waiting out a restart delay (keeps its slot); also after a spawn that failed
     (a full disk, a failed pidfd), again when the restart's own spawn fails.
-    DONE: total_steps reached.
+    DONE: total_steps reached (or its sweep ended its trial: pruned, failed elsewhere).
     FATAL: not restarted (restart budget spent, or a configuration error).
     The exact edges are `ALLOWED` below; `transition()` enforces them.
     """
@@ -47,13 +47,14 @@ class WorkerState(enum.StrEnum):
 S = WorkerState
 ALLOWED: dict[WorkerState, frozenset[WorkerState]] = {
     S.STOPPED: frozenset({S.WAITING, S.STARTING, S.DONE, S.FATAL}),
-    S.WAITING: frozenset({S.STARTING, S.BACKOFF, S.STOPPED, S.FATAL}),
+    # WAITING/BACKOFF -> DONE: a sweep's trial ended before this run of it (re)started.
+    S.WAITING: frozenset({S.STARTING, S.BACKOFF, S.STOPPED, S.FATAL, S.DONE}),
     S.STARTING: frozenset({S.RUNNING, S.STOPPING, S.EXITED}),
     S.RUNNING: frozenset({S.STOPPING, S.EXITED}),
     S.STOPPING: frozenset({S.EXITED}),
     S.EXITED: frozenset({S.DONE, S.BACKOFF, S.WAITING, S.FATAL, S.STOPPED}),
     # BACKOFF -> BACKOFF: the restart's spawn failed too (the disk still full): a new delay.
-    S.BACKOFF: frozenset({S.STARTING, S.BACKOFF, S.WAITING, S.STOPPED, S.FATAL}),
+    S.BACKOFF: frozenset({S.STARTING, S.BACKOFF, S.WAITING, S.STOPPED, S.FATAL, S.DONE}),
     S.DONE: frozenset({S.STOPPED, S.WAITING}),
     S.FATAL: frozenset({S.STOPPED, S.WAITING}),
 }

@@ -5,7 +5,8 @@
   overrides and the mode's sizes included), else, for a run with no checkpoint yet, the launch
   recipe (supervisor/config/recipe.py) in the file's initial mode;
 - a command game: the `params` its [[games]] table declares (what its program got as
-  RLSUP_PARAMS).
+  RLSUP_PARAMS);
+- a sweep's trial run: the values its study drew for the trial (trial.json) over either.
 
 The run's plumbing (its directory, thread budget, mirror, placement epoch) is no
 hyper-parameter and is left out. Read from the state dir alone; the checkpoint's config.json
@@ -18,7 +19,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.run_files import CHECKPOINT_DIR, read_json_file
+from training.run_files import CHECKPOINT_DIR, TRIAL_FILE, read_json_file
 
 if TYPE_CHECKING:
     from supervisor.config import Config
@@ -44,19 +45,31 @@ def run_params(cfg: Config, game: str) -> dict[str, Param]:
     """The effective hyper-parameters of the configured run `game` (KeyError: no such run),
     sorted by name."""
     spec = cfg.game(game)
+    drawn = _trial_params(cfg.run_dir(game)) if spec.sweep is not None else {}
     if spec.command is not None:
-        return {k: _scalar(v) for k, v in sorted(spec.params)}
+        return {k: _scalar(v) for k, v in sorted({**dict(spec.params), **drawn}.items())}
     from training import args as worker_args
 
     resolved = _from_checkpoint(cfg.run_dir(game), worker_args.WORKER_FIELDS)
     if resolved is None:
+        import dataclasses
+
         from supervisor.config import worker_config
 
+        args = tuple(sorted({**spec.args_dict, **drawn}.items()))
         wcfg = worker_config(
-            spec, cfg.mode(cfg.initial_mode), cfg.run_dir(game), cfg.checkpoint_every_s, None
-        )
+            dataclasses.replace(spec, args=args), cfg.mode(cfg.initial_mode), cfg.run_dir(game),
+            cfg.checkpoint_every_s, None,
+        )  # fmt: skip
         resolved = wcfg.to_json()
     return {k: _scalar(v) for k, v in sorted(resolved.items()) if k not in PLUMBING}
+
+
+def _trial_params(run_dir: Path) -> dict[str, Any]:
+    """A sweep's trial run: the values its study drew (trial.json), {} before its first start."""
+    doc = read_json_file(run_dir / TRIAL_FILE)
+    params = doc.get("params") if isinstance(doc, dict) else None
+    return dict(params) if isinstance(params, dict) else {}
 
 
 def _from_checkpoint(run_dir: Path, known: frozenset[str]) -> dict[str, Any] | None:

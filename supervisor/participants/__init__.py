@@ -13,7 +13,7 @@ from supervisor.participants.hooks import HookAlerts
 from supervisor.participants.metrics import MetricsExport
 from supervisor.participants.mirror import MirrorUploads
 from supervisor.participants.spare import SpareTending
-from supervisor.participants.started import Started
+from supervisor.participants.started import Started, StartFailed
 from supervisor.participants.tick import Event, Participant, TickView
 from supervisor.participants.time_ledger import TimeLedger
 from supervisor.participants.tracking import TrackingBridgeParticipant
@@ -25,6 +25,7 @@ __all__ = [
     "MirrorUploads",
     "Participant",
     "SpareTending",
+    "StartFailed",
     "Started",
     "TickView",
     "TimeLedger",

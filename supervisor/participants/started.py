@@ -20,6 +20,11 @@ from supervisor.participants.time_ledger import TimeLedger
 from supervisor.participants.tracking import TrackingBridgeParticipant
 from supervisor.preemption.participant import PreemptionWatch
 from supervisor.stability import modes
+from supervisor.sweep.keeper import SweepError, SweepKeeper
+
+
+class StartFailed(RuntimeError):
+    """The supervisor could not start (its state database, or a sweep's study, unusable)."""
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Started:
     hooks: HookAlerts
     uploads: MirrorUploads
     preemption: PreemptionWatch
+    sweeps: SweepKeeper
 
     @classmethod
     def make(
@@ -60,4 +66,9 @@ class Started:
             pre, spare, uploads, hooks, MetricsExport(cfg), TimeLedger(cfg, steady),
             TrackingBridgeParticipant(cfg),
         ]  # fmt: skip
-        return cls(conn, journal, recorder, mode_view, parts, spare, hooks, uploads, pre)
+        sweeps = SweepKeeper(cfg, conn)
+        try:
+            sweeps.start()
+        except SweepError as exc:  # a corrupt study, or another sweep's: named, never replaced
+            raise StartFailed(str(exc)) from None
+        return cls(conn, journal, recorder, mode_view, parts, spare, hooks, uploads, pre, sweeps)
