@@ -1,4 +1,5 @@
 """`rlsup results [--game NAME] [--runs] [--json | --csv | --markdown]`: the results table.
+(`--sweep NAME`: a sweep's trials ranked, commands/sweep_results.py.)
 
 One row per game and variant (a `[[games]]` table's runs over `seeds`, observe/results.py):
 runs, steps, the evaluation and the last-100 training return over the seeds (mean +/- sample
@@ -62,6 +63,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--runs", action="store_true", help="one row per run (seed) instead of per game and variant"
     )
+    p.add_argument("--sweep", metavar="NAME", help="a sweep's trials, ranked (docs/sweeps.md)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="the figures as one JSON document")
     fmt.add_argument("--csv", action="store_true", help="one CSV row per game and variant")
@@ -71,6 +73,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args)
+    if args.sweep is not None:
+        from supervisor.commands import sweep_results
+
+        return sweep_results.run(cfg, args)
     only = args.game or []
     known = {n for g in cfg.games for n in (g.name, g.group, g.name.split("/")[0])}
     for name in only:
