@@ -36,6 +36,7 @@ from supervisor.config import (
     load_config,
     mirror_reload_refusal,
 )
+from supervisor.config.sweep import sweep_reload_refusal
 from supervisor.gpu.gate import NvmlLike, worker_env
 from supervisor.gpu.moves import GpuMove, PlacedGame
 from supervisor.gpu.placer import GameAsk, GpuPlacer, PlacedAsk
@@ -566,7 +567,8 @@ class Supervisor:
             new = load_config(self.cfg.path)
             check_runs_match(dataclasses.replace(new, state_dir=self.cfg.state_dir))
             new = check_for_service(new)
-            if (refusal := mirror_reload_refusal(self.cfg, new)) is not None:
+            refusal = mirror_reload_refusal(self.cfg, new) or sweep_reload_refusal(self.cfg, new)
+            if refusal is not None:
                 # Applied to some parts and not others (the launcher's fences, the uploader,
                 # the workers' restores), a moved mirror loses fencing and progress: refused.
                 raise ConfigError(refusal)

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,10 +324,41 @@ def extremes(spec: SweepSpec) -> list[dict[str, Scalar]]:
     return out
 
 
+def sweep_reload_refusal(old_cfg: Any, new_cfg: Any) -> str | None:
+    """Why a reload may not apply (a sweep whose search changed: its study holds trials drawn
+    from the old one; its trials or pruner: taken at the next start), else None. A sweep added
+    or removed is fine."""
+    before = {g.sweep.name: g.sweep for g in old_cfg.games if g.sweep is not None}
+    new: Iterable[GameSpec] = new_cfg.games
+    for g in new:
+        s = g.sweep
+        if s is None or s.name not in before or before[s.name] == s:
+            continue
+        if before[s.name].definition() != s.definition():
+            return (
+                f"sweep {s.name!r} changed ({_changed(before[s.name], s)}): its study holds "
+                "trials drawn from the old search; a changed search is a new sweep: give it a "
+                "new name"
+            )
+        return (
+            f"sweep {s.name!r}: {_changed(before[s.name], s)} changed; a running sweep takes "
+            "that at its next start (restart the service), not on a reload"
+        )
+    return None
+
+
+def _changed(a: SweepSpec, b: SweepSpec) -> str:
+    keys = [
+        f.name for f in dataclasses.fields(SweepSpec) if getattr(a, f.name) != getattr(b, f.name)
+    ]
+    return ", ".join(keys)
+
+
 __all__ = [
     "ParamSpace",
     "SweepSpec",
     "expand_trials",
     "extremes",
     "parse_sweep",
+    "sweep_reload_refusal",
 ]

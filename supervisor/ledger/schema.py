@@ -76,6 +76,11 @@ EVENT_KINDS = frozenset(
         "tracking_failed",
         "tracking_ok",
         "tracking_skipped",
+        # Sweeps ([games.sweep]): a trial ended (complete, pruned, fail: its value, parameters,
+        # runs and why), a study store that failed (once per outage) and works again.
+        "sweep_trial",
+        "sweep_failed",
+        "sweep_ok",
     }
 )
 

@@ -250,6 +250,15 @@ def _checkpoint(what: str) -> Any:
     return f
 
 
+def _sweep_trial(who: str, d: dict[str, Any], ex: dict[str, Any]) -> str:
+    sweep, trial, state = _text(d.get("sweep")), _int(d.get("trial")), _text(d.get("state"))
+    out = f"sweep {sweep}: trial {trial} ended {state}"
+    value = _num(d.get("value"))
+    out += f" with value {value:,.2f}" if value is not None else ""
+    why = _text(d.get("message"))
+    return out + (f" ({why})" if why else "")
+
+
 def _generic(who: str, kind: str, d: dict[str, Any]) -> str:
     why = _why(d)
     return f"{who}: {kind.replace('_', ' ')}" + (f": {why}" if why else "")
@@ -266,6 +275,7 @@ _KINDS: dict[str, Any] = {
     "game_done": _done,
     "worker_hang": _hang,
     "evaluation": _evaluation,
+    "sweep_trial": _sweep_trial,
     "scale_down": _mode,
     "scale_up": _mode,
     "mode_pinned": _pinned,

@@ -185,27 +185,29 @@ class SweepKeeper:
         if fatal is not None:
             self._tell(study, n, t, "fail", None, f"{fatal[0]}: {fatal[1]}", out)
             return
-        if all(state == "done" for _, state, _ in runs):
-            values = [self._final(r) for r, _, _ in runs]
-            if any(v is None for v in values):
-                missing = [r for (r, _, _), v in zip(runs, values, strict=True) if v is None]
-                message = f"no evaluation recorded by {', '.join(missing)} (eval.json)"
-                self._tell(study, n, t, "fail", None, message, out)
-                return
-            value = statistics.fmean(v for v in values if v is not None)
-            self._tell(study, n, t, "complete", value, "", out)
-            return
+        done = all(state == "done" for _, state, _ in runs)
         points = [sorted(self.evals.get(r, {}).items()) for r, _, _ in runs]
         ready = min(len(p) for p in points)
         while t.reported < ready:
+            # Reported even when its runs are done (a fast trial ends between two ticks): the
+            # pruner compares later trials with these.
             k = t.reported
             value = statistics.fmean(p[k][1] for p in points)
             prune = study.report(n, k, value)
             t.reported += 1
-            if prune:
+            if prune and not done:
                 message = f"pruned at evaluation {k} (mean {value:.4g})"
                 self._tell(study, n, t, "pruned", None, message, out)
                 return
+        if done:
+            finals = {r: self._final(r) for r, _, _ in runs}
+            values = [v for v in finals.values() if v is not None]
+            if len(values) < len(finals):
+                missing = [r for r, v in finals.items() if v is None]
+                message = f"no evaluation recorded by {', '.join(missing)} (eval.json)"
+                self._tell(study, n, t, "fail", None, message, out)
+                return
+            self._tell(study, n, t, "complete", statistics.fmean(values), "", out)
 
     def _tell(
         self, study: Study, n: int, t: _Trial, state: str, value: float | None, message: str,
