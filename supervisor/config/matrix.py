@@ -13,7 +13,7 @@ from supervisor.config.fields import ConfigSource
 from supervisor.config.games import Variants, builtin_game, command_game
 from supervisor.config.model import GameSpec, ModeSpec
 from supervisor.config.recipe import worker_config
-from supervisor.config.sweep import expand_trials, extremes, parse_sweep
+from supervisor.config.sweep import expand_trials, extremes, parse_sweep, refuse_variants
 from training import args as worker_args
 
 
@@ -40,28 +40,24 @@ def parse_games(
             else:
                 tables.append(expand(ctx, i, table, base, {"": ()}))
             continue
-        base, variants = builtin_game(ctx, i, table)
         if isinstance(table, dict) and "sweep" in table:
-            base = dataclasses.replace(base, args=variants[""])
-            runs = sweep_runs(ctx, i, table, base)
-            # Each searched value at its ends, the others at their first: the worker's own
-            # validation in every mode, as a variant's args are checked.
+            refuse_variants(ctx, i, table)
+            base, variants = builtin_game(ctx, i, table)
+            runs = sweep_runs(ctx, i, table, dataclasses.replace(base, args=variants[""]))
             assert runs[0].sweep is not None
-            checked = [
-                dataclasses.replace(base, args=tuple(sorted({**base.args_dict, **v}.items())))
-                for v in extremes(runs[0].sweep)
-            ]
-        else:
-            runs = checked = expand(ctx, i, table, base, variants)
-        for game in checked:
+            check_sweep_values(ctx, i, runs[0], modes, checkpoint_every_s)
+            tables.append(runs)
+            continue
+        base, variants = builtin_game(ctx, i, table)
+        runs = expand(ctx, i, table, base, variants)
+        for game in runs:
             for mode in modes:
                 try:
                     worker_config(game, mode, Path("/nonexistent"), checkpoint_every_s, None)
                 except (worker_args.ConfigError, TypeError, ValueError) as exc:
-                    drawn = f" (with the sweep's values {dict(game.args)})" if runs[0].sweep else ""
                     raise ctx.fail(
                         ["games", i], f"{game.name}: invalid worker settings in mode "
-                        f"{mode.name!r}{drawn}: {exc}",
+                        f"{mode.name!r}: {exc}",
                     ) from None  # fmt: skip
         tables.append(runs)
     games = [t[k] for k in range(max(map(len, tables))) for t in tables if k < len(t)]
@@ -79,6 +75,24 @@ def parse_games(
                     f"({game.name}, ...): its run directory would hold theirs; rename one",
                 )
     return tuple(games)
+
+
+def check_sweep_values(
+    ctx: ConfigSource, i: int, game: GameSpec, modes: tuple[ModeSpec, ...], every_s: float
+) -> None:
+    """Each searched value at its ends, the others at their first: the worker's own validation
+    in every mode, as a variant's args are checked, naming the parameter."""
+    assert game.sweep is not None
+    for name, values in extremes(game.sweep):
+        run = dataclasses.replace(game, args=tuple(sorted({**game.args_dict, **values}.items())))
+        for mode in modes:
+            try:
+                worker_config(run, mode, Path("/nonexistent"), every_s, None)
+            except (worker_args.ConfigError, TypeError, ValueError) as exc:
+                raise ctx.fail(
+                    ["games", i, "sweep", "params", name], f"{values[name]!r}: refused by the "
+                    f"worker in mode {mode.name!r} (with {values}): {exc}",
+                ) from None  # fmt: skip
 
 
 def sweep_runs(

@@ -167,12 +167,7 @@ def parse_sweep(
 ) -> SweepSpec:
     """`[games.sweep]` of the i-th [[games]] table (`base`: the game as the table names it)."""
     where: list[str | int] = ["games", i, "sweep"]
-    if "variants" in table:
-        raise ctx.fail(
-            ["games", i, "variants"],
-            "a sweep draws its trials' values itself: a table has either `variants` or "
-            "[games.sweep], not both",
-        )
+    refuse_variants(ctx, i, table)
     v = read_table(ctx, where, table["sweep"], SWEEP_FIELDS)
     kind = base.kind
     space = tuple(
@@ -221,6 +216,15 @@ def parse_sweep(
                 'set to 0: a sweep with metric = "eval" ranks its trials by their evaluations',
             )
     return spec
+
+
+def refuse_variants(ctx: ConfigSource, i: int, table: Mapping[str, Any]) -> None:
+    if "variants" in table:
+        raise ctx.fail(
+            ["games", i, "variants"],
+            "a sweep draws its trials' values itself: a table has either `variants` or "
+            "[games.sweep], not both",
+        )
 
 
 def _param(
@@ -314,13 +318,14 @@ def expand_trials(spec: SweepSpec, base: GameSpec, i: int) -> list[GameSpec]:
     return runs
 
 
-def extremes(spec: SweepSpec) -> list[dict[str, Scalar]]:
-    """Assignments that put each parameter at each of its ends (the others at their first):
-    what the worker's validation checks at load in every mode."""
+def extremes(spec: SweepSpec) -> list[tuple[str, dict[str, Scalar]]]:
+    """Assignments that put each parameter at each of its ends (the others at their first),
+    each with the parameter it tries: what the worker's validation checks at load in every
+    mode."""
     first = {p.name: p.ends()[0] for p in spec.space}
-    out = [first]
+    out = []
     for p in spec.space:
-        out.extend({**first, p.name: v} for v in p.ends()[1:])
+        out.extend((p.name, {**first, p.name: v}) for v in p.ends())
     return out
 
 
@@ -360,5 +365,6 @@ __all__ = [
     "expand_trials",
     "extremes",
     "parse_sweep",
+    "refuse_variants",
     "sweep_reload_refusal",
 ]
