@@ -13,7 +13,12 @@ from supervisor.commands._common import EXIT_FAIL, EXIT_OK
 HERE = Path(__file__).resolve().parent.parent
 EXAMPLE = HERE / "example.toml"
 # `--example byo`: a command game (your own training script) and a script to start from.
-EXAMPLES = {"builtin": EXAMPLE, "byo": HERE / "example-byo.toml"}
+# `--example sweep`: a short CartPole sweep (docs/sweeps.md).
+EXAMPLES = {
+    "builtin": EXAMPLE,
+    "byo": HERE / "example-byo.toml",
+    "sweep": HERE / "example-sweep.toml",
+}
 BYO_SCRIPT = HERE / "templates" / "byo-train.py.txt"
 
 
@@ -35,7 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=sorted(EXAMPLES),
         default="builtin",
         help="builtin: rlsup's own learners (default); byo: your own training script as a "
-        "command game, with a train.py to start from written beside the file",
+        "command game, with a train.py to start from written beside the file; sweep: a "
+        "12-trial CartPole hyper-parameter search that finishes in minutes",
     )
     p.set_defaults(func=run)
 
@@ -58,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"kept {script}: the game runs it as it is")
     print(f"start it with: rlsup run --config {path}")
+    if example == "sweep":
+        print(f"then rank its trials with: rlsup results --sweep cartpole --config {path}")
     return EXIT_OK
 
 

@@ -323,7 +323,7 @@ def extremes(spec: SweepSpec) -> list[tuple[str, dict[str, Scalar]]]:
     each with the parameter it tries: what the worker's validation checks at load in every
     mode."""
     first = {p.name: p.ends()[0] for p in spec.space}
-    out = []
+    out: list[tuple[str, dict[str, Scalar]]] = []
     for p in spec.space:
         out.extend((p.name, {**first, p.name: v}) for v in p.ends())
     return out
