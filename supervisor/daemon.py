@@ -306,7 +306,6 @@ class Supervisor:
         self.record(self.launcher.observe(now))
         if not self.stopping:
             self.observe(now)
-            self.sweep(now)
             grace = now + self.cfg.stop_grace_s
             for name in self.gpus.watch():  # games on a lost GPU: placed again elsewhere
                 if (rt := self.games.get(name)) is not None:
@@ -402,6 +401,8 @@ class Supervisor:
             self.gpus.seen_memory(rt.spec.name)  # its memory is now visible to NVML
 
     def observe(self, now: float) -> None:
+        """Heartbeats and hangs; then the sweeps' trials (supervisor/sweep/keeper.py): their
+        evaluations to the pruner, their ends told, an ended trial's runs stopped."""
         for rt in self.games.values():
             life = rt.life
             if life is None or rt.state not in (S.STARTING, S.RUNNING):
@@ -410,10 +411,6 @@ class Supervisor:
             if self.life.check(rt, life, self.cfg.watchdog, now):
                 self.life.stop(rt, StopReason.HANG, now + self.cfg.watchdog.kill_grace_s)
         self._apply()
-
-    def sweep(self, now: float) -> None:
-        """The sweeps' trials: evaluations to the pruner, ends told, an ended trial's runs
-        stopped with a checkpoint (supervisor/sweep/keeper.py)."""
         step = self.on.sweeps.step({n: (rt.state, rt.reason) for n, rt in self.games.items()})
         self.record(step.events)
         self.life.end_runs(step.ends, now + self.cfg.stop_grace_s)

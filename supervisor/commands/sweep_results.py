@@ -77,7 +77,7 @@ def _cells(t: TrialFigures, keys: list[str]) -> list[str]:
         value += f" ± {t.std:.2f}"
     money = "-" if t.money is None else f"{t.money:.2f}"
     return [
-        "-" if t.rank is None else str(t.rank), t.name, t.state, value,
+        ("-" if t.rank is None else str(t.rank)).rjust(4), t.name, t.state, value,
         *(_param(t.params.get(k)) for k in keys), render.fmt_count(t.steps),
         "-" if t.hours is None else f"{t.hours:.2f}", money,
     ]  # fmt: skip

@@ -8,17 +8,15 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from supervisor.config.cluster import ClusterConfig, SpareConfig
 from supervisor.config.hooks import HookSpec
 from supervisor.config.metrics import MetricsConfig
 from supervisor.config.mirror import MirrorConfig
 from supervisor.config.preemption import PreemptionConfig
+from supervisor.config.sweep_spec import SweepSpec
 from supervisor.config.tracking import TrackingConfig
-
-if TYPE_CHECKING:
-    from supervisor.config.sweep import SweepSpec
 
 GAME_NAME_RE = re.compile(r"[a-z0-9_-]{1,40}")
 # A run of a game's matrix (`seeds`, `variants`): `pong/s2`, `pong/lr3/s1`, `pong/lr3`.
