@@ -188,7 +188,8 @@ def sweep_block(cfg: Config, spec: SweepSpec) -> str:
     except (sqlite3.Error, OSError) as exc:
         return f'{head}<p class="error sweep-error">cannot read the state: {_e(exc)}</p></div>'
     keys = [p.name for p in spec.space]
-    heads = "".join(f"<th>{_e(h)}</th>" for h in _headers(spec))
+    heads = "".join(f"<th>{_e(h)}</th>" for h in _headers(spec)[:-1])
+    heads += '<th class="detail">why</th>'
     rows = "".join(_row(t, keys, res.best) for t in res.trials if t.state != "waiting")
     rows += waiting_row(res, len(_headers(spec)))
     table = (
