@@ -2,8 +2,9 @@
 supervisor's own writer) and its trials' run dirs, for the results and dashboard tests.
 
 The config: one [[games]] table `cart` (CartPole, seeds 1 and 2) with a [games.sweep] of
-`trials` trials over `learning_rate` (a log range), `n_steps` (a list of ints) and `clip_coef`
-(a linear range); a median pruner on the periodic evaluations. The study, in the order the
+`trials` trials over `learning_rate` (a log range), `n_steps` (a list of ints), `clip_coef`
+(a linear range) and `lr_scheduler` (a list of words); a median pruner on the periodic
+evaluations. The study, in the order the
 supervisor writes it: each trial asked (`params`), its evaluations reported, then told:
 
 - trials 0-3 complete, each with a final evaluation per seed (eval.json) whose mean is the
@@ -43,8 +44,12 @@ sampler = "random"
 pruner = "median"
 min_trials = 2
 seed = 7
-params = {{ learning_rate = {{ low = 1e-5, high = 1e-2, log = true }}, n_steps = [64, 128, 256], clip_coef = {{ low = 0.1, high = 0.4 }} }}
-"""  # noqa: E501
+[games.sweep.params]
+learning_rate = {{ low = 1e-5, high = 1e-2, log = true }}
+n_steps = [64, 128, 256]
+clip_coef = {{ low = 0.1, high = 0.4 }}
+lr_scheduler = ["none", "cosine", "linear"]
+"""
 # trial -> (state, value told, per-seed evaluations (s1, s2))
 VALUES: dict[int, tuple[str, float | None, tuple[float, float] | None]] = {
     0: ("complete", 120.0, (110.0, 130.0)),
@@ -132,17 +137,17 @@ def _write_db(db: Path, runs: list[tuple[str, float, float]], now: float) -> Non
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
     conn.execute("INSERT INTO boots VALUES (?,?,?,?,0)", (BOOT_ID, now - 7200, now - 7200, now - 1))
-    events = [(now - 7200, "supervisor_start", None, json.dumps({"pid": 1}))]
+    events: list[tuple[float, str, str | None, str]] = [
+        (now - 7200, "supervisor_start", None, json.dumps({"pid": 1}))
+    ]
     for run, start, end in runs:
         events.append((start, "worker_start", run, json.dumps({"pid": 1, "mode": "light"})))
         if end < now:
             done = {"returncode": 0, "exit": "done", "global_step": 4096}
             events.append((end, "worker_exit", run, json.dumps(done)))
             events.append((end + 0.01, "game_done", run, "{}"))
-    conn.executemany(
-        "INSERT INTO events(ts, kind, game, detail) VALUES (?,?,?,?)",
-        sorted(events, key=lambda e: e[0]),
-    )
+    events.sort(key=lambda e: e[0])  # the ledger's order: by time
+    conn.executemany("INSERT INTO events(ts, kind, game, detail) VALUES (?,?,?,?)", events)
     for run, start, end in runs:
         state = "running" if end >= now else "done"
         conn.execute(
