@@ -1,10 +1,11 @@
 """`rlsup dashboard [--port N] [--listen HOST] [--token-file PATH]`: a read-only web page.
 
 Serves `supervisor.observe.dashboard`'s page and API (each game's state, updated in place every
-2 s; the results table; cost; recent events as sentences; one chart per game of a metric picked
-from a list, its variants overlaid and each variant's seeds with their mean and band, with
-reboots, crashes, hangs and mode changes marked) from the state directory alone: it reads the
-database read-only, so it works whether or not the supervisor runs and never slows it.
+2 s; the results table; each sweep's ranked trials, best so far and value per parameter; cost;
+recent events as sentences; one chart per game of a metric picked from a list, its variants
+overlaid and each variant's seeds with their mean and band, with reboots, crashes, hangs and
+mode changes marked) from the state directory alone: it reads the database read-only, so it
+works whether or not the supervisor runs and never slows it.
 
 Listens on 127.0.0.1 (port 8765 by default; `--port 0` picks a free one) and prints the URL.
 `--listen HOST` names another address; anywhere but loopback it needs a token: `--token-file
@@ -49,7 +50,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "dashboard",
         help="a read-only web page: games, curves of any metric with incidents, results, "
-        "events, cost",
+        "sweeps, events, cost",
         description="Serve a read-only dashboard of the state directory on 127.0.0.1 "
         "(works whether or not the supervisor runs).",
     )

@@ -15,10 +15,14 @@ Routes (GET or HEAD; anything else 405, any other path 404):
   /api/curves?game=GAME[&metric=M]  a [[games]] table's runs of metric M against agent
                              steps: each run, each variant's mean and min..max band
   /api/events[?since=TS][&limit=N]  events since Unix time TS (newest last), with sentences
+  /api/sweeps                the configured sweeps: each one's counts by state and best trial
+  /api/sweep?name=NAME       a sweep's trials ranked (`rlsup results --sweep NAME --json`) and
+                             its search space (an unknown name 404; an unreadable store 503)
   /static/NAME               a fixed map of packaged files (the page's JS/CSS, uPlot)
 
-Files read: the database, the run directories of configured games (a name from a request is
-looked up among the configured games, never joined into a path) and the static map's files.
+Files read: the database, the run directories of configured games, the configured sweeps'
+study stores (a name from a request is looked up among the configured games or sweeps, never
+joined into a path) and the static map's files.
 With a token, every request must carry it (`?token=` or `Authorization: Bearer`): 401 without
 one, 403 with a wrong one. Without a token (loopback only), a request whose Host header is not
 a loopback name is refused (403): a web page cannot read the dashboard by DNS rebinding.
@@ -39,6 +43,7 @@ from typing import Any
 
 from supervisor.config import Config
 from supervisor.observe import curves as C
+from supervisor.observe import dashboard_sweeps as S
 from supervisor.observe import readonly
 from supervisor.observe import results as results_mod
 from supervisor.observe.dashboard_page import (
@@ -115,6 +120,7 @@ class Dashboard:
         self._curves: dict[tuple[str, str], tuple[tuple[int, int], C.Curve]] = {}
         self._columns: dict[str, tuple[tuple[int, int], list[str]]] = {}
         self._tables = C.group_runs((g.name, g.group) for g in cfg.games)
+        self._sweeps = S.specs(cfg)
 
     # ---- WSGI ---------------------------------------------------------------------------
 
@@ -171,6 +177,8 @@ class Dashboard:
             "/api/metrics": lambda q: {"metrics": self.metrics(), "default": C.DEFAULT_METRIC},
             "/api/curves": self.curves,
             "/api/events": self.events,
+            "/api/sweeps": lambda q: {"sweeps": [S.summary(self.cfg, s) for s in self._sweeps]},
+            "/api/sweep": self.sweep,
         }
         handler = api.get(path)
         if handler is None:
@@ -284,6 +292,19 @@ class Dashboard:
                                     "colour": colour, "run": r})  # fmt: skip
         return {**doc, "markers": markers}
 
+    def sweep(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        name = (query.get("name") or [""])[0]
+        spec = next((s for s in self._sweeps if s.name == name), None)  # never a path
+        if spec is None:
+            raise HTTPError("404 Not Found", f"unknown sweep {name!r} (configured: "
+                            f"{S.known(self.cfg)})")  # fmt: skip
+        try:
+            return S.sweep_doc(self.cfg, spec)
+        except S.SweepError as exc:
+            raise HTTPError(
+                "503 Service Unavailable", f"cannot read sweep {name!r}: {exc}"
+            ) from None
+
     def events(self, query: dict[str, list[str]]) -> dict[str, Any]:
         since = _number(query, "since")
         limit = _number(query, "limit")
@@ -319,6 +340,7 @@ class Dashboard:
         except (sqlite3.Error, OSError) as exc:
             res, error = None, str(exc)
         parts.append(self._results_section(res, error))
+        parts.append(S.sweeps_section(self.cfg))
         if doc is not None:
             parts.append(_cost_section(doc))
         parts.append(params_section(None if res is None else [*res.runs, *res.unscored], error))
