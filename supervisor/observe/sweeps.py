@@ -12,6 +12,7 @@ is the best complete value after each trial, in trial order (the search's progre
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -55,7 +56,20 @@ class SweepResults:
     counts: dict[str, int]
 
     def as_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
+        """Every field; a value that is no finite number (Optuna takes an infinite one) is
+        null, so that the document is JSON any parser reads."""
+        doc: dict[str, Any] = _finite({"schema": SCHEMA, **asdict(self)})
+        return doc
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
 
 
 def sweep_spec(cfg: Config, name: str) -> SweepSpec:

@@ -288,10 +288,15 @@ def read_rows(state_dir: Path, spec: SweepSpec) -> list[TrialRow] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
     _check_storage_file(path)
+    storage = None
     try:
-        study = optuna.load_study(study_name=spec.name, storage=_storage(path))
+        storage = _storage(path)
+        study = optuna.load_study(study_name=spec.name, storage=storage)
+        return [_row(t) for t in study.get_trials(deepcopy=False)]
     except KeyError:
         return None
     except Exception as exc:
         raise SweepError(f"{path}: cannot read the sweep's study: {exc}") from None
-    return [_row(t) for t in study.get_trials(deepcopy=False)]
+    finally:
+        if storage is not None:
+            storage.engine.dispose()  # a reader's connection closed now, not at collection
