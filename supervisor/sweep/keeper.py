@@ -107,6 +107,11 @@ class SweepKeeper:
             for row in study.rows():
                 if (name, row.number) in self.trials:
                     self.trials[(name, row.number)].reported = len(row.intermediate)
+                elif row.state == "running":
+                    # Asked before `trials` was lowered: no run of it will start again, and a
+                    # trial must never stay RUNNING for ever.
+                    why = f"the sweep's trials were lowered to {spec.trials}: never finished"
+                    study.tell(row.number, "fail", None, why)
 
     def reconfigure(self, cfg: Config) -> None:
         """A reload: the sweeps are the same (a changed one is refused before this)."""

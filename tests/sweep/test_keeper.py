@@ -178,3 +178,20 @@ def test_a_run_its_sweep_ended_is_done_whatever_its_exit() -> None:
         Route.SHUTDOWN
     )
     assert route_exit(ExitKind.DONE, StopReason.SWEEP, removed=False, stopping=False) is Route.DONE
+
+
+def test_a_trial_beyond_lowered_trials_is_failed_never_left_running(
+    cfg: Config, tmp_path: Path
+) -> None:
+    conn = db.connect(cfg.state_dir, owner=True)
+    keeper = SweepKeeper(cfg, conn)
+    keeper.start()
+    start(cfg, keeper, 4)  # trials 0..4 asked, all running
+    path = tmp_path / "c.toml"
+    path.write_text(HEAD + SWEEP.replace("trials = 5", "trials = 3"))
+    fewer = load_config(path)
+    SweepKeeper(fewer, conn).start()
+    rows = {r.number: r for r in keeper.studies["cart"].rows()}
+    assert [rows[n].state for n in range(5)] == ["running"] * 3 + ["fail"] * 2
+    assert "lowered to 3" in (rows[4].message or "")
+    conn.close()
