@@ -112,7 +112,16 @@ def _sampler(spec: SweepSpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=spec.seed)
     if spec.sampler == "grid":
         grid = {p.name: list(p.grid() or ()) for p in spec.space}
-        return optuna.samplers.GridSampler(grid, seed=spec.seed)
+
+        class Grid(optuna.samplers.GridSampler):
+            """Optuna's grid, without its end-of-grid `Study.stop()`: that raises outside
+            `optimize` (in the middle of a `tell`, which it would leave undone); the sweep's
+            `trials` (at most the grid's size, checked at load) ends it instead."""
+
+            def after_trial(self, *args: Any, **kwargs: Any) -> None:
+                return None
+
+        return Grid(grid, seed=spec.seed)
     return optuna.samplers.TPESampler(seed=spec.seed)
 
 
