@@ -61,7 +61,6 @@ processes' internal state, and replay buffers other than `ReplayBuffer` / `DictR
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -72,14 +71,20 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.buffers import DictReplayBuffer, ReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.save_util import recursive_getattr
-from stable_baselines3.common.vec_env import VecNormalize
 
 from rlsup._evaluation import EVALUATING_DEADLINE_S
 from rlsup._run import CheckpointFailed, Run, SdkError, attach
+from rlsup._sb3_arrays import (
+    check_buffer,
+    load_replay,
+    load_vecnorm,
+    replay_digest,
+    save_replay,
+    save_vecnorm,
+)
 
 __all__ = [
     "FORMAT",
@@ -106,7 +111,6 @@ COUNTERS = (
     "_n_calls",  # DQN: target-network updates every target_update_interval calls
     "exploration_rate",  # DQN: epsilon in force (used before the next step recomputes it)
 )
-_REPLAY_FIELDS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
 _EPISODES_ATTR = "_rlsup_episodes"
 
 log = logging.getLogger("rlsup.sb3")
@@ -154,7 +158,7 @@ class RlsupCallback(BaseCallback):
     def _init_callback(self) -> None:
         buffer = getattr(self.model, "replay_buffer", None)
         if buffer is not None:
-            _check_buffer(buffer)
+            check_buffer(buffer)
 
     def _on_rollout_start(self) -> None:
         model = self.model
@@ -333,10 +337,10 @@ def save(
     }
     buffer = getattr(model, "replay_buffer", None)
     if buffer is not None:
-        state["replay"] = _save_replay(buffer, run, record_digest)
+        state["replay"] = save_replay(buffer, run, record_digest)
     vecnorm = model.get_vec_normalize_env()
     if vecnorm is not None:
-        state["vec_normalize"] = _save_vecnorm(vecnorm, run)
+        state["vec_normalize"] = save_vecnorm(vecnorm, run)
     _write_json(d / STATE_JSON, state)
 
 
@@ -369,100 +373,6 @@ def _numpy_rng_state() -> dict[str, Any]:
         "pos": int(pos),
         "has_gauss": int(has_gauss),
         "cached_gaussian": float(cached),
-    }
-
-
-def _check_buffer(buffer: Any) -> None:
-    if type(buffer) not in (ReplayBuffer, DictReplayBuffer):
-        raise SdkError(
-            f"rlsup.sb3: replay buffer {type(buffer).__name__} is not supported (only "
-            "ReplayBuffer and DictReplayBuffer are saved field by field; anything else would "
-            "be saved incompletely)"
-        )
-
-
-def _buffer_fields(buffer: Any) -> list[tuple[str, str, np.ndarray]]:
-    """(array name, field, array) for every array the buffer holds, in a fixed order."""
-    out: list[tuple[str, str, np.ndarray]] = []
-    for field in _REPLAY_FIELDS:
-        if field == "next_observations" and buffer.optimize_memory_usage:
-            continue
-        value = getattr(buffer, field)
-        if isinstance(value, dict):
-            for i, key in enumerate(sorted(value)):
-                out.append((f"replay-{field}-{i}", f"{field}[{key}]", value[key]))
-        else:
-            out.append((f"replay-{field}", field, value))
-    return out
-
-
-def _filled(buffer: Any, field: str) -> int:
-    """How many leading rows of `field` hold data (optimize_memory_usage keeps the last
-    transition's next observation in observations[pos])."""
-    size = int(buffer.buffer_size)
-    if buffer.full:
-        return size
-    n = int(buffer.pos)
-    if buffer.optimize_memory_usage and field.startswith("observations") and n > 0:
-        n = min(n + 1, size)
-    return n
-
-
-def replay_digest(buffer: Any) -> str:
-    """sha256 over a replay buffer's pos, full and the filled part of every array, in a fixed
-    order: equal before a checkpoint and after `restore()` when the buffer came back intact."""
-    h = hashlib.sha256(f"pos={int(buffer.pos)} full={bool(buffer.full)}\n".encode())
-    for name, field, array in _buffer_fields(buffer):
-        part = np.ascontiguousarray(array[: _filled(buffer, field)])
-        h.update(f"{name} {part.dtype.str} {part.shape}\n".encode())
-        h.update(part.data)
-    return h.hexdigest()
-
-
-def _save_replay(buffer: Any, run: Run, record_digest: bool) -> dict[str, Any]:
-    _check_buffer(buffer)
-    arrays: dict[str, dict[str, Any]] = {}
-    for name, field, array in _buffer_fields(buffer):
-        n = _filled(buffer, field)
-        run.save_arrays(name, array[:n])
-        arrays[name] = {"field": field, "rows": n, "shape": list(array.shape)}
-    obs = buffer.observations
-    return {
-        "type": type(buffer).__name__,
-        "pos": int(buffer.pos),
-        "full": bool(buffer.full),
-        "buffer_size": int(buffer.buffer_size),
-        "n_envs": int(buffer.n_envs),
-        "optimize_memory_usage": bool(buffer.optimize_memory_usage),
-        "obs_keys": sorted(obs) if isinstance(obs, dict) else None,
-        "size": int(buffer.size()),
-        "arrays": arrays,
-        "sha256": replay_digest(buffer) if record_digest else None,
-    }
-
-
-def _rms_list(vecnorm: VecNormalize) -> list[tuple[str, Any]]:
-    """(array-name stem, RunningMeanStd) for VecNormalize's statistics, in a fixed order."""
-    out: list[tuple[str, Any]] = []
-    obs_rms = getattr(vecnorm, "obs_rms", None)
-    if isinstance(obs_rms, dict):
-        out += [(f"vecnorm-obs-{i}", obs_rms[k]) for i, k in enumerate(sorted(obs_rms))]
-    elif obs_rms is not None:
-        out.append(("vecnorm-obs", obs_rms))
-    out.append(("vecnorm-ret", vecnorm.ret_rms))
-    return out
-
-
-def _save_vecnorm(vecnorm: VecNormalize, run: Run) -> dict[str, Any]:
-    stats: dict[str, Any] = {}
-    for stem, rms in _rms_list(vecnorm):
-        run.save_arrays(f"{stem}-mean", np.asarray(rms.mean, dtype=np.float64))
-        run.save_arrays(f"{stem}-var", np.asarray(rms.var, dtype=np.float64))
-        stats[stem] = {"count": float(rms.count)}
-    obs_rms = getattr(vecnorm, "obs_rms", None)
-    return {
-        "stats": stats,
-        "obs_keys": sorted(obs_rms) if isinstance(obs_rms, dict) else None,
     }
 
 
@@ -534,7 +444,7 @@ def restore(model: BaseAlgorithm, run: Run) -> bool:
     if (buffer is None) != (state["replay"] is None):
         raise SdkError(f"{path}: the checkpoint's replay buffer and the model's disagree")
     if buffer is not None:
-        _load_replay(buffer, run, state["replay"], path)
+        load_replay(buffer, run, state["replay"], path)
     vecnorm = model.get_vec_normalize_env()
     if (vecnorm is None) != (state["vec_normalize"] is None):
         raise SdkError(
@@ -542,7 +452,7 @@ def restore(model: BaseAlgorithm, run: Run) -> bool:
             f"the env is wrapped in VecNormalize: {vecnorm is not None} (wrap it as before)"
         )
     if vecnorm is not None:
-        _load_vecnorm(vecnorm, run, state["vec_normalize"], path)
+        load_vecnorm(vecnorm, run, state["vec_normalize"], path)
     return True
 
 
@@ -556,59 +466,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise SdkError(f"{path}: not a JSON object")
     return value
-
-
-def _load_replay(buffer: Any, run: Run, saved: dict[str, Any], path: Path) -> None:
-    _check_buffer(buffer)
-    obs = buffer.observations
-    layout = {
-        "type": type(buffer).__name__,
-        "buffer_size": int(buffer.buffer_size),
-        "n_envs": int(buffer.n_envs),
-        "optimize_memory_usage": bool(buffer.optimize_memory_usage),
-        "obs_keys": sorted(obs) if isinstance(obs, dict) else None,
-    }
-    for key, have in layout.items():
-        if saved[key] != have:
-            raise SdkError(
-                f"{path}: replay buffer saved with {key}={saved[key]!r}, the model's has "
-                f"{have!r} (build the model with the same buffer settings)"
-            )
-    buffer.pos, buffer.full = int(saved["pos"]), bool(saved["full"])
-    for name, field, array in _buffer_fields(buffer):
-        rows = _filled(buffer, field)
-        loaded = run.load_arrays(name)
-        if loaded.shape != (rows, *array.shape[1:]) or loaded.dtype != array.dtype:
-            raise SdkError(
-                f"{path}: array {name} is {loaded.dtype}{list(loaded.shape)}, the buffer's "
-                f"{field} needs {array.dtype}{[rows, *array.shape[1:]]}"
-            )
-        array[:rows] = loaded
-        array[rows:] = 0
-    digest = saved.get("sha256")
-    if digest is not None and replay_digest(buffer) != digest:
-        raise SdkError(f"{path}: the replay buffer read back differs from the one saved")
-    if buffer.optimize_memory_usage and (buffer.full or buffer.pos > 0):
-        # The last transition's next observation (observations[pos]) is overwritten by the
-        # first observation after the resume: end that episode there, as SB3 does when it
-        # truncates the last trajectory (stable-baselines3 issue 46).
-        buffer.dones[(buffer.pos - 1) % buffer.buffer_size] = True
-
-
-def _load_vecnorm(vecnorm: VecNormalize, run: Run, saved: dict[str, Any], path: Path) -> None:
-    obs_rms = getattr(vecnorm, "obs_rms", None)
-    keys = sorted(obs_rms) if isinstance(obs_rms, dict) else None
-    if keys != saved["obs_keys"]:
-        raise SdkError(f"{path}: VecNormalize observation keys {saved['obs_keys']} != {keys}")
-    stems = _rms_list(vecnorm)
-    if sorted(s for s, _ in stems) != sorted(saved["stats"]):
-        raise SdkError(f"{path}: VecNormalize statistics {sorted(saved['stats'])} do not fit")
-    for stem, rms in stems:
-        mean, var = run.load_arrays(f"{stem}-mean"), run.load_arrays(f"{stem}-var")
-        if mean.shape != np.shape(rms.mean) or var.shape != np.shape(rms.var):
-            raise SdkError(f"{path}: VecNormalize {stem} has shape {mean.shape}")
-        rms.mean, rms.var = mean, var
-        count = float(saved["stats"][stem]["count"])
-        if not math.isfinite(count):
-            raise SdkError(f"{path}: VecNormalize {stem} count {count}")
-        rms.count = count
