@@ -586,6 +586,7 @@ class Supervisor:
         self.launcher.configure(new)
         for part in self.on.participants:
             part.reconfigure(new)
+        self.on.sweeps.reconfigure(new)
         self.life.reconfigure(new, now)
         self._apply()
         _, change = modes.resume_host_mode(self.on.conn, new, self.steady(), self.on.journal.write)

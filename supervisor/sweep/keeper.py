@@ -92,6 +92,7 @@ class SweepKeeper:
         self.evals: dict[str, dict[int, float]] = {}  # run -> step -> its first mean
         self.last_event = 0
         self.failing = False
+        self.pending: list[Event] = []  # said at the next step (a reload's)
 
     @property
     def active(self) -> bool:
@@ -100,22 +101,37 @@ class SweepKeeper:
     def start(self) -> None:
         """Open every sweep's study (SweepError: one that cannot be used, named)."""
         for name, spec in sweeps_of(self.cfg).items():
-            study = Study(spec, self.cfg.state_dir)
-            self.studies[name] = study
-            for n in range(spec.trials):
-                self.trials[(name, n)] = _Trial(study.state(n))
-            for row in study.rows():
-                if (name, row.number) in self.trials:
-                    self.trials[(name, row.number)].reported = len(row.intermediate)
-                elif row.state == "running":
-                    # Asked before `trials` was lowered: no run of it will start again, and a
-                    # trial must never stay RUNNING for ever.
-                    why = f"the sweep's trials were lowered to {spec.trials}: never finished"
-                    study.tell(row.number, "fail", None, why)
+            self._open(name, spec)
+
+    def _open(self, name: str, spec: SweepSpec) -> None:
+        study = Study(spec, self.cfg.state_dir)
+        self.studies[name] = study
+        for n in range(spec.trials):
+            self.trials[(name, n)] = _Trial(study.state(n))
+        for row in study.rows():
+            if (name, row.number) in self.trials:
+                self.trials[(name, row.number)].reported = len(row.intermediate)
+            elif row.state == "running":
+                # Asked before `trials` was lowered: no run of it will start again, and a
+                # trial must never stay RUNNING for ever.
+                why = f"the sweep's trials were lowered to {spec.trials}: never finished"
+                study.tell(row.number, "fail", None, why)
 
     def reconfigure(self, cfg: Config) -> None:
-        """A reload: the sweeps are the same (a changed one is refused before this)."""
+        """A reload: a sweep added is opened (one that cannot be, said at the next step: its
+        runs wait), one removed is let go; a changed one is refused before this."""
         self.cfg = cfg
+        wanted = sweeps_of(cfg)
+        for name in [n for n in self.studies if n not in wanted]:
+            del self.studies[name]
+            self.trials = {k: t for k, t in self.trials.items() if k[0] != name}
+        for name, spec in wanted.items():
+            if name not in self.studies:
+                try:
+                    self._open(name, spec)
+                except Exception as exc:  # SweepError, the store's own: its runs wait
+                    self.pending.append(("sweep_failed", None, {"sweep": name,
+                                                                "message": str(exc)}))  # fmt: skip
 
     # ---- a trial's parameters ---------------------------------------------------------------
 
@@ -124,7 +140,9 @@ class SweepKeeper:
         the stored ones after), also written to its run dir's trial.json for the readers."""
         if spec.sweep is None or spec.trial is None:
             return spec
-        study = self.studies[spec.sweep.name]
+        study = self.studies.get(spec.sweep.name)
+        if study is None:
+            raise TrialWaits(f"sweep {spec.sweep.name}: its study could not be opened")
         try:
             params = study.params(spec.trial)
         except Exception as exc:  # sqlalchemy's and Optuna's own: the store failed
@@ -149,7 +167,8 @@ class SweepKeeper:
     def step(self, games: Mapping[str, RunState]) -> Step:
         """The tick's decisions. A study store that fails (a full disk, a lock held too long)
         is said once (`sweep_failed`) and tried again next tick; the trials' runs go on."""
-        out = Step()
+        out = Step(events=self.pending)
+        self.pending = []
         if not self.studies:
             return out
         try:

@@ -195,3 +195,27 @@ def test_a_trial_beyond_lowered_trials_is_failed_never_left_running(
     assert [rows[n].state for n in range(5)] == ["running"] * 3 + ["fail"] * 2
     assert "lowered to 3" in (rows[4].message or "")
     conn.close()
+
+
+def test_a_sweep_added_by_a_reload_is_opened_and_one_that_cannot_be_is_said(
+    cfg: Config, tmp_path: Path
+) -> None:
+    from supervisor.sweep.keeper import TrialWaits
+
+    plain = tmp_path / "plain.toml"
+    plain.write_text(GOOD)
+    conn = db.connect(cfg.state_dir, owner=True)
+    keeper = SweepKeeper(load_config(plain), conn)
+    keeper.start()
+    assert not keeper.active
+    keeper.reconfigure(cfg)  # the sweep arrives with a reload
+    assert keeper.active and start(cfg, keeper, 0)["learning_rate"] > 0
+    keeper.reconfigure(load_config(plain))  # and leaves
+    assert not keeper.active
+    (cfg.state_dir / "sweeps" / "cart.db").write_bytes(b"garbage" * 100)
+    keeper.reconfigure(cfg)  # back, onto a store that cannot be read: its runs wait
+    [(kind, _, detail)] = keeper.step(states(cfg)).events
+    assert kind == "sweep_failed" and "cart.db" in detail["message"]
+    with pytest.raises(TrialWaits):
+        keeper.assign(cfg.game("cart/t001/s1"))
+    conn.close()
