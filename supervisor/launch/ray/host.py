@@ -43,6 +43,8 @@ UPLOAD_EVERY_S = 1.0  # after a failed upload, the next try
 FINAL_UPLOAD_TIMEOUT_S = 45.0
 WARM_TIMEOUT_S = 180.0  # the watchdog's startup grace: a spare not ready by then is replaced
 ACK_TIMEOUT_S = 5.0  # the standby acknowledges an assignment within this, else: a cold start
+COMMAND_MODULE = "supervisor.launch.ray.command"  # a command game's first moments (command.py)
+LOG_TAIL_BYTES = 16 << 10  # an exited command game's last words, for the supervisor's log
 
 
 def node_dir() -> Path:
@@ -218,6 +220,7 @@ class WorkerHost:
         self.fenced = False
         self._remote: Any = None
         self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
+        self.command = False  # a command game's program (start_command), not rlsup's worker
         self.exited: int | None = None  # the worker's exit status, as soon as it exits
         self._gone = threading.Event()  # `exited` is set
         self._exited = threading.Event()  # rc is published (its final checkpoint mirrored)
@@ -267,6 +270,73 @@ class WorkerHost:
         threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
         return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root),
                 "served": served}  # fmt: skip
+
+    def start_command(
+        self, argv: list[str], cwd: str | None, env: dict[str, str], threads: int | None = None
+    ) -> dict[str, Any]:
+        """A command game (its own program, the SDK): started through command.py in the host's
+        run dir, in a session of its own, with the RLSUP_* environment the supervisor made
+        (`env`) and this placement's own: the run dir on this host, the epoch, the mirror. Its
+        working directory is `cwd` (the same absolute path on every host), else the run dir."""
+        self.command = True
+        _private_dir(self.run_dir)
+        _private_dir(self.log_path.parent)
+        for name in (protocol.HEARTBEAT_FILE, protocol.ERROR_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.run_dir / name).unlink()
+        own = {protocol.RUN_DIR_ENV: str(self.run_dir), protocol.EPOCH_ENV: str(self.epoch)}
+        if self.mirror is not None:
+            own[protocol.MIRROR_URL_ENV] = str(self.mirror["url"])
+            own[protocol.MIRROR_ENDPOINT_URL_ENV] = str(self.mirror.get("endpoint_url") or "")
+            own[protocol.MIRROR_REGION_ENV] = str(self.mirror.get("region") or "")
+        if threads:
+            for name in (protocol.THREADS_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                own[name] = str(threads)
+        # Ray places a GPU game with its GPU: this actor's CUDA_VISIBLE_DEVICES is the one.
+        given = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        rotate_log(self.log_path)
+        cmd = [sys.executable, "-P", "-m", COMMAND_MODULE, "--cwd", cwd or str(self.run_dir),
+               "--host", self.host, "--", *argv]  # fmt: skip
+        self.popen = start_worker_process(
+            cmd, self.log_path, self.run_dir, extra_env={**given, **own}
+        )
+        threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
+        return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root),
+                "served": "cold"}  # fmt: skip
+
+    def _heartbeat(self) -> bytes | None:
+        """The run dir's heartbeat, for the supervisor. A command game's may be written by a
+        child of its program (`sh -c "python train.py"`: the SDK runs in the child): one of its
+        session is relayed as the program's (its pid, the one the supervisor knows, which
+        cannot look into this host's sessions); one of any other process is not relayed."""
+        data = _read(self.run_dir / protocol.HEARTBEAT_FILE)
+        if data is None or not self.command or self.popen is None:
+            return data
+        try:
+            hb = json.loads(data)
+            pid = int(hb["pid"])
+        except (ValueError, TypeError, KeyError):
+            return data  # the supervisor's reading says what is wrong with it
+        if pid == self.popen.pid:
+            return data
+        try:
+            ours = os.getsid(pid) == self.popen.pid
+        except ProcessLookupError:
+            ours = True  # its last words, read after it exited (spawn.heartbeat_of)
+        except OSError:
+            ours = False
+        return json.dumps({**hb, "pid": self.popen.pid}).encode() if ours else None
+
+    def _log_tail(self) -> str | None:
+        """An exited command game's last words (the supervisor reads why it died in its log)."""
+        if not self.command or self.exited is None:
+            return None
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return None
 
     def _watch(self) -> None:
         """Mirror the newest checkpoint while the worker runs; once it exited (`_reap`, a
@@ -350,13 +420,14 @@ class WorkerHost:
             "rc": self.rc,  # published once its final checkpoint is mirrored (or given up)
             "exited": self.exited,  # as soon as the worker exited
             "pid": self.popen.pid if self.popen else None,
-            "heartbeat": _read(self.run_dir / protocol.HEARTBEAT_FILE),
+            "heartbeat": self._heartbeat(),
             "error": _read(self.run_dir / protocol.ERROR_FILE),
             "mirror_step": self.mirror_step,
             "mirror_created": self.mirror_created,
             "mirror_error": self.mirror_error,
             "mirror_failures": self.mirror_failures,
             "fenced": self.fenced,
+            "log_tail": self._log_tail(),  # a command game's, once it exited
         }
 
     def signal(self, sig: int) -> None:
