@@ -26,6 +26,7 @@ Standard library and checkpoints/ only (boto3 with a mirror): it runs on every h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -53,14 +54,12 @@ def _error(run_dir: Path, code: int, kind: str, message: str) -> None:
     """error.json for the supervisor (relayed by the actor): why this start ended."""
     from checkpoints import write_json_atomic
 
-    try:
+    with contextlib.suppress(OSError, ValueError):
         write_json_atomic(
             run_dir / P.ERROR_FILE,
             {"kind": kind, "message": message, "exit_code": code, "time": time.time(),
              "pid": os.getpid(), "step": None, "traceback": ""},
         )  # fmt: skip
-    except (OSError, ValueError):
-        pass
 
 
 def _is_python(program: str) -> bool:

@@ -395,12 +395,26 @@ class WorkerHost:
         if ref is None or (self.mirror_step is not None and ref.step <= self.mirror_step):
             return True
         try:
+            manifest = json.loads((ref.path / "MANIFEST.json").read_bytes())
+        except FileNotFoundError:
+            return False  # retention removed it meanwhile: the next pass takes the newer one
+        except (OSError, ValueError) as exc:
+            self.mirror_failures += 1
+            self.mirror_error = f"{ref.path.name}: {exc}"[:500]
+            return False
+        meta = manifest.get("meta") if isinstance(manifest, dict) else None
+        written_at = meta.get("epoch") if isinstance(meta, dict) else None
+        if isinstance(written_at, int) and written_at < self.epoch - 1:
+            # A placement older than the one before this (the game ran elsewhere since): the
+            # worker moves it aside for the mirror's newer one; never mirrored over it.
+            return True
+        try:
             if self._remote is None:
                 client = make_client(self.mirror["endpoint_url"], self.mirror["region"])
                 self._remote = RemoteStore(client, RemoteLocation.parse(self.mirror["url"]))
                 self._remote.ensure_bucket()
             upload_checkpoint(self._remote, self.game, ref, epoch=self.epoch)
-            created = json.loads((ref.path / "MANIFEST.json").read_bytes()).get("created")
+            created = manifest.get("created")
         except FileNotFoundError:
             return False  # retention removed it meanwhile: the next pass takes the newer one
         except PlacementFenced as exc:
