@@ -8,6 +8,7 @@ does not exist on the chosen host ends FATAL, naming the path and the host."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -193,3 +194,55 @@ def test_a_command_missing_on_its_host_ends_fatal_naming_the_path_and_the_host(
     finally:
         stop_supervisor(sup)
     assert sup.returncode == 0
+
+
+def test_a_frozen_command_game_on_a_host_is_hung_restarted_and_stops_75_mirrored(
+    one_host: LoopbackCluster,
+    weed: Weed,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    ray_env: dict[str, str],
+) -> None:
+    """Hang detection reads the heartbeat relayed from the host: a frozen program (SIGSTOP) is
+    stopped as hung and started again, from its checkpoint; a supervisor's stop ends it with
+    exit 75 after a final checkpoint, which its actor mirrors before it is let go."""
+    lc = one_host
+    url, remote = _mirror(weed, request)
+    command = [sys.executable, SCRIPT.name, "--pace-s", "0.05"]
+    game = command_game("hz", command, SCRIPT.parent, 10_000_000)
+    config = write_config(tmp_path, lc, weed, url, game)
+    text = config.read_text().replace(
+        "hang_timeout_s = 60\nkill_grace_s = 10", "hang_timeout_s = 4\nkill_grace_s = 5"
+    )
+    config.write_text(text)
+    state = tmp_path / "state"
+    sup = start_supervisor(config, ray_env)
+    try:
+        [first] = wait_for(lambda: placements(state, "hz"), 60, "hz placed")
+        wait_for(lambda: remote.manifest_steps("hz"), 60, "a mirrored checkpoint of hz")
+        [proc] = command_processes(lc.root, "hz")
+        assert proc.pid == first["pid"]
+        proc.send_signal(signal.SIGSTOP)
+        [hang] = wait_for(lambda: events(state, "worker_hang", "hz"), 30, "hz hung")
+        assert "seq unchanged" in hang["detail"]["reason"], hang
+        again = wait_for(lambda: placements(state, "hz")[1:], 30, "hz started again")[0]
+        assert again["host"] == "h1" and again["epoch"] == first["epoch"] + 1
+
+        def resumed() -> dict[str, Any] | None:
+            h = heartbeat(state, "hz")
+            ok = h and h["pid"] == again["pid"] and h["resumed_from_step"] and h["global_step"]
+            return h if ok else None
+
+        wait_for(resumed, 60, "hz resumed from its checkpoint")
+    finally:
+        stop_supervisor(sup)
+    assert sup.returncode == 0
+    hung, last = [e["detail"] for e in events(state, "worker_exit", "hz")]
+    assert hung["pid"] == first["pid"] and hung["returncode"] == 75, "SIGCONT: it checkpoints"
+    assert last["pid"] == again["pid"] and last["exit"] == "stopped", last
+    assert [e["detail"]["reason"] for e in events(state, "backoff", "hz")] == [
+        "hang: exit status 75 (stopped)"
+    ]
+    final = json.loads((state / "runs" / "hz" / "heartbeat.json").read_text())
+    assert remote.manifest_steps("hz")[-1] == final["last_checkpoint_step"], "mirrored at exit"
+    assert not command_processes(lc.root, "hz")
