@@ -20,6 +20,19 @@ import numpy as np
 import rlsup
 
 
+def evaluate(weights: np.ndarray, rng: np.random.Generator, episodes: int = 3) -> float:
+    env = gym.make("CartPole-v1")
+    total = 0.0
+    for _ in range(episodes):
+        obs, _ = env.reset(seed=int(rng.integers(1 << 30)))
+        done = False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(int(obs @ weights > 0))
+            total += float(reward)
+            done = terminated or truncated
+    return total / episodes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pace-s", type=float, default=0.01)
@@ -52,6 +65,8 @@ def main() -> int:
             continue
         time.sleep(args.pace_s)
         stop = run.should_stop()  # read once: a SIGTERM may land between two questions
+        if step >= run.total_steps:  # the final evaluation: the greedy policy, 3 episodes
+            run.evaluation(step, evaluate(weights, rng), episodes=3)
         if stop or run.should_checkpoint(step) or step >= run.total_steps:
             with run.checkpoint(step) as d:
                 state = {"step": step, "episodes": episodes, "best": best,

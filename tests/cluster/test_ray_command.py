@@ -166,6 +166,8 @@ def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
     assert events(state, "game_done", "cp")
     final = json.loads((state / "runs" / "cp" / "heartbeat.json").read_text())
     assert final["global_step"] >= total and final["host"] == survivor
+    evaluated = json.loads((state / "runs" / "cp" / "eval.json").read_text())  # relayed
+    assert evaluated["step"] == total and evaluated["mean"] > 0, evaluated
     log = (lc.node_dir(survivor) / "logs" / "cp.log").read_text()
     assert f"resumed from step {after['resumed_from_step']}" in log, log[-2000:]
     assert "resumed from step 0 " not in log

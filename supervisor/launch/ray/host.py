@@ -436,6 +436,7 @@ class WorkerHost:
             "pid": self.popen.pid if self.popen else None,
             "heartbeat": self._heartbeat(),
             "error": _read(self.run_dir / protocol.ERROR_FILE),
+            "eval": _read(self.run_dir / protocol.EVAL_FILE),  # the final evaluation (results)
             "mirror_step": self.mirror_step,
             "mirror_created": self.mirror_created,
             "mirror_error": self.mirror_error,

@@ -51,6 +51,7 @@ class RayWorkerProcess(WorkerProcess):
     # (why it died is read from its log: spawn.worker_error).
     view_log: Path | None = None
     _tail_relayed: bool = False
+    _eval_relayed: bytes | None = None  # eval.json as last relayed: written again on a change
     lost_after_s: float = 30.0
     remote_pid: int = 0
     returncode: int | None = None
@@ -97,6 +98,9 @@ class RayWorkerProcess(WorkerProcess):
             self.on_report(self, st)
         self._relay(protocol.HEARTBEAT_FILE, st.get("heartbeat"), host=self.host)
         self._relay(protocol.ERROR_FILE, st.get("error"))
+        if (evaluated := st.get("eval")) is not None and evaluated != self._eval_relayed:
+            self._eval_relayed = evaluated
+            self._relay(protocol.EVAL_FILE, evaluated)
         self._relay_tail(st.get("log_tail"))
         if st.get("rc") is not None:
             self._exit(int(st["rc"]), None)
