@@ -9,8 +9,11 @@ program starts, and one whose checkpoints are the previous placement's keeps the
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 from checkpoints import CheckpointStore
 from checkpoints.mirror import upload_checkpoint
 from harness.seaweed import Weed
+from supervisor.launch import sessions
 from supervisor.launch.ray.host import NODE_DIR_ENV, WorkerHost
 from tests.mirror.conftest import remote_for, weed
 from training import protocol as P
@@ -76,8 +80,9 @@ def test_the_program_runs_in_the_host_s_run_dir_with_its_epoch_and_its_session(
 ) -> None:
     host = WorkerHost("g", 4, None)
     project = tmp_path / "project"
-    # A wrapper: the SDK's heartbeat comes from a child of the program's session.
-    argv = ["sh", "-c", f'"{sys.executable}" train.py 3; exit $?']
+    # A wrapper: the SDK's heartbeat comes from a child of the program's session, and a job
+    # it left behind must not outlive it.
+    argv = ["sh", "-c", f'sleep 1000 & "{sys.executable}" train.py 3; exit $?']
     info = host.start_command(argv, str(project), env_of("g", tmp_path / "sup" / "g"), 2)
     st = finish(host)
     assert st["rc"] == 3 and st["exited"] == 3 and info["pid"] == st["pid"]
@@ -89,6 +94,7 @@ def test_the_program_runs_in_the_host_s_run_dir_with_its_epoch_and_its_session(
     hb = json.loads(st["heartbeat"])
     assert hb["pid"] == info["pid"] and hb["global_step"] == 7, "relayed as the program's"
     assert "the last words" in st["log_tail"]
+    assert not sessions.members(info["pid"]), "nothing of its session outlives it"
     assert seen["MINE"] == "yes", "the game's own env"
     assert seen.get("CUDA_VISIBLE_DEVICES") != "3", "Ray places a GPU: the actor's own is kept"
     assert (node / "runs" / "g").stat().st_mode & 0o077 == 0, "the host's run dir is private"
@@ -169,3 +175,43 @@ def test_an_unreadable_mirror_is_no_start_from_zero(node: Path, tmp_path: Path) 
     error = json.loads(st["error"])
     assert error["kind"] == "checkpoint_unreadable" and "not starting from zero" in error["message"]
     assert not any(x.startswith("{") for x in host.log_path.read_text().splitlines())
+
+
+def test_a_stop_lets_the_session_finish_its_checkpoint_then_a_kill_takes_all_of_it(
+    node: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the program's group: a wrapper that dies of it at once leaves its child to
+    write the final checkpoint, and the host waits for it (within the grace) before the final
+    upload and the exit status; SIGKILL takes the whole session, what left the group too."""
+    script = tmp_path / "project" / "slow_stop.py"
+    script.write_text(textwrap.dedent(
+        """
+        import signal, sys, time, rlsup
+        run = rlsup.attach(handle_signals=False)
+        signal.signal(signal.SIGTERM, lambda *a: None)  # the child finishes its checkpoint
+        print("ready", flush=True)
+        time.sleep(1.5)
+        with run.checkpoint(9) as d:
+            (d / "state").write_text("9")
+        print("saved", flush=True)
+        """
+    ))  # fmt: skip
+    host = WorkerHost("g", 1, None)
+    argv = ["sh", "-c", f'"{sys.executable}" slow_stop.py']
+    info = host.start_command(argv, str(tmp_path / "project"), env_of("g", tmp_path / "s" / "g"))
+    deadline = time.monotonic() + 30
+    while "ready" not in host.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    host.signal(signal.SIGTERM)  # sh dies of it; its child writes on
+    assert finish(host)["rc"] == -signal.SIGTERM
+    assert "saved" in host.log_path.read_text(), "the final checkpoint was let finish"
+    assert not sessions.members(info["pid"])
+
+    again = WorkerHost("g2", 1, None)
+    leaver = ["bash", "-c", "set -m; sleep 1000 & sleep 1000"]  # a job: a group of its own
+    pid = again.start_command(leaver, None, env_of("g2", tmp_path / "s" / "g2"))["pid"]
+    time.sleep(0.3)
+    grouped = [p for p in sessions.members(pid) if os.getpgid(p) != pid]
+    again.signal(signal.SIGKILL)
+    assert again.wait_exit(30, early=True) == -signal.SIGKILL
+    assert grouped and not sessions.members(pid), "the whole session went"

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.files import rotate_log
+from supervisor.launch import sessions
+from supervisor.launch.process import start_ticks
 from supervisor.launch.spare import STOP_GRACE_S
 from supervisor.launch.spawn import WORKER_MODULE, start_worker_process
 from training import args as worker_args
@@ -45,6 +47,9 @@ WARM_TIMEOUT_S = 180.0  # the watchdog's startup grace: a spare not ready by the
 ACK_TIMEOUT_S = 5.0  # the standby acknowledges an assignment within this, else: a cold start
 COMMAND_MODULE = "supervisor.launch.ray.command"  # a command game's first moments (command.py)
 LOG_TAIL_BYTES = 16 << 10  # an exited command game's last words, for the supervisor's log
+# What is left of a stopped command game's session (a wrapper gone, its child still writing
+# the final checkpoint) may finish this long before it is killed; unasked, it is killed at once.
+REMAINS_GRACE_S = 30.0
 
 
 def node_dir() -> Path:
@@ -221,6 +226,8 @@ class WorkerHost:
         self._remote: Any = None
         self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
         self.command = False  # a command game's program (start_command), not rlsup's worker
+        self._ticks: int | None = None  # its start: the identity of its session
+        self._stop_asked: float | None = None  # monotonic: when a stop was asked (SIGTERM)
         self.exited: int | None = None  # the worker's exit status, as soon as it exits
         self._gone = threading.Event()  # `exited` is set
         self._exited = threading.Event()  # rc is published (its final checkpoint mirrored)
@@ -300,6 +307,7 @@ class WorkerHost:
         self.popen = start_worker_process(
             cmd, self.log_path, self.run_dir, extra_env={**given, **own}
         )
+        self._ticks = start_ticks(self.popen.pid)
         threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
         return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root),
                 "served": "cold"}  # fmt: skip
@@ -352,6 +360,8 @@ class WorkerHost:
             self._upload()
             if self.mirror_failures > failures:  # the next try in a while
                 retry_at = time.monotonic() + UPLOAD_EVERY_S
+        if self.command:
+            self._end_session()
         deadline = time.monotonic() + FINAL_UPLOAD_TIMEOUT_S
         while time.monotonic() < deadline and not self.fenced:
             before = self.mirror_step
@@ -361,6 +371,19 @@ class WorkerHost:
                 time.sleep(UPLOAD_EVERY_S)  # worked is looked after at once: nothing newer)
         self.rc = self.exited
         self._exited.set()
+
+    def _end_session(self) -> None:
+        """A command game's program exited: nothing of its session outlives it (as on one
+        host: `Launcher.forget`). Asked to stop, what remains may finish its final checkpoint
+        within REMAINS_GRACE_S; then, or at once, it is killed."""
+        assert self.popen is not None
+        sid = self.popen.pid
+        if not sessions.is_ours(sid, self._ticks) or not sessions.members(sid):
+            return
+        if self._stop_asked is not None:
+            left = self._stop_asked + REMAINS_GRACE_S - time.monotonic()
+            sessions.wait_empty([sid], max(0.0, left), poll_s=0.1)
+        sessions.kill_session(sid)
 
     def _reap(self) -> None:
         """Say the worker exited as soon as it did (`exited`, `wait_exit(early=True)`)."""
@@ -455,7 +478,13 @@ class WorkerHost:
             self._gone.set()
             self._exited.set()
             return
-        if self.popen is None or self.popen.returncode is not None:
+        if self.popen is None:
+            return
+        if sig == signal.SIGTERM and self._stop_asked is None:
+            self._stop_asked = time.monotonic()
+        if self.command and sig == signal.SIGKILL and sessions.is_ours(self.popen.pid, self._ticks):
+            sessions.signal_members(self.popen.pid, sig)  # what left its group, too
+        if self.popen.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
