@@ -126,10 +126,10 @@ def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
     sup = start_supervisor(config, ray_env, "--exit-when-done")
     watch = MaxProcesses(lc.root, "cp")
     try:
-        [first] = wait_for(lambda: placements(state, "cp"), 60, "cp placed on a host")
+        [first] = wait_for(lambda: placements(state, "cp"), 120, "cp placed on a host")
         # The script's checkpoints are mirrored from its host (by its actor, fenced at its
         # placement's epoch); the relayed heartbeat is the script's own.
-        wait_for(lambda: remote.manifest_steps("cp"), 60, "a mirrored checkpoint of cp")
+        wait_for(lambda: remote.manifest_steps("cp"), 120, "a mirrored checkpoint of cp")
         hb = heartbeat(state, "cp")
         assert hb is not None and hb["host"] == first["host"] and hb["pid"] == first["pid"]
         assert hb["writer"] == "sdk" and hb["resumed_from_step"] is None
@@ -142,7 +142,7 @@ def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
         assert 0 < mirrored < total
 
         survivor = "h2" if first["host"] == "h1" else "h1"
-        moved = wait_for(lambda: placements(state, "cp")[1:], 60, "cp placed again")[0]
+        moved = wait_for(lambda: placements(state, "cp")[1:], 120, "cp placed again")[0]
         assert moved["host"] == survivor and moved["epoch"] > first["epoch"], moved
         assert remote.get_fence("cp") >= moved["epoch"]
 
@@ -151,10 +151,10 @@ def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
             ok = h and h["pid"] == moved["pid"] and h["resumed_from_step"] is not None
             return h if ok else None
 
-        after = wait_for(resumed, 60, "cp resumed on the surviving host")
+        after = wait_for(resumed, 120, "cp resumed on the surviving host")
         assert after["resumed_from_step"] >= mirrored, (after, mirrored)
         assert after["mirror_restore"]["step"] == after["resumed_from_step"], after
-        assert sup.wait(90) == 0, (tmp_path / "supervisor.log").read_text()[-3000:]
+        assert sup.wait(150) == 0, (tmp_path / "supervisor.log").read_text()[-3000:]
     finally:
         stop_supervisor(sup)
         most = watch.stop()
@@ -220,8 +220,8 @@ def test_a_frozen_command_game_on_a_host_is_hung_restarted_and_stops_75_mirrored
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
     try:
-        [first] = wait_for(lambda: placements(state, "hz"), 60, "hz placed")
-        wait_for(lambda: remote.manifest_steps("hz"), 60, "a mirrored checkpoint of hz")
+        [first] = wait_for(lambda: placements(state, "hz"), 120, "hz placed")
+        wait_for(lambda: remote.manifest_steps("hz"), 120, "a mirrored checkpoint of hz")
         [proc] = command_processes(lc.root, "hz")
         assert proc.pid == first["pid"]
         proc.send_signal(signal.SIGSTOP)
@@ -235,7 +235,7 @@ def test_a_frozen_command_game_on_a_host_is_hung_restarted_and_stops_75_mirrored
             ok = h and h["pid"] == again["pid"] and h["resumed_from_step"] and h["global_step"]
             return h if ok else None
 
-        wait_for(resumed, 60, "hz resumed from its checkpoint")
+        wait_for(resumed, 120, "hz resumed from its checkpoint")
     finally:
         stop_supervisor(sup)
     assert sup.returncode == 0
