@@ -41,14 +41,10 @@ class Fence:
         self._warned = False
 
     @classmethod
-    def from_env(cls, game: str, say: Callable[[str], None]) -> Fence:
-        raw = os.environ.get(P.EPOCH_ENV, "")
-        try:
-            epoch = int(raw) if raw else 0
-        except ValueError:
-            epoch = 0
+    def from_env(cls, game: str, epoch: int, say: Callable[[str], None]) -> Fence:
+        """`epoch`: RLSUP_EPOCH as read by the caller (0: none); without a mirror, no fence."""
         url = os.environ.get(P.MIRROR_URL_ENV, "")
-        if epoch < 0 or not url:
+        if not url:
             epoch = 0
         return cls(
             game,

@@ -236,7 +236,10 @@ class Run:
         self._algo, self._device = algo, device
         self._closed = False
         # Several hosts: the placement's fence (RLSUP_EPOCH); none on one host, or standalone.
-        self._fence = _fence.Fence.from_env(game, _say) if supervised else None
+        epoch = (_env_int(P.EPOCH_ENV, 0) or 0) if supervised else 0
+        if epoch < 0:
+            raise SdkError(f"environment variable {P.EPOCH_ENV}={epoch}: must be >= 0")
+        self._fence = _fence.Fence.from_env(game, epoch, _say) if supervised else None
         self._mirror_restore = _fence.mirror_restore_from_env() if supervised else None
         self._make_run_dir()
         self._lock_fd = self._take_lock(lock_wait_s)

@@ -107,3 +107,13 @@ def test_on_one_host_no_fence_is_asked(tmp_path: Path, monkeypatch: pytest.Monke
         run.close()
     newest = CheckpointStore(run_dir / P.CHECKPOINT_DIR).newest_meta()
     assert newest is not None and "epoch" not in newest[1]
+
+
+@pytest.mark.parametrize("raw", ["two", "-1"])
+def test_an_epoch_that_is_no_epoch_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv(P.RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(P.EPOCH_ENV, raw)
+    with pytest.raises(rlsup.SdkError, match=rf"RLSUP_EPOCH={raw!r}|RLSUP_EPOCH={raw}"):
+        rlsup.attach(handle_signals=False)
