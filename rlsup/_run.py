@@ -831,7 +831,7 @@ class Run:
     def _fenced(self, step: int, exc: PlacementFenced) -> NoReturn:
         """Several hosts: the game was placed again elsewhere since this process started.
         Nothing is committed from here on: error.json says why, and the process exits 77."""
-        message = f"checkpoint at step {step} not committed: {exc}"
+        message = f"checkpoint at step {step}: {exc}"
         _say(message + "; exiting 77 (fenced)")
         with contextlib.suppress(OSError, CheckpointError):
             from checkpoints import write_json_atomic

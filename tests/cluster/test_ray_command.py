@@ -7,6 +7,7 @@ does not exist on the chosen host ends FATAL, naming the path and the host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from checkpoints.remote import RemoteLocation, RemoteStore, make_client
@@ -57,6 +59,13 @@ def command_game(name: str, command: list[str], cwd: Path, total_steps: int) -> 
         f"cwd = {json.dumps(str(cwd))}\nheartbeat = true\ntotal_steps = {total_steps}\n"
         'seed = 1\ndevice = "cpu"\nenv = { PYTHONUNBUFFERED = "1" }\n'
     )
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def placements(state: Path, game: str) -> list[dict[str, Any]]:
@@ -248,3 +257,56 @@ def test_a_frozen_command_game_on_a_host_is_hung_restarted_and_stops_75_mirrored
     final = json.loads((state / "runs" / "hz" / "heartbeat.json").read_text())
     assert remote.manifest_steps("hz")[-1] == final["last_checkpoint_step"], "mirrored at exit"
     assert not command_processes(lc.root, "hz")
+
+
+def test_a_program_left_running_on_a_lost_host_is_fenced_and_exits_77(
+    two_hosts: LoopbackCluster,
+    weed: Weed,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    ray_env: dict[str, str],
+) -> None:
+    """A host cut off from the cluster (its raylet frozen: Ray declares it dead) while the
+    actor and the program on it run on, as behind a network partition that spares the mirror:
+    the game is placed on the other host, and the program left behind commits nothing more
+    once the fence moved: its next checkpoint is refused and it exits 77 (fenced)."""
+    lc = two_hosts
+    url, remote = _mirror(weed, request)
+    command = [sys.executable, SCRIPT.name, "--pace-s", "0.05"]
+    config = write_config(
+        tmp_path, lc, weed, url, command_game("fz", command, SCRIPT.parent, 10**7)
+    )
+    state = tmp_path / "state"
+    sup = start_supervisor(config, ray_env)
+    frozen: list[psutil.Process] = []
+    try:
+        [first] = wait_for(lambda: placements(state, "fz"), 120, "fz placed")
+        wait_for(lambda: remote.manifest_steps("fz"), 120, "a mirrored checkpoint of fz")
+        [program] = command_processes(lc.root, "fz")
+        # Its raylet frozen: Ray declares the host dead (and its actors), while the actor and
+        # the program on it run on, cut off from the cluster but not from the mirror.
+        for info in lc.nodes[first["host"]].all_processes["raylet"]:
+            frozen.append(psutil.Process(info.process.pid))
+            frozen[-1].send_signal(signal.SIGSTOP)
+
+        moved = wait_for(lambda: placements(state, "fz")[1:], 120, "fz placed again")[0]
+        assert moved["host"] != first["host"] and moved["epoch"] > first["epoch"]
+        wait_for(lambda: not alive(program), 60, "the program left behind exits")
+        run_dir = lc.node_dir(first["host"]) / "runs" / "fz"
+        error = json.loads((run_dir / "error.json").read_text())
+        assert (
+            error["kind"] == "fenced" and error["pid"] == program.pid and error["exit_code"] == 77
+        )
+        assert f"placement epoch {first['epoch']} is fenced off" in error["message"], error
+        assert not (run_dir / "checkpoints" / f"ckpt-{error['step']:012d}").exists()
+        epochs = {
+            json.loads((c / "MANIFEST.json").read_text())["meta"]["epoch"]
+            for c in (run_dir / "checkpoints").glob("ckpt-*")
+        }
+        assert epochs == {first["epoch"]}, "it committed nothing under the new placement's epoch"
+    finally:
+        stop_supervisor(sup)
+        for p in frozen:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+    assert sup.returncode == 0
