@@ -214,4 +214,4 @@ def test_a_stop_lets_the_session_finish_its_checkpoint_then_a_kill_takes_all_of_
     grouped = [p for p in sessions.members(pid) if os.getpgid(p) != pid]
     again.signal(signal.SIGKILL)
     assert again.wait_exit(30, early=True) == -signal.SIGKILL
-    assert grouped and not sessions.members(pid), "the whole session went"
+    assert grouped and sessions.wait_empty([pid], 10), "the whole session went"
