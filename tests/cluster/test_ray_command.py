@@ -190,10 +190,13 @@ def test_a_command_missing_on_its_host_ends_fatal_naming_the_path_and_the_host(
     tmp_path: Path,
     ray_env: dict[str, str],
 ) -> None:
+    """...and a crash on a host is told by its own last words (its log's tail, relayed)."""
     lc = one_host
     url, _ = _mirror(weed, request)
     nowhere = tmp_path / "not-mounted" / "project"
     game = command_game("gone", [sys.executable, "train.py"], nowhere, 1000)
+    crashy = [sys.executable, "-c", "raise ValueError('loss is nan')"]
+    game += command_game("crashy", crashy, tmp_path, 1000).replace("heartbeat = true", "")
     config = write_config(tmp_path, lc, weed, url, game)
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
@@ -202,6 +205,8 @@ def test_a_command_missing_on_its_host_ends_fatal_naming_the_path_and_the_host(
         assert str(nowhere) in fatal["reason"] and "on host h1" in fatal["reason"], fatal
         assert "same absolute path on every host" in fatal["reason"], fatal
         assert len(placements(state, "gone")) == 1, "a restart cannot help: no second start"
+        crash = wait_for(lambda: events(state, "worker_crash", "crashy"), 90, "crashy crashed")
+        assert "ValueError: loss is nan" in crash[0]["detail"]["message"], crash[0]
     finally:
         stop_supervisor(sup)
     assert sup.returncode == 0

@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -187,6 +188,11 @@ def main(args: list[str] | None = None) -> NoReturn:
     parser.add_argument("--host", required=True)
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     ns = parser.parse_args(args)
+    # A stop asked before the program runs (during a restore): nothing of it started, nothing
+    # to checkpoint: exit 75 (stopped) rather than die of the signal. Default again before the
+    # exec: the program installs its own.
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
     env = dict(os.environ)
     run_dir = Path(env.get(P.RUN_DIR_ENV) or os.getcwd())
@@ -198,6 +204,10 @@ def main(args: list[str] | None = None) -> NoReturn:
         restored = restore(run_dir, env)
         if restored is not None:
             env[P.MIRROR_RESTORE_ENV] = json.dumps(restored, sort_keys=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if stop:
+            print("rlsup: stopped before the program started", file=sys.stderr, flush=True)
+            raise SystemExit(int(P.ExitCode.STOPPED))
         os.chdir(cwd)
         sys.stdout.flush()
         sys.stderr.flush()

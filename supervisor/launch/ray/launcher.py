@@ -229,7 +229,15 @@ class RayLauncher:
         for g, p in self.placed.items():
             if g != game and p.returncode is None:
                 counts[p.host] = counts.get(p.host, 0) + 1
-        return self.hosts.choose(game, self._nodes(), counts, self.cfg.cluster)
+        c = self.cfg.cluster
+        if c.cpus_per_game or c.gpus_per_game:
+            # An exited worker's actor still mirroring its final checkpoint holds its Ray
+            # resources: another game's actor could not be scheduled there until it is let go
+            # (the start would time out, holding the tick), so that host is full meanwhile.
+            for g, d in self.draining.items():
+                if g != game:
+                    counts[d.proc.host] = counts.get(d.proc.host, 0) + 1
+        return self.hosts.choose(game, self._nodes(), counts, c)
 
     # ---- the seam -------------------------------------------------------------------------
     def spawn(
