@@ -74,6 +74,8 @@ class LoopbackCluster:
                 cwd.startswith(here) or any(c.startswith(here) for c in cmd)
             ):
                 doomed[p.pid] = p
+        for p in _command_games(self.node_dir(host)):
+            doomed[p.pid] = p
         for p in doomed.values():
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGSTOP)
@@ -126,6 +128,33 @@ def loopback_cluster(
             if "training.worker" in cmd and any(str(root) in c for c in cmd):
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(signal.SIGKILL)
+        for p in _command_games(root):
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+
+
+def _command_games(root: Path) -> list[psutil.Process]:
+    """Live command games (started by a host's actor) whose run dir lies under `root`."""
+    here = str(root) + os.sep
+    out = []
+    for p in psutil.process_iter(["status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error):
+            if (p.environ().get("RLSUP_RUN_DIR") or "").startswith(here):
+                out.append(p)
+    return out
+
+
+def command_processes(root: Path, game: str) -> list[psutil.Process]:
+    """Live processes of the command game `game` on any loopback host: its program (or, for
+    its first moments, the host's check and restore before it: the same process)."""
+    out = []
+    for p in _command_games(root):
+        with contextlib.suppress(psutil.Error):
+            if p.environ()["RLSUP_RUN_DIR"].endswith(f"/runs/{game}"):
+                out.append(p)
+    return out
 
 
 def worker_processes(root: Path, game: str) -> list[psutil.Process]:

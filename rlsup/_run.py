@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
 from checkpoints._log import StdlibLogger
+from checkpoints.errors import PlacementFenced
 from checkpoints.retention import EVAL_META
-from rlsup import _damage, _evaluation
+from rlsup import _damage, _evaluation, _fence
 from training import protocol as P
 from training.checkpoint_request import CheckpointRequestWatch
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
@@ -234,6 +235,12 @@ class Run:
         self.exit_on_stop = exit_on_stop
         self._algo, self._device = algo, device
         self._closed = False
+        # Several hosts: the placement's fence (RLSUP_EPOCH); none on one host, or standalone.
+        epoch = (_env_int(P.EPOCH_ENV, 0) or 0) if supervised else 0
+        if epoch < 0:
+            raise SdkError(f"environment variable {P.EPOCH_ENV}={epoch}: must be >= 0")
+        self._fence = _fence.Fence.from_env(game, epoch, _say) if supervised else None
+        self._mirror_restore = _fence.mirror_restore_from_env() if supervised else None
         self._make_run_dir()
         self._lock_fd = self._take_lock(lock_wait_s)
         # A library's logger (the user's logging configuration decides), never structlog's:
@@ -327,6 +334,7 @@ class Run:
                 threads=_env_int(P.THREADS_ENV, None),
                 checkpoint_request=self._request_report,
                 replay_damage=list(self._damage_reports),
+                mirror_restore=self._mirror_restore,
             )
             self._hb.start()
         return self._hb
@@ -764,6 +772,8 @@ class Run:
         }
         if self._evaluated is not None and self._evaluated["step"] == step:
             full_meta.setdefault(EVAL_META, dict(self._evaluated))
+        if self._fence is not None and self._fence.active:
+            full_meta["epoch"] = self._fence.epoch  # which placement wrote it (several hosts)
         self._phase(Phase.CHECKPOINTING, CHECKPOINT_DEADLINE_S)
         try:
             self._writer = self.store.begin(step, full_meta)
@@ -778,19 +788,27 @@ class Run:
         writer, self._writer = self._writer, None
         assert writer is not None
         self._last_attempt_mono = time.monotonic()
+        fenced: PlacementFenced | None = None
         try:
             if error is not None:
                 self._abandon(step, writer, error)
                 return  # not an I/O failure: the script's own exception goes on as it is
             try:
                 writer.adopt_staged()
+                if self._fence is not None:
+                    self._fence.check()  # the last moment before the rename: abort, not commit
                 writer.commit()
+            except PlacementFenced as exc:
+                writer.abort()
+                fenced = exc
             except (CheckpointError, OSError) as exc:
                 writer.abort()
                 self._failed(step, exc)
                 raise CheckpointFailed(f"checkpoint at step {step} not committed: {exc}") from exc
         finally:
             self._back_to_work()
+        if fenced is not None:
+            self._fenced(step, fenced)
         self._last_failed = False
         self.last_checkpoint_step = step
         self.last_checkpoint_time = time.time()
@@ -809,6 +827,22 @@ class Run:
             self._hb.publish()
         if self.exit_on_stop and self.should_stop():
             self.exit_stopped()
+
+    def _fenced(self, step: int, exc: PlacementFenced) -> NoReturn:
+        """Several hosts: the game was placed again elsewhere since this process started.
+        Nothing is committed from here on: error.json says why, and the process exits 77."""
+        message = f"checkpoint at step {step}: {exc}"
+        _say(message + "; exiting 77 (fenced)")
+        with contextlib.suppress(OSError, CheckpointError):
+            from checkpoints import write_json_atomic
+
+            write_json_atomic(
+                self.run_dir / P.ERROR_FILE,
+                {"kind": "fenced", "message": message, "exit_code": int(ExitCode.FENCED),
+                 "time": time.time(), "pid": os.getpid(), "step": step, "traceback": ""},
+            )  # fmt: skip
+        self.close(phase=Phase.STOPPING)
+        raise SystemExit(int(ExitCode.FENCED))
 
     def _abandon(self, step: int, writer: CheckpointWriter, error: BaseException) -> None:
         """The block raised: nothing is committed. An I/O failure (a full disk under

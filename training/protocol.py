@@ -357,6 +357,18 @@ KEEP_CHECKPOINTS_ENV = "RLSUP_KEEP_CHECKPOINTS"  # how many committed checkpoint
 PARAMS_ENV = "RLSUP_PARAMS"
 HEARTBEAT_ENV = "RLSUP_HEARTBEAT"  # "1": the config promises heartbeats (`games.heartbeat`)
 THREADS_ENV = "RLSUP_THREADS"  # the thread budget (OMP/MKL/torch threads are set to it too)
+# Several hosts (`[cluster] backend = "ray"`): the placement's epoch, and the mirror it is
+# fenced in. The SDK stamps the epoch on each checkpoint and, before each commit, checks the
+# mirror's fence for the game: once the game was placed again elsewhere it commits nothing
+# and exits 77 (FENCED). Unset on one host.
+EPOCH_ENV = "RLSUP_EPOCH"
+MIRROR_URL_ENV = "RLSUP_MIRROR_URL"
+MIRROR_ENDPOINT_URL_ENV = "RLSUP_MIRROR_ENDPOINT_URL"  # "" or unset: the S3 default
+MIRROR_REGION_ENV = "RLSUP_MIRROR_REGION"
+# What the host restored from the mirror before the program started (a JSON object: step,
+# bytes, skipped, url), for the SDK's heartbeat (`mirror_restore`, the `mirror_restored`
+# event). Unset when nothing was restored.
+MIRROR_RESTORE_ENV = "RLSUP_MIRROR_RESTORE"
 # A file in the run dir the supervisor touches to ask for a checkpoint now (an operator's
 # request, a preemption notice): `run.should_checkpoint()` is True until a newer one commits.
 # Any file there is a request, made at its mtime, whatever it holds (an operator may just

@@ -178,15 +178,6 @@ def parse_config(
             'got "ray" without a [mirror] table: on several hosts a game that moves resumes '
             'from the mirror (add [mirror] url = "s3://bucket/prefix")',
         )
-    if (
-        cluster.backend == "ray"
-        and (i := next((i for i, g in enumerate(games) if g.command), -1)) >= 0
-    ):
-        raise ctx.fail(
-            ["games", games[i].table, "command"],
-            f"game {games[i].name!r} is a command game: command games run on the local "
-            'backend only ([cluster] backend = "local"), not on several hosts',
-        )
     if check_devices and cluster.backend != "ray":  # on several hosts each has its own torch
         check_cuda_usable(ctx, games)
     return Config(

@@ -9,6 +9,7 @@ that may not do what the operator thinks (another `python` under systemd's PATH)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -66,7 +67,12 @@ def probe_command_games(
         if key in seen:
             continue
         seen.add(key)
-        findings.extend(probe_game(cfg, spec, base, timeout_s))
+        found = probe_game(cfg, spec, base, timeout_s)
+        if cfg.cluster.backend == "ray":  # the program runs on a host of the cluster
+            found = [dataclasses.replace(f, message=f"{f.message} (checked on this host, the "
+                     "supervisor's; each Ray host is checked again when the game is placed "
+                     "there)") for f in found]  # fmt: skip
+        findings.extend(found)
     return findings
 
 

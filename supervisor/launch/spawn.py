@@ -20,7 +20,7 @@ from supervisor.config import Config, GameSpec, ModeSpec, worker_config
 from supervisor.files import make_private_dir, rotate_log
 from supervisor.launch import sessions
 from supervisor.launch.crashlog import death_from_log
-from supervisor.launch.process import same_process
+from supervisor.launch.process import HOST_LOST_RC, same_process
 from supervisor.tracking.wandb import wandb_env
 from training import protocol as P
 from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV, PARENT_START_ENV, own_start_ticks
@@ -282,8 +282,8 @@ def worker_error(cfg: Config, spec: GameSpec, pid: int, returncode: int) -> dict
     error = P.read_json_file(cfg.run_dir(spec.name) / P.ERROR_FILE)
     if error is not None and error.get("pid") == pid:
         return error
-    if spec.command is None or returncode in (0, P.ExitCode.STOPPED):
-        return None
+    if spec.command is None or returncode in (0, P.ExitCode.STOPPED, HOST_LOST_RC):
+        return None  # done, stopped, or its host lost (no exit of its own: nothing to read)
     death = death_from_log(cfg.logs_dir / f"{spec.name}.log", returncode)
     out: dict[str, Any] = {"pid": pid, "kind": "command_exit"}
     out["message"] = death.message if death else f"exit status {returncode}"

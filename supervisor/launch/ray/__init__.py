@@ -7,7 +7,8 @@ a host that joined with `rlsup join` (fewest of our games first, then most CPUs,
 detached, named actor there (`WorkerHost`, max_restarts=0: rlsup owns every restart decision).
 The actor runs the same `python -P -m training.worker` in the host's own run dir
 (`$RLSUP_NODE_DIR/runs/<game>`) with that epoch, and mirrors the game's checkpoints from the
-host (the epoch checked before each manifest). Each tick `poll()` relays the worker's
+host (the epoch checked before each manifest). A command game (the user's own program on the
+SDK) is started the same way through command.py, always cold. Each tick `poll()` relays the worker's
 heartbeat.json and error.json into the supervisor's run dir, so liveness, reports and errors
 are read as on one host. A host that dies (Ray reports the actor dead) or stays unreachable for
 `host_lost_after_s` gives HOST_LOST_RC: the game is placed again on another host and resumes
@@ -21,6 +22,9 @@ fence).
 - spare.py: a spare actor on every live host (the supervisor's side).
 - cluster.py: the calls into Ray (joining, nodes, actors), and the labels `rlsup join` sets.
 - host.py: what runs inside the actors on each host (no Ray import).
+- command.py: a command game's first moments on its host, in the process that becomes it: its
+  paths checked (the same absolute path on every host), the mirror's newest checkpoint
+  restored where the host has none, then the program exec'd with the placement's epoch.
 
 Ray is optional (`pip install 'rlsup[ray]'`) and imported only inside this package's calls,
 only by this backend. The names below are handed on lazily: each host's actors import host.py

@@ -99,10 +99,12 @@ def start_cold(
     node_id: str,
     mirror: dict[str, Any] | None,
     cfg_json: dict[str, Any],
+    command: dict[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """A new actor for `game` on `host` (Ray's node `node_id`), its worker started there:
-    (actor, what it said). max_restarts=0: rlsup owns every restart decision. OSError when it
-    did not start (the actor killed)."""
+    (actor, what it said). `command`: a command game's program instead (the arguments of
+    `WorkerHost.start_command`). max_restarts=0: rlsup owns every restart decision. OSError
+    when it did not start (the actor killed)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -121,7 +123,12 @@ def start_cold(
         .remote(game, epoch, mirror)
     )
     try:
-        info = ray.get(actor.start.remote(cfg_json), timeout=START_TIMEOUT_S)
+        started = (
+            actor.start.remote(cfg_json)
+            if command is None
+            else actor.start_command.remote(**command)
+        )
+        info = ray.get(started, timeout=START_TIMEOUT_S)
     except Exception as exc:
         kill_actor(actor)
         raise OSError(f"cannot start {game} on host {host}: {exc}") from exc

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.files import rotate_log
+from supervisor.launch import sessions
+from supervisor.launch.process import start_ticks
 from supervisor.launch.spare import STOP_GRACE_S
 from supervisor.launch.spawn import WORKER_MODULE, start_worker_process
 from training import args as worker_args
@@ -43,6 +45,11 @@ UPLOAD_EVERY_S = 1.0  # after a failed upload, the next try
 FINAL_UPLOAD_TIMEOUT_S = 45.0
 WARM_TIMEOUT_S = 180.0  # the watchdog's startup grace: a spare not ready by then is replaced
 ACK_TIMEOUT_S = 5.0  # the standby acknowledges an assignment within this, else: a cold start
+COMMAND_MODULE = "supervisor.launch.ray.command"  # a command game's first moments (command.py)
+LOG_TAIL_BYTES = 16 << 10  # an exited command game's last words, for the supervisor's log
+# What is left of a stopped command game's session (a wrapper gone, its child still writing
+# the final checkpoint) may finish this long before it is killed; unasked, it is killed at once.
+REMAINS_GRACE_S = 30.0
 
 
 def node_dir() -> Path:
@@ -218,6 +225,9 @@ class WorkerHost:
         self.fenced = False
         self._remote: Any = None
         self.standby: HostStandby | None = None  # a spare actor's: not yet any game's
+        self.command = False  # a command game's program (start_command), not rlsup's worker
+        self._ticks: int | None = None  # its start: the identity of its session
+        self._stop_asked: float | None = None  # monotonic: when a stop was asked (SIGTERM)
         self.exited: int | None = None  # the worker's exit status, as soon as it exits
         self._gone = threading.Event()  # `exited` is set
         self._exited = threading.Event()  # rc is published (its final checkpoint mirrored)
@@ -268,6 +278,74 @@ class WorkerHost:
         return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root),
                 "served": served}  # fmt: skip
 
+    def start_command(
+        self, argv: list[str], cwd: str | None, env: dict[str, str], threads: int | None = None
+    ) -> dict[str, Any]:
+        """A command game (its own program, the SDK): started through command.py in the host's
+        run dir, in a session of its own, with the RLSUP_* environment the supervisor made
+        (`env`) and this placement's own: the run dir on this host, the epoch, the mirror. Its
+        working directory is `cwd` (the same absolute path on every host), else the run dir."""
+        self.command = True
+        _private_dir(self.run_dir)
+        _private_dir(self.log_path.parent)
+        for name in (protocol.HEARTBEAT_FILE, protocol.ERROR_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.run_dir / name).unlink()
+        own = {protocol.RUN_DIR_ENV: str(self.run_dir), protocol.EPOCH_ENV: str(self.epoch)}
+        if self.mirror is not None:
+            own[protocol.MIRROR_URL_ENV] = str(self.mirror["url"])
+            own[protocol.MIRROR_ENDPOINT_URL_ENV] = str(self.mirror.get("endpoint_url") or "")
+            own[protocol.MIRROR_REGION_ENV] = str(self.mirror.get("region") or "")
+        if threads:
+            for name in (protocol.THREADS_ENV, "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                own[name] = str(threads)
+        # Ray places a GPU game with its GPU: this actor's CUDA_VISIBLE_DEVICES is the one.
+        given = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        rotate_log(self.log_path)
+        cmd = [sys.executable, "-P", "-m", COMMAND_MODULE, "--cwd", cwd or str(self.run_dir),
+               "--host", self.host, "--", *argv]  # fmt: skip
+        self.popen = start_worker_process(
+            cmd, self.log_path, self.run_dir, extra_env={**given, **own}
+        )
+        self._ticks = start_ticks(self.popen.pid)
+        threading.Thread(target=self._watch, name="rlsup-watch", daemon=True).start()
+        return {"pid": self.popen.pid, "host": self.host, "node_dir": str(self.root),
+                "served": "cold"}  # fmt: skip
+
+    def _heartbeat(self) -> bytes | None:
+        """The run dir's heartbeat, for the supervisor. A command game's may be written by a
+        child of its program (`sh -c "python train.py"`: the SDK runs in the child): one of its
+        session is relayed as the program's (its pid, the one the supervisor knows, which
+        cannot look into this host's sessions); one of any other process is not relayed."""
+        data = _read(self.run_dir / protocol.HEARTBEAT_FILE)
+        if data is None or not self.command or self.popen is None:
+            return data
+        try:
+            hb = json.loads(data)
+            pid = int(hb["pid"])
+        except (ValueError, TypeError, KeyError):
+            return data  # the supervisor's reading says what is wrong with it
+        if pid == self.popen.pid:
+            return data
+        try:
+            ours = os.getsid(pid) == self.popen.pid
+        except ProcessLookupError:
+            ours = True  # its last words, read after it exited (spawn.heartbeat_of)
+        except OSError:
+            ours = False
+        return json.dumps({**hb, "pid": self.popen.pid}).encode() if ours else None
+
+    def _log_tail(self) -> str | None:
+        """An exited command game's last words (the supervisor reads why it died in its log)."""
+        if not self.command or self.exited is None:
+            return None
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+
     def _watch(self) -> None:
         """Mirror the newest checkpoint while the worker runs; once it exited (`_reap`, a
         thread of its own: an upload that hangs never hides an exit), mirror once more (its
@@ -282,6 +360,8 @@ class WorkerHost:
             self._upload()
             if self.mirror_failures > failures:  # the next try in a while
                 retry_at = time.monotonic() + UPLOAD_EVERY_S
+        if self.command:
+            self._end_session()
         deadline = time.monotonic() + FINAL_UPLOAD_TIMEOUT_S
         while time.monotonic() < deadline and not self.fenced:
             before = self.mirror_step
@@ -291,6 +371,19 @@ class WorkerHost:
                 time.sleep(UPLOAD_EVERY_S)  # worked is looked after at once: nothing newer)
         self.rc = self.exited
         self._exited.set()
+
+    def _end_session(self) -> None:
+        """A command game's program exited: nothing of its session outlives it (as on one
+        host: `Launcher.forget`). Asked to stop, what remains may finish its final checkpoint
+        within REMAINS_GRACE_S; then, or at once, it is killed."""
+        assert self.popen is not None
+        sid = self.popen.pid
+        if not sessions.is_ours(sid, self._ticks) or not sessions.members(sid):
+            return
+        if self._stop_asked is not None:
+            left = self._stop_asked + REMAINS_GRACE_S - time.monotonic()
+            sessions.wait_empty([sid], max(0.0, left), poll_s=0.1)
+        sessions.kill_session(sid)
 
     def _reap(self) -> None:
         """Say the worker exited as soon as it did (`exited`, `wait_exit(early=True)`)."""
@@ -325,12 +418,26 @@ class WorkerHost:
         if ref is None or (self.mirror_step is not None and ref.step <= self.mirror_step):
             return True
         try:
+            manifest = json.loads((ref.path / "MANIFEST.json").read_bytes())
+        except FileNotFoundError:
+            return False  # retention removed it meanwhile: the next pass takes the newer one
+        except (OSError, ValueError) as exc:
+            self.mirror_failures += 1
+            self.mirror_error = f"{ref.path.name}: {exc}"[:500]
+            return False
+        meta = manifest.get("meta") if isinstance(manifest, dict) else None
+        written_at = meta.get("epoch") if isinstance(meta, dict) else None
+        if isinstance(written_at, int) and written_at < self.epoch - 1:
+            # A placement older than the one before this (the game ran elsewhere since): the
+            # worker moves it aside for the mirror's newer one; never mirrored over it.
+            return True
+        try:
             if self._remote is None:
                 client = make_client(self.mirror["endpoint_url"], self.mirror["region"])
                 self._remote = RemoteStore(client, RemoteLocation.parse(self.mirror["url"]))
                 self._remote.ensure_bucket()
             upload_checkpoint(self._remote, self.game, ref, epoch=self.epoch)
-            created = json.loads((ref.path / "MANIFEST.json").read_bytes()).get("created")
+            created = manifest.get("created")
         except FileNotFoundError:
             return False  # retention removed it meanwhile: the next pass takes the newer one
         except PlacementFenced as exc:
@@ -350,13 +457,15 @@ class WorkerHost:
             "rc": self.rc,  # published once its final checkpoint is mirrored (or given up)
             "exited": self.exited,  # as soon as the worker exited
             "pid": self.popen.pid if self.popen else None,
-            "heartbeat": _read(self.run_dir / protocol.HEARTBEAT_FILE),
+            "heartbeat": self._heartbeat(),
             "error": _read(self.run_dir / protocol.ERROR_FILE),
+            "eval": _read(self.run_dir / protocol.EVAL_FILE),  # the final evaluation (results)
             "mirror_step": self.mirror_step,
             "mirror_created": self.mirror_created,
             "mirror_error": self.mirror_error,
             "mirror_failures": self.mirror_failures,
             "fenced": self.fenced,
+            "log_tail": self._log_tail(),  # a command game's, once it exited
         }
 
     def signal(self, sig: int) -> None:
@@ -369,7 +478,13 @@ class WorkerHost:
             self._gone.set()
             self._exited.set()
             return
-        if self.popen is None or self.popen.returncode is not None:
+        if self.popen is None:
+            return
+        if sig == signal.SIGTERM and self._stop_asked is None:
+            self._stop_asked = time.monotonic()
+        if self.command and sig == signal.SIGKILL and sessions.is_ours(self.popen.pid, self._ticks):
+            sessions.signal_members(self.popen.pid, sig)  # what left its group, too
+        if self.popen.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)

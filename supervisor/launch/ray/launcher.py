@@ -33,6 +33,7 @@ from supervisor.launch.ray.spare import RaySpares
 from supervisor.launch.spare import SpareWant
 from supervisor.launch.spawn import NoRoom, WorkerProcess
 from training import args as worker_args
+from training import protocol
 
 log = structlog.get_logger("rlsup.ray")
 
@@ -228,7 +229,15 @@ class RayLauncher:
         for g, p in self.placed.items():
             if g != game and p.returncode is None:
                 counts[p.host] = counts.get(p.host, 0) + 1
-        return self.hosts.choose(game, self._nodes(), counts, self.cfg.cluster)
+        c = self.cfg.cluster
+        if c.cpus_per_game or c.gpus_per_game:
+            # An exited worker's actor still mirroring its final checkpoint holds its Ray
+            # resources: another game's actor could not be scheduled there until it is let go
+            # (the start would time out, holding the tick), so that host is full meanwhile.
+            for g, d in self.draining.items():
+                if g != game:
+                    counts[d.proc.host] = counts.get(d.proc.host, 0) + 1
+        return self.hosts.choose(game, self._nodes(), counts, c)
 
     # ---- the seam -------------------------------------------------------------------------
     def spawn(
@@ -237,9 +246,11 @@ class RayLauncher:
         log_path: Path,
         now_mono: float,
         cwd: Path | None = None,
-        env: Mapping[str, str] | None = None,  # unused: Ray's num_gpus places GPU games
-        command: bool = False,  # never: the config refuses command games on Ray
+        env: Mapping[str, str] | None = None,  # a command game's; Ray's num_gpus places GPUs
+        command: bool = False,
     ) -> WorkerProcess:
+        if command:
+            return self._spawn_command(argv, log_path, now_mono, cwd, dict(env or {}))
         import ray
 
         cfg = worker_args.WorkerConfig.from_argv(argv)
@@ -251,9 +262,7 @@ class RayLauncher:
         epoch = self._advance_fence(game, host)
         threads = max(1, round(c.cpus_per_game)) if c.cpus_per_game else cfg.threads
         cfg = dataclasses.replace(cfg, threads=threads, epoch=epoch)
-        m = self.cfg.mirror
-        mirror = None if m is None else {"url": m.url, "endpoint_url": m.endpoint_url or None,
-                                          "region": m.region or None}  # fmt: skip
+        mirror = self._mirror_json()
         cfg_json = cfg.to_json()
         actor, info = None, None
         if (spare := self.spares.take(host, cfg.device)) is not None:
@@ -272,6 +281,46 @@ class RayLauncher:
         if actor is None or info is None:
             self._settle(game, host, cold=True)
             actor, info = cluster.start_cold(c, game, epoch, host, node_id, mirror, cfg_json)
+        return self._placed(game, host, node_id, epoch, actor, info, view_dir, now_mono)
+
+    def _mirror_json(self) -> dict[str, Any] | None:
+        m = self.cfg.mirror
+        return None if m is None else {"url": m.url, "endpoint_url": m.endpoint_url or None,
+                                       "region": m.region or None}  # fmt: skip
+
+    def _spawn_command(
+        self, argv: list[str], log_path: Path, now_mono: float, cwd: Path | None,
+        env: dict[str, str],
+    ) -> WorkerProcess:  # fmt: skip
+        """A command game (its own program through the SDK) on a host: always cold (no spare
+        runs a user's program), started by its actor through command.py, which checks that
+        the program reached the host (the same absolute path on every host), restores the
+        mirror's newest checkpoint where the host has none, then execs it with the placement's
+        epoch (`RLSUP_EPOCH`: the SDK commits nothing once fenced, and exits 77)."""
+        game = env[protocol.GAME_ENV]
+        view_dir = Path(env[protocol.RUN_DIR_ENV])  # the supervisor's run dir of the game
+        c = self.cfg.cluster
+        host, node_id, _ = self._choose(game)
+        self._settle(game, host, cold=False)
+        epoch = self._advance_fence(game, host)
+        self._settle(game, host, cold=True)
+        threads = max(1, round(c.cpus_per_game)) if c.cpus_per_game else None
+        # No `cwd` of its own: the game's run dir, which on a host is that host's.
+        where = None if cwd is None or Path(cwd) == view_dir else str(cwd)
+        start = {"argv": list(argv), "cwd": where, "env": env, "threads": threads}
+        actor, info = cluster.start_cold(
+            c, game, epoch, host, node_id, self._mirror_json(), {}, command=start
+        )
+        proc = self._placed(game, host, node_id, epoch, actor, info, view_dir, now_mono)
+        proc.view_log = log_path
+        return proc
+
+    def _placed(
+        self, game: str, host: str, node_id: str, epoch: int, actor: Any,
+        info: dict[str, Any], view_dir: Path, now_mono: float,
+    ) -> RayWorkerProcess:  # fmt: skip
+        """The new placement, watched: its exit heard as it happens."""
+        c = self.cfg.cluster
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         proc = RayWorkerProcess(
             popen=None,  # type: ignore[arg-type]

@@ -47,6 +47,11 @@ class RayWorkerProcess(WorkerProcess):
     epoch: int = 0
     actor: Any = None
     view_dir: Path = Path()  # the supervisor's run dir of the game: relayed files land here
+    # A command game's log on this host: its last words are appended here once it exited
+    # (why it died is read from its log: spawn.worker_error).
+    view_log: Path | None = None
+    _tail_relayed: bool = False
+    _eval_relayed: bytes | None = None  # eval.json as last relayed: written again on a change
     lost_after_s: float = 30.0
     remote_pid: int = 0
     returncode: int | None = None
@@ -93,6 +98,10 @@ class RayWorkerProcess(WorkerProcess):
             self.on_report(self, st)
         self._relay(protocol.HEARTBEAT_FILE, st.get("heartbeat"), host=self.host)
         self._relay(protocol.ERROR_FILE, st.get("error"))
+        if (evaluated := st.get("eval")) is not None and evaluated != self._eval_relayed:
+            self._eval_relayed = evaluated
+            self._relay(protocol.EVAL_FILE, evaluated)
+        self._relay_tail(st.get("log_tail"))
         if st.get("rc") is not None:
             self._exit(int(st["rc"]), None)
         elif st.get("exited") is not None and not (self.stopping or self._killed):
@@ -143,6 +152,19 @@ class RayWorkerProcess(WorkerProcess):
             finally:
                 os.close(fd)
             os.replace(tmp, path)
+
+    def _relay_tail(self, tail: str | None) -> None:
+        if not tail or self._tail_relayed or self.view_log is None:
+            return
+        self._tail_relayed = True
+        head = f"---- the last lines of its log on host {self.host} ----\n"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        with contextlib.suppress(OSError):
+            fd = os.open(self.view_log, flags, 0o640)
+            try:
+                os.write(fd, (head + tail).encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
 
     def wait(self, timeout: float | None = None) -> int | None:
         deadline = time.monotonic() + (timeout if timeout is not None else 60.0)

@@ -150,3 +150,16 @@ def test_rlsup_run_says_what_the_probe_found_at_start_up(tmp_path: Path) -> None
         stop_supervisor(sup)
     log = (tmp_path / "supervisor.log").read_text()
     assert "command_game_check" in log and "No module named 'rlsup'" in log, log[-2000:]
+
+
+def test_on_a_ray_cluster_the_probe_says_it_checked_the_supervisor_s_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command game on several hosts: the same check, said to be this host's (each Ray host
+    is checked again on placement, naming itself: supervisor/launch/ray/command.py)."""
+    ray = '[mirror]\nurl = "s3://rlsup-bucket/p"\n[cluster]\nbackend = "ray"\n'
+    path = write_config(tmp_path, ["no-such-trainer-rlsup", "train.py"])
+    path.write_text(path.read_text().replace("[[games]]", ray + "[[games]]", 1))
+    [finding] = probe_command_games(load_config(path))
+    assert finding.error and "'no-such-trainer-rlsup' is not on the PATH" in finding.message
+    assert "checked on this host, the supervisor's" in finding.message, finding.message
