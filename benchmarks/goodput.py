@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -292,7 +293,8 @@ class Glue(Contender):
 
     def script(self) -> list[str]:
         save = self.s.interval_s if self.mode else 0
-        argv = [sys.executable, str(BENCH / "goodput_script.py"), "--dir", str(self.games[0].run_dir),
+        run_dir = str(self.games[0].run_dir)
+        argv = [sys.executable, str(BENCH / "goodput_script.py"), "--dir", run_dir,
                 "--total-steps", str(TOTAL), "--save-every-s", f"{save:g}",
                 "--buffer-size", str(DQN_ARGS["buffer_size"]),
                 "--learning-starts", str(DQN_ARGS["learning_starts"])]  # fmt: skip
@@ -418,10 +420,21 @@ def run_contender(
                             g.stopped.add(victim)
         sample(c, t)
         sample(base, t)
+        for g in c.games:  # when each victim went: a hang's detection, a crash's reaping
+            for f in g.faults:
+                if f.gone_t is None and (f.victim is None or not alive(f.victim)):
+                    f.gone_t = round(t, 3)
         time.sleep(0.2)
     if boot_at is not None:  # the run ends while the host is down: only the part that passed
         down_s -= max(0.0, boot_at - s.wall_s)
     return s.wall_s - down_s
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def training_now(pid: int) -> bool:
@@ -513,16 +526,16 @@ def render(doc: dict[str, Any], s: Settings) -> str:
         f" x the seeds' one per 20 min), {s.wall_s:.0f} s per contender, boot delay "
         f"{s.boot_delay_s:g} s (not up-time), checkpoint interval {s.interval_s:g} s "
         f"(= {REAL_INTERVAL_S:g} s / C)",
-        f"{'contender':<38}{'game':<13}{'goodput':>8}{'useful':>9}{'baseline':>9}"
-        f"{'slowdown':>9}",
+        f"{'contender':<38}{'game':<13}{'goodput':>8}{'useful':>9}{'baseline':>9}{'slowdown':>9}",
     ]
     for r in doc["rows"]:
         gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
         out.append(f"({r['contender']}) {r['label']:<34}{r['game']:<13}{gp:>8}"
                    f"{r['useful_steps']:>9}{r['baseline_steps']:>9}"
                    f"{100 * r['slowdown']:>8.1f}%")  # fmt: skip
-    out.append("loss per fault, seconds of training (detect/restart + start + redone + refill; "
-               "boot-to-step = after the service started):")  # fmt: skip
+    out.append("loss per fault, seconds of training = detect (a hang's) + restart (the victim "
+               "gone or the service started -> a new process) + start (-> its first step) + "
+               "redone + replay refill:")  # fmt: skip
     for r in doc["rows"]:
         parts = []
         for f in r["faults"]:
@@ -531,10 +544,19 @@ def render(doc: dict[str, Any], s: Settings) -> str:
                 parts.append(f"{tag} {f['lost_s']:.1f} (never recovered before the next fault)")
                 continue
             parts.append(
-                f"{tag} {f['lost_s']:.1f} = {f['detect_s']:.1f}+{f['start_s']:.1f}"
-                f"+{f['redone_s']:.1f}+{f['refill_s']:.1f}"
+                f"{tag} {f['lost_s']:.1f} = {f['detect_s']:.1f}+{f['restart_s']:.1f}"
+                f"+{f['start_s']:.1f}+{f['redone_s']:.1f}+{f['refill_s']:.1f}"
             )
         out.append(f"  ({r['contender']}) {r['game']:<12} " + "; ".join(parts))
+    for r in doc["rows"]:
+        if led := r.get("ledger"):
+            out.append(
+                f"  ({r['contender']}) {r['game']:<12} rlsup's own ledger (rlsup report --json): "
+                f"training {led['training_s']:.1f} s, redone {led['redone_s']:.1f} s "
+                f"({led['redone_steps']} steps), starting {led['starting_s']:.1f} s, backoff "
+                f"{led['backoff_s']:.1f} s, down {led['down_s']:.1f} s (with the boot delays): "
+                f"lost {led['lost_s']:.1f} s"
+            )
     out.append(
         "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start and "
         f"refill per fault, redone = half the real {REAL_INTERVAL_S:g} s interval (announced: "
@@ -543,9 +565,7 @@ def render(doc: dict[str, Any], s: Settings) -> str:
     out.append(f"{'contender':<38}{'game':<13}" + "".join(f"{k:>11}" for k in KIND_SHORT.values()))
     for r in doc["rows"]:
         ex = r["extrapolated_20min"]["goodput"]
-        cells = "".join(
-            f"{(f'{100 * ex[k]:.1f}%' if k in ex else '-'):>11}" for k in KIND_SHORT
-        )
+        cells = "".join(f"{(f'{100 * ex[k]:.1f}%' if k in ex else '-'):>11}" for k in KIND_SHORT)
         out.append(f"({r['contender']}) {r['label']:<34}{r['game']:<13}{cells}")
     return "\n".join(out)
 
@@ -558,7 +578,13 @@ def main() -> None:
     p.add_argument("--faults", type=int, default=None)
     p.add_argument("--contenders", default=None, help="default abcd (--quick: ac)")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--render", type=Path, default=None, help="print a result file's tables")
     args = p.parse_args()
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        names = {f.name for f in dataclasses.fields(Settings)}
+        print(render(saved, Settings(**{k: v for k, v in saved["settings"].items() if k in names})))
+        return
     if args.quick:
         s = Settings(args.seed, args.fault_every_s or 20, args.faults or 2, 6, 10, 3, 8, 4)
     else:
@@ -573,12 +599,13 @@ def main() -> None:
     result = {"benchmark": "goodput", "host": facts, "quick": args.quick,
               "settings": {**vars(s), "compression": s.compression, "wall_s": s.wall_s,
                            "interval_s": s.interval_s, "hang_timeout_s": s.hang_s,
-                           "watchdog_s": s.watchdog_s, "quiet_s": s.quiet_s, "real_interval_s": REAL_INTERVAL_S},
+                           "watchdog_s": s.watchdog_s, "quiet_s": s.quiet_s,
+                           "real_interval_s": REAL_INTERVAL_S},
               "minutes": round(minutes, 2), **doc}  # fmt: skip
     cpu = str(facts.get("cpu_model") or "cpu").split()
     tag = next((w for w in cpu if w.isupper() and len(w) > 2), "cpu")
-    out = args.out or (BENCH / "results" /
-                       f"goodput-{tag}-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json")  # fmt: skip
+    name = f"goodput-{tag}-{dt.date.today().isoformat()}{'-quick' if args.quick else ''}.json"
+    out = args.out or BENCH / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")

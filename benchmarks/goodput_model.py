@@ -13,6 +13,7 @@ notice's deadline), which process it hit and the newest checkpoint step on disk 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -40,7 +41,7 @@ class Fault:
     step: int = 0  # the victim's last reported step
     committed: int = -1  # the newest checkpoint on disk then (-1: none: back to step 0)
     boot_delay_s: float = 0.0  # reboots: the host is down this long (not up-time)
-    notice_t: float | None = None  # announced reboots: when the notice was posted
+    gone_t: float | None = None  # when the victim was seen gone (a hang: its detection)
 
 
 @dataclass
@@ -48,8 +49,9 @@ class FaultLoss:
     kind: str
     t: float
     recovered: bool  # a new process stepped before the next fault (or the end)
-    detect_s: float = 0.0  # hit (or the service's start, after a reboot) -> new process
-    start_s: float = 0.0  # new process -> its first reported step
+    detect_s: float = 0.0  # hit -> the victim gone (a hang's detection; a crash's ~0)
+    restart_s: float = 0.0  # gone (a reboot: the service's start) -> the new process
+    start_s: float = 0.0  # the new process (a spare: the hand-over) -> its first step
     redone_steps: int = 0
     redone_s: float = 0.0
     refill_steps: int = 0  # a replay buffer refilled from empty (no learning meanwhile)
@@ -58,12 +60,12 @@ class FaultLoss:
 
     @property
     def boot_to_step_s(self) -> float:
-        """A reboot's service start -> the first training step (else the restart's)."""
-        return self.detect_s + self.start_s
+        """The victim gone (a reboot: the service started) -> the first training step."""
+        return self.restart_s + self.start_s
 
     @property
     def lost_s(self) -> float:
-        return self.detect_s + self.start_s + self.redone_s + self.refill_s
+        return self.detect_s + self.restart_s + self.start_s + self.redone_s + self.refill_s
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "lost_s": round(self.lost_s, 3),
@@ -101,7 +103,7 @@ def steps_at(trace: list[Sample], t: float) -> int:
     """The baseline's step at time t (linear between samples; its last beyond them)."""
     if not trace or t <= trace[0].t:
         return 0 if not trace else int(trace[0].step * max(0.0, t) / max(trace[0].t, 1e-9))
-    for a, b in zip(trace, trace[1:], strict=False):
+    for a, b in itertools.pairwise(trace):
         if a.t <= t <= b.t:
             return int(a.step + (b.step - a.step) * (t - a.t) / max(b.t - a.t, 1e-9))
     last = trace[-1]
@@ -135,8 +137,11 @@ def fault_losses(
             loss.detect_s = max(0.0, until - service_t)
             out.append(loss)
             continue
-        started = min(max(new.started, service_t), new.t)
-        loss.detect_s = max(0.0, started - service_t)
+        gone = service_t if f.kind in REBOOTS or f.gone_t is None else max(f.gone_t, f.t)
+        gone = min(gone, new.t)
+        started = min(max(new.started, gone), new.t)  # a spare was there before: 0
+        loss.detect_s = max(0.0, gone - service_t) if f.kind not in REBOOTS else 0.0
+        loss.restart_s = max(0.0, started - gone)
         loss.start_s = max(0.0, new.t - started)
         if f.victim is not None:
             loss.redone_steps = max(0, f.step - max(f.committed, 0))
@@ -204,7 +209,7 @@ def extrapolate(
                 fixed.append(r.detect_s * (compression if kind == "hang" else 1.0))
                 continue
             detect = r.detect_s * (hang_detect_scale if kind == "hang" else 1.0)
-            fixed.append(detect + r.start_s + r.refill_s)
+            fixed.append(detect + r.restart_s + r.start_s + r.refill_s)
         redone = (
             sum(r.redone_s for r in rows) / len(rows)
             if kind == "announced_reboot"

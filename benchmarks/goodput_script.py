@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from cleanrl_dqn import QNetwork, Replay, epsilon  # noqa: E402
+from cleanrl_dqn import QNetwork, Replay, epsilon
 
 
 def newest_checkpoint(directory: Path) -> tuple[int, Path] | None:
@@ -101,6 +101,7 @@ def main() -> None:
     print(f"resume step={step} pid={pid} refill={refill} replay={replay_state}", flush=True)
 
     last_save = time.monotonic()
+    every = args.save_every_s
     last_print = 0.0  # the first step is printed at once: the glue sees a fresh start
     while step < args.total_steps:
         if rng.random() < epsilon(step, 1.0, 0.05, eps_steps):
@@ -131,7 +132,7 @@ def main() -> None:
         if now - last_print >= 0.5:
             print(f"progress step={step} pid={pid} t={time.time():.3f}", flush=True)
             last_print = now
-        if args.save_every_s > 0 and now - last_save >= args.save_every_s:
+        if every > 0 and now - last_save >= every:
             path = args.dir / f"checkpoint_step{step}.pt"
             state = {"q": q.state_dict(), "target": target.state_dict(),
                      "optimizer": optimizer.state_dict(), "step": step}  # fmt: skip
@@ -141,10 +142,8 @@ def main() -> None:
                     **replay.arrays, pos=np.int64(replay.pos), full=np.bool_(replay.full),
                 )  # fmt: skip
             torch.save(state, path)
-            for old in args.dir.glob("checkpoint_step*.pt"):  # keep the newest two
-                if newest_checkpoint(args.dir) and old != path and old.stat().st_mtime < (
-                    path.stat().st_mtime - 2 * args.save_every_s
-                ):
+            for old in args.dir.glob("checkpoint_step*.pt"):  # keep the newest few
+                if old != path and old.stat().st_mtime < path.stat().st_mtime - 2 * every:
                     old.unlink(missing_ok=True)
                     old.with_suffix(".replay.npz").unlink(missing_ok=True)
             last_save = time.monotonic()
