@@ -109,8 +109,9 @@ class Settings:
     @property
     def quiet_s(self) -> int:
         """The glue watchdog's silence threshold: compressed, but never below a restart's
-        start-up (a real glue's 5 minutes never kills a script that is still importing torch)."""
-        return max(10, round(REAL_WATCHDOG_S / self.compression))
+        start-up on a loaded 2-core machine (up to ~15 s here: a real glue's 5 minutes never
+        kills a script that is still importing torch, 10 s did)."""
+        return max(20, round(REAL_WATCHDOG_S / self.compression))
 
 
 def now_epoch_offset(t0_mono: float) -> float:
