@@ -445,6 +445,30 @@ def training_now(pid: int) -> bool:
         return False
 
 
+def extrapolation(
+    losses: list[gm.FaultLoss], s: Settings, slowdown: float, rlsup: bool
+) -> dict[str, Any]:
+    """To one fault per 20 min (goodput_model.extrapolate): a hang's detection scaled back to
+    rlsup's real hang timeout, or to the glue watchdog's real period and silence."""
+    hang_scale = (
+        REAL_HANG_S / s.hang_s
+        if rlsup
+        else (REAL_WATCHDOG_S * 1.5) / (s.quiet_s + s.watchdog_s / 2)
+    )
+    ex = gm.extrapolate(losses, REAL_INTERVAL_S, slowdown, s.compression, hang_scale,
+                        honours_notice=rlsup)  # fmt: skip
+    return {"per_kind_lost_s": ex.per_kind_lost_s, "goodput": ex.goodput,
+            "interval_s": ex.interval_s, "slowdown": ex.slowdown}  # fmt: skip
+
+
+def reextrapolate(doc: dict[str, Any], s: Settings) -> None:
+    """A saved result's extrapolation computed again from its measured per-fault losses."""
+    names = {f.name for f in dataclasses.fields(gm.FaultLoss)}
+    for r in doc["rows"]:
+        losses = [gm.FaultLoss(**{k: v for k, v in f.items() if k in names}) for f in r["faults"]]
+        r["extrapolated_20min"] = extrapolation(losses, s, r["slowdown"], r["contender"] in "ab")
+
+
 def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict[str, Any]:
     sps = gm.speed(base.trace, skip_s=base.trace[0].t if base.trace else 0.0)
     refills = c.refills(g)
@@ -454,12 +478,7 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
     losses = gm.fault_losses(g.trace, g.faults, sps, s.wall_s, refills)
     lost_steps = sum((x.lost_s) * sps for x in losses)
     slowdown = (expected - useful - lost_steps) / expected if expected else 0.0
-    hang_scale = (
-        REAL_HANG_S / s.hang_s
-        if isinstance(c, Rlsup)
-        else (REAL_WATCHDOG_S * 1.5) / (s.quiet_s + s.watchdog_s / 2)
-    )
-    ex = gm.extrapolate(losses, REAL_INTERVAL_S, slowdown, s.compression, hang_scale)
+    ex = extrapolation(losses, s, slowdown, isinstance(c, Rlsup))
     stalls = c.stalls_ms(g)
     return {
         "game": g.name, "useful_steps": useful, "baseline_steps": expected,
@@ -467,8 +486,7 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
         "goodput": gm.goodput(useful, expected), "slowdown": round(slowdown, 4),
         "faults": [x.as_dict() for x in losses],
         "raw_faults": [vars(f) for f in g.faults],
-        "extrapolated_20min": {"per_kind_lost_s": ex.per_kind_lost_s, "goodput": ex.goodput,
-                               "interval_s": ex.interval_s, "slowdown": ex.slowdown},
+        "extrapolated_20min": ex,
         "checkpoint_stall_ms": {"n": len(stalls), "median": gm.percentile(stalls, 0.5),
                                 "p99": gm.percentile(stalls, 0.99)} if stalls else None,
         "trace": [[x.t, x.pid, x.step] for x in g.trace[:: max(1, len(g.trace) // 200)]],
@@ -545,7 +563,7 @@ def render(doc: dict[str, Any], s: Settings) -> str:
                 parts.append(f"{tag} {f['lost_s']:.1f} (never recovered before the next fault)")
                 continue
             parts.append(
-                f"{tag} {f['lost_s']:.1f} = {f['detect_s']:.1f}+{f['restart_s']:.1f}"
+                f"{tag} {f['lost_s']:.1f} = {f['detect_s']:.1f}+{f.get('restart_s', 0.0):.1f}"
                 f"+{f['start_s']:.1f}+{f['redone_s']:.1f}+{f['refill_s']:.1f}"
             )
         out.append(f"  ({r['contender']}) {r['game']:<12} " + "; ".join(parts))
@@ -561,7 +579,8 @@ def render(doc: dict[str, Any], s: Settings) -> str:
     out.append(
         "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start and "
         f"refill per fault, redone = half the real {REAL_INTERVAL_S:g} s interval (announced: "
-        "as measured), hang detection scaled back to the real timeout, slowdown as measured:"
+        "as measured for rlsup, which heeds the notice; for the others as a reboot), "
+        "hang detection scaled back to the real timeout, slowdown as measured:"
     )
     out.append(f"{'contender':<38}{'game':<13}" + "".join(f"{k:>11}" for k in KIND_SHORT.values()))
     for r in doc["rows"]:
@@ -584,7 +603,10 @@ def main() -> None:
     if args.render is not None:
         saved = json.loads(args.render.read_text())
         names = {f.name for f in dataclasses.fields(Settings)}
-        print(render(saved, Settings(**{k: v for k, v in saved["settings"].items() if k in names})))
+        settings = Settings(**{k: v for k, v in saved["settings"].items() if k in names})
+        reextrapolate(saved, settings)
+        args.render.write_text(json.dumps(saved, indent=1) + "\n")
+        print(render(saved, settings))
         return
     if args.quick:
         s = Settings(args.seed, args.fault_every_s or 20, args.faults or 2, 6, 10, 3, 8, 4)

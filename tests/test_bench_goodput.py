@@ -134,6 +134,8 @@ def test_the_extrapolation_scales_back_only_what_was_compressed(gm: ModuleType) 
     undetected = [gm.FaultLoss("hang", 0, False, detect_s=20.0)]
     never = gm.extrapolate(undetected, 300.0, 0.0, compression=40.0, hang_detect_scale=1.0)
     assert never.per_kind_lost_s["hang"] == pytest.approx(20 * 40 + 150)
+    blind = gm.extrapolate(losses, 300.0, 0.0, 40.0, 24.0, honours_notice=False)
+    assert blind.per_kind_lost_s["announced_reboot"] == pytest.approx(153.0)  # as a reboot
     negative = gm.extrapolate(losses[:1], 300.0, -0.05, compression=40.0, hang_detect_scale=1)
     assert negative.slowdown == 0.0  # a baseline slower than the run: no bonus
 
