@@ -50,6 +50,7 @@ check: $(VENV)/.installed-test lint
 	$(PY) -m pytest -m "not e2e and not slow" -q $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-run
+	$(PY) benchmarks/goodput.py
 	$(PY) benchmarks/worker_throughput.py
 	$(PY) benchmarks/ppo_roofline.py
 	$(PY) benchmarks/replay_save.py --size-gib 2 --method all

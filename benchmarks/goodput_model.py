@@ -1,0 +1,264 @@
+"""The pure part of benchmarks/goodput.py: the seeded fault schedule, the per-fault losses read
+off a progress trace, goodput, and the extrapolation to one fault per 20 minutes. No process,
+no clock, no torch: tests/test_bench_goodput.py checks it on recorded traces and logs.
+
+A *trace* is what the driver sampled every ~0.2 s while a contender ran: (t, pid, step,
+started) rows, t in seconds since the contender's service first started, pid the training
+process that reported `step` (rlsup's heartbeat.json, the glue's log line), `started` that
+process's start time on the same clock. A *fault* is what the driver did and when (`t`: the
+moment work stops, i.e. the kill; for a hang the SIGSTOP; for an announced reboot the kill at the
+notice's deadline), which process it hit and the newest checkpoint step on disk at that moment
+(the step a resume goes back to).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KINDS = ("host_reboot", "worker_crash", "hang", "announced_reboot")
+REBOOTS = ("host_reboot", "announced_reboot")
+REAL_MTBF_S = 20 * 60.0  # the seeds' hosts: a reboot every 15-20 min under load
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    pid: int
+    step: int
+    started: float  # the process's start, on the trace's clock
+
+
+@dataclass
+class Fault:
+    kind: str
+    t: float  # when work stopped (kill / SIGSTOP / the notice's deadline)
+    victim: int | None = None  # the training pid hit (None: nothing was training)
+    step: int = 0  # the victim's last reported step
+    committed: int = -1  # the newest checkpoint on disk then (-1: none: back to step 0)
+    boot_delay_s: float = 0.0  # reboots: the host is down this long (not up-time)
+    gone_t: float | None = None  # when the victim was seen gone (a hang: its detection)
+
+
+@dataclass
+class FaultLoss:
+    kind: str
+    t: float
+    recovered: bool  # a new process stepped before the next fault (or the end)
+    detect_s: float = 0.0  # hit -> the victim gone (a hang's detection; a crash's ~0)
+    restart_s: float = 0.0  # gone (a reboot: the service's start) -> the new process
+    start_s: float = 0.0  # the new process (a spare: the hand-over) -> its first step
+    redone_steps: int = 0
+    redone_s: float = 0.0
+    refill_steps: int = 0  # a replay buffer refilled from empty (no learning meanwhile)
+    refill_s: float = 0.0
+    host_down_s: float = 0.0  # the boot delay: not up-time, not counted as loss
+
+    @property
+    def boot_to_step_s(self) -> float:
+        """The victim gone (a reboot: the service started) -> the first training step."""
+        return self.restart_s + self.start_s
+
+    @property
+    def lost_s(self) -> float:
+        return self.detect_s + self.restart_s + self.start_s + self.redone_s + self.refill_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "lost_s": round(self.lost_s, 3),
+                "boot_to_step_s": round(self.boot_to_step_s, 3)}  # fmt: skip
+
+
+def draw_schedule(
+    seed: int, every_s: float, count: int, warmup_s: float, kinds: tuple[str, ...] = KINDS,
+    announce_after_s: float = 0.0,
+) -> list[tuple[float, str]]:  # fmt: skip
+    """`count` faults, one per `every_s` after `warmup_s`, each jittered by up to a quarter of
+    the spacing; the kinds a seeded shuffle of `kinds` repeated (every kind once before any
+    twice); an announced reboot never before `announce_after_s` (its notice comes a window
+    earlier), swapped with a later fault. Same seed, same schedule for every contender."""
+    rng = random.Random(seed)
+    order: list[str] = []
+    while len(order) < count:
+        batch = list(kinds)
+        rng.shuffle(batch)
+        order += batch
+    order = order[:count]
+    times = []
+    for i in range(count):
+        jitter = rng.uniform(-every_s / 4, every_s / 4)
+        times.append(round(warmup_s + i * every_s + every_s / 2 + jitter, 2))
+    for i in range(count):
+        if order[i] == "announced_reboot" and times[i] < announce_after_s:
+            j = next((j for j in range(i + 1, count) if times[j] >= announce_after_s), None)
+            if j is not None:
+                order[i], order[j] = order[j], order[i]
+    return list(zip(times, order, strict=True))
+
+
+def steps_at(trace: list[Sample], t: float) -> int:
+    """The baseline's step at time t (linear between samples; its last beyond them)."""
+    if not trace or t <= trace[0].t:
+        return 0 if not trace else int(trace[0].step * max(0.0, t) / max(trace[0].t, 1e-9))
+    for a, b in itertools.pairwise(trace):
+        if a.t <= t <= b.t:
+            return int(a.step + (b.step - a.step) * (t - a.t) / max(b.t - a.t, 1e-9))
+    last = trace[-1]
+    return last.step
+
+
+def speed(trace: list[Sample], skip_s: float = 0.0) -> float:
+    """Steps per second of an uninterrupted trace, from its first step past `skip_s` on."""
+    rows = [s for s in trace if s.t >= skip_s]
+    if len(rows) < 2 or rows[-1].t <= rows[0].t:
+        return 0.0
+    return (rows[-1].step - rows[0].step) / (rows[-1].t - rows[0].t)
+
+
+def fault_losses(
+    trace: list[Sample], faults: list[Fault], steps_per_s: float, end_t: float,
+    refills: dict[int, int] | None = None,
+) -> list[FaultLoss]:  # fmt: skip
+    """Each fault's loss, read off the trace. `refills`: pid -> replay steps that process spent
+    refilling an emptied buffer (the glue's log says so; rlsup restores its buffer)."""
+    refills = refills or {}
+    out = []
+    for i, f in enumerate(faults):
+        until = faults[i + 1].t if i + 1 < len(faults) else end_t
+        service_t = f.t + f.boot_delay_s
+        new = next((s for s in trace if f.t < s.t <= until and s.pid != f.victim), None)
+        loss = FaultLoss(f.kind, f.t, recovered=new is not None, host_down_s=f.boot_delay_s)
+        if new is None:
+            # Nothing trained again before the next fault (a hang no one detects): all of it
+            # is lost; the next fault (the reboot that ends it) carries the redone steps.
+            loss.detect_s = max(0.0, until - service_t)
+            out.append(loss)
+            continue
+        gone = service_t if f.kind in REBOOTS or f.gone_t is None else max(f.gone_t, f.t)
+        gone = min(gone, new.t)
+        started = min(max(new.started, gone), new.t)  # a spare was there before: 0
+        loss.detect_s = max(0.0, gone - service_t) if f.kind not in REBOOTS else 0.0
+        loss.restart_s = max(0.0, started - gone)
+        loss.start_s = max(0.0, new.t - started)
+        if f.victim is not None:
+            loss.redone_steps = max(0, f.step - max(f.committed, 0))
+        loss.refill_steps = refills.get(new.pid, 0)
+        if steps_per_s > 0:
+            loss.redone_s = loss.redone_steps / steps_per_s
+            loss.refill_s = loss.refill_steps / steps_per_s
+        out.append(loss)
+    # A hang nobody detected: its victim's steps are redone after the fault that ends it.
+    for i, f in enumerate(faults[:-1]):
+        nxt = faults[i + 1]
+        if not out[i].recovered and f.victim is not None and nxt.victim == f.victim:
+            out[i + 1].redone_steps = max(0, f.step - max(f.committed, 0))
+            if steps_per_s > 0:
+                out[i + 1].redone_s = out[i + 1].redone_steps / steps_per_s
+    return out
+
+
+def useful_steps(trace: list[Sample], refills: dict[int, int] | None = None) -> int:
+    """The final run's step (none redone: a resumed run counts from its checkpoint), less the
+    steps spent refilling a lost replay buffer (collected, never learned from)."""
+    if not trace:
+        return 0
+    return max(0, trace[-1].step - sum((refills or {}).values()))
+
+
+def goodput(useful: int, baseline_steps: int) -> float | None:
+    return useful / baseline_steps if baseline_steps > 0 else None
+
+
+@dataclass
+class Extrapolation:
+    """Goodput with one fault of each kind's mean measured loss every `mtbf_s`: the fixed costs
+    (detection, restart, boot to first step, refill) as measured, the redone work of an
+    unannounced fault taken as half the real checkpoint interval (the compressed run's
+    interval is `compression` times shorter), of an announced one as measured (its notice
+    checkpoint does not scale), plus the measured slowdown (checkpoint stalls, supervision)."""
+
+    mtbf_s: float
+    interval_s: float
+    per_kind_lost_s: dict[str, float] = field(default_factory=dict)
+    slowdown: float = 0.0
+    goodput: dict[str, float] = field(default_factory=dict)
+
+
+def extrapolate(
+    losses: list[FaultLoss], interval_s: float, slowdown: float, compression: float,
+    hang_detect_scale: float, mtbf_s: float = REAL_MTBF_S, honours_notice: bool = True,
+) -> Extrapolation:  # fmt: skip
+    """Per fault kind, the loss of one such fault every `mtbf_s`. Scaled back from the
+    compressed run: a hang's detection by `hang_detect_scale` (real timeout / compressed one);
+    a hang never detected (lost until the next fault) by `compression`; an unannounced fault's
+    redone work taken as half the real `interval_s`. As measured: restart, boot to first step,
+    a replay buffer's refill, an announced reboot's redone steps. `slowdown`: the fraction of
+    the speed lost while up (checkpoint stalls, supervision), as measured (its checkpoints
+    were `compression` times more frequent: an upper bound)."""
+    ex = Extrapolation(mtbf_s=mtbf_s, interval_s=interval_s, slowdown=max(0.0, slowdown))
+    by_kind: dict[str, list[FaultLoss]] = {}
+    for loss in losses:
+        by_kind.setdefault(loss.kind, []).append(loss)
+    for kind, rows in by_kind.items():
+        fixed = []
+        for r in rows:
+            if not r.recovered:  # a hang nobody detects lasts until the next fault
+                fixed.append(r.detect_s * (compression if kind == "hang" else 1.0))
+                continue
+            detect = r.detect_s * (hang_detect_scale if kind == "hang" else 1.0)
+            fixed.append(detect + r.restart_s + r.start_s + r.refill_s)
+        # A notice only spares the redone work of a contender that watches for one; to the
+        # others an announced reboot is one more unannounced one.
+        redone = (
+            sum(r.redone_s for r in rows) / len(rows)
+            if kind == "announced_reboot" and honours_notice
+            else interval_s / 2
+        )
+        lost = min(sum(fixed) / len(fixed) + redone, mtbf_s)
+        ex.per_kind_lost_s[kind] = round(lost, 2)
+        ex.goodput[kind] = round((1 - lost / mtbf_s) * (1 - ex.slowdown), 4)
+    return ex
+
+
+# ---- the glue's log (benchmarks/goodput_script.py prints these lines) ------------------------
+
+PROGRESS = re.compile(r"^progress step=(\d+) pid=(\d+) t=([0-9.]+)$")
+RESUME = re.compile(r"^resume step=(\d+) pid=(\d+) refill=(\d+)(?: replay=(\w+))?$")
+SAVED = re.compile(r"^saved step=(\d+) pid=(\d+) stall_ms=([0-9.]+)$")
+
+
+@dataclass
+class GlueLog:
+    last: tuple[int, int, float] | None = None  # (step, pid, t) of the newest progress line
+    refills: dict[int, int] = field(default_factory=dict)  # pid -> refill steps
+    resumes: list[tuple[int, int]] = field(default_factory=list)  # (pid, step)
+    stalls_ms: list[float] = field(default_factory=list)
+    saved: list[tuple[int, int]] = field(default_factory=list)  # (pid, step)
+
+
+def parse_glue_log(text: str) -> GlueLog:
+    """The script's lines among whatever else the log holds (tracebacks, the loop's echoes);
+    a line cut short by a kill matches nothing."""
+    out = GlueLog()
+    for line in text.splitlines():
+        line = line.strip()
+        if m := PROGRESS.match(line):
+            out.last = (int(m[1]), int(m[2]), float(m[3]))
+        elif m := RESUME.match(line):
+            out.resumes.append((int(m[2]), int(m[1])))
+            if int(m[3]):
+                out.refills[int(m[2])] = int(m[3])
+        elif m := SAVED.match(line):
+            out.saved.append((int(m[2]), int(m[1])))
+            out.stalls_ms.append(float(m[3]))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
