@@ -230,6 +230,8 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self.last_result: CheckpointResult | None = None
         self._copies = HostCopies()
+        self._deferred = False  # one fell due while another was written (logged once)
+        self._step = -1  # the step of the checkpoint taken last
         # The latest evaluation ({"step", "mean", "episodes"}): a checkpoint captured at its
         # step records it in its manifest's meta (`eval`), which retention's keep_best ranks.
         self.evaluation: dict[str, Any] | None = None
@@ -249,7 +251,7 @@ class Checkpointer:
         if background:
             state = self._copies.copy({"learner": learner.state_dict(), "rng": rng.capture()})
             if self._copies.cuda:
-                event = torch.cuda.Event()
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record()
         else:
             blob = serialise_learner(learner)
@@ -289,7 +291,14 @@ class Checkpointer:
         flight: the caller asks again (the training loop does, every iteration, until it is
         taken). A capture that would not fit in memory is taken synchronously instead."""
         if self.in_flight:
+            if not self._deferred:  # once per write in flight: the loop asks every iteration
+                self._deferred = True
+                self.log.info(
+                    "checkpoint_deferred", step=learner.global_step, in_flight_step=self._step
+                )
             return False
+        self._deferred = False
+        self._step = learner.global_step
         shortfall = self.memory_shortfall(learner)
         if shortfall is not None:
             self.log.warning("checkpoint_sync_fallback", step=learner.global_step, reason=shortfall)
