@@ -16,6 +16,7 @@ the learner, and says so (`checkpoint_sync_fallback`).
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import io
 import os
@@ -133,6 +134,15 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Does `t` fill its span of memory exactly (a memcpy of its bytes is the tensor)?"""
+    if t.is_conj() or t.is_neg() or t.layout != torch.strided:
+        return False
+    return t.is_contiguous() or (
+        t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
 class HostCopies:
     """Host copies of a state dict's tensors, kept from one capture to the next (at most one
     checkpoint is in flight, so one set serves every checkpoint): a capture is one copy per
@@ -175,13 +185,25 @@ class HostCopies:
     def _copy_tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> torch.Tensor:
         t = t.detach()
         buf = self._buffers.get(path)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            pin = t.device.type == "cuda"
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+        if (
+            buf is None
+            or buf.shape != t.shape
+            or buf.dtype != t.dtype
+            or (t.device.type == "cpu" and buf.stride() != t.stride())
+        ):
+            if t.device.type == "cuda":
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            else:
+                buf = torch.empty_like(t, device="cpu")  # the same strides (channels_last)
             self._buffers[path] = buf
         if t.device.type == "cuda":
             self.cuda = True
             buf.copy_(t, non_blocking=True)
+        elif t.device.type == "cpu" and _dense(t) and buf.stride() == t.stride():
+            # One memcpy on this thread: `copy_` splits a large tensor over torch's intra-op
+            # threads, and with the other cores busy (the envs, another worker) waiting for
+            # them made the copy 40 ms instead of 1.5 ms (median, a 27 MB DQN state).
+            ctypes.memmove(buf.data_ptr(), t.data_ptr(), t.numel() * t.element_size())
         else:
             buf.copy_(t)
         return buf
