@@ -54,6 +54,8 @@ bench: $(VENV)/.installed-run
 	$(PY) benchmarks/worker_throughput.py
 	$(PY) benchmarks/ppo_roofline.py
 	$(PY) benchmarks/replay_save.py --size-gib 2 --method all
+	$(PY) benchmarks/checkpoint_stall.py
+	$(PY) benchmarks/boot_breakdown.py
 	$(PY) benchmarks/recovery.py
 	$(PY) benchmarks/supervision_overhead.py
 	$(PY) benchmarks/status_latency.py

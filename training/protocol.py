@@ -253,6 +253,10 @@ class Heartbeat:
     quarantined: list[str] = dataclasses.field(default_factory=list)
     checkpoint_failures: int = 0
     last_checkpoint_error: str | None = None
+    # Checkpoints taken synchronously because a background capture would not fit in memory,
+    # and why the last one was (training/checkpointing.py).
+    checkpoint_sync_fallbacks: int = 0
+    last_checkpoint_sync_fallback: str | None = None
     # Replay chunks found damaged, newest last: on load (`when` "load": left out, their
     # transitions dropped) or when about to link them into a new checkpoint ("checkpoint":
     # rewritten from memory). Each: checkpoint, files, when, and transitions_dropped on load.

@@ -100,6 +100,7 @@ class TrainingSession:
         self._episodes_seen = 0
         self._row_step = -1  # the step of the last progress row
         self.checkpoint_failures = 0
+        self.sync_fallbacks = 0  # checkpoints taken synchronously for want of memory
         self.mirror = Mirror(cfg, run_dir, log, self.hb)  # used only with --mirror-url
         self.resumer = Resumer(cfg, log, self.hb, self.mirror)
         self.fenced: str | None = None  # why a commit was refused by the placement fence
@@ -487,6 +488,12 @@ class TrainingSession:
             }
             self.log.warning("replay_damaged", **entry)
             self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
+        if result.sync_fallback is not None:
+            self.sync_fallbacks += 1
+            self.hb.update(
+                checkpoint_sync_fallbacks=self.sync_fallbacks,
+                last_checkpoint_sync_fallback=result.sync_fallback,
+            )
         if result.ok:
             self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())
             self.log.info("checkpoint", **fields)

@@ -29,7 +29,8 @@ LOG_LEVEL = {
     **dict.fromkeys(
         (
             "worker_hang", "device_fallback", "no_host", "checkpoint_corrupt",
-            "checkpoint_failed", "checkpoint_unreadable", "replay_damaged", "write_failed",
+            "checkpoint_failed", "checkpoint_sync_fallback", "checkpoint_unreadable",
+            "replay_damaged", "write_failed",
             "node_lost", "node_reboot", "hook_failed", "metrics_failed", "mirror_failed",
             "tracking_failed", "tracking_skipped",
             "uploader_exit", "spare_lost", "leftovers_stopped", "scale_down",

@@ -20,6 +20,8 @@ EVENT_KINDS = frozenset(
         "fatal",
         "checkpoint_corrupt",
         "checkpoint_failed",
+        # A checkpoint taken synchronously: a background capture would not fit in memory.
+        "checkpoint_sync_fallback",
         "checkpoint_unreadable",
         "replay_damaged",
         "gpu_wait",

@@ -79,6 +79,7 @@ class Reported:
 
     quarantined: set[str] = field(default_factory=set)
     checkpoint_failures: int = 0
+    sync_fallbacks: int = 0
     replay_damage: int = 0
     write_failures: set[str] = field(default_factory=set)
     mirror_restore: bool = False
@@ -107,6 +108,18 @@ def new_reports(seen: Reported, hb: Heartbeat) -> list[tuple[str, dict[str, Any]
                     "step": hb.global_step,
                     "failures": hb.checkpoint_failures,
                     "last_checkpoint_step": hb.last_checkpoint_step,
+                },
+            )
+        )
+    if hb.checkpoint_sync_fallbacks > seen.sync_fallbacks:
+        seen.sync_fallbacks = hb.checkpoint_sync_fallbacks
+        out.append(
+            (
+                "checkpoint_sync_fallback",
+                {
+                    "reason": hb.last_checkpoint_sync_fallback,
+                    "step": hb.global_step,
+                    "fallbacks": hb.checkpoint_sync_fallbacks,
                 },
             )
         )
@@ -154,6 +167,7 @@ def evaluation_of(ev: Any) -> dict[str, Any] | None:
 REPORT_KINDS = (
     "checkpoint_corrupt",
     "checkpoint_failed",
+    "checkpoint_sync_fallback",
     "replay_damaged",
     "write_failed",
     "mirror_restored",
@@ -173,6 +187,8 @@ def reported_from_events(pid: int, events: Iterable[tuple[str, dict[str, Any]]])
             seen.quarantined.add(str(d.get("checkpoint")))
         elif kind == "checkpoint_failed":
             seen.checkpoint_failures = max(seen.checkpoint_failures, int(d.get("failures") or 0))
+        elif kind == "checkpoint_sync_fallback":
+            seen.sync_fallbacks = max(seen.sync_fallbacks, int(d.get("fallbacks") or 0))
         elif kind == "replay_damaged":
             seen.replay_damage += 1
         elif kind == "write_failed":

@@ -162,7 +162,7 @@ _EXPECTED = {
     "eval": "an object",
     "evals": "a list",
     **dict.fromkeys(("phase", "device", "game", "algo", "host", "precision", "writer",
-                     "last_checkpoint_error"), "text"),
+                     "last_checkpoint_error", "last_checkpoint_sync_fallback"), "text"),
     **dict.fromkeys(("mirror_restore", "superseded", "torch_build", "checkpoint_request",
                      "start"), "an object"),
     **dict.fromkeys(("quarantined", "replay_damage"), "a list"),

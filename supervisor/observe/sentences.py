@@ -283,6 +283,9 @@ _KINDS: dict[str, Any] = {
     "supervisor_start": _sup_start,
     "supervisor_stop": _sup_stop,
     "checkpoint_failed": _checkpoint("a checkpoint failed"),
+    "checkpoint_sync_fallback": _checkpoint(
+        "a checkpoint was taken synchronously: a background one would not fit in memory"
+    ),
     "checkpoint_corrupt": _checkpoint("a corrupt checkpoint was set aside"),
     "checkpoint_unreadable": _checkpoint("a checkpoint could not be read"),
 }

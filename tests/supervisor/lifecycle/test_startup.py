@@ -37,14 +37,18 @@ def test_reported_from_events_inverts_new_reports() -> None:
         episodes=0, sps=0.0, mean_return=None, last_checkpoint_step=None, resumed_from_step=None,
         num_envs=1, batch_size=1, device="cpu", gpu_mem_mb=None, quarantined=["ckpt-1 (bad)"],
         checkpoint_failures=2, replay_damage=[DAMAGE], write_failures={"progress": 3},
+        checkpoint_sync_fallbacks=1, last_checkpoint_sync_fallback="needs 2 bytes",
     )  # fmt: skip
     first = new_reports(Reported(), hb)
     assert {k for k, _ in first} == {
         "checkpoint_corrupt", "checkpoint_failed", "replay_damaged", "write_failed",
+        "checkpoint_sync_fallback",
     }  # fmt: skip
+    [fallback] = [d for k, d in first if k == "checkpoint_sync_fallback"]
+    assert fallback == {"reason": "needs 2 bytes", "step": 1, "fallbacks": 1, "pid": 41}
     assert all(d["pid"] == 41 for _, d in first), "each report names its worker"
     assert new_reports(reported_from_events(41, first), hb) == [], "all of them recorded"
-    assert len(new_reports(reported_from_events(42, first), hb)) == 4, "another worker's"
+    assert len(new_reports(reported_from_events(42, first), hb)) == 5, "another worker's"
     some = [(k, d) for k, d in first if k != "replay_damaged"]
     assert [k for k, _ in new_reports(reported_from_events(41, some), hb)] == ["replay_damaged"]
 
