@@ -66,8 +66,10 @@ def _check_storage_file(path: Path) -> None:
     if size == 0:
         return
     try:
-        uri = f"file:{path}?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=30)) as conn:
+        # Read-write, not mode=ro: a writer SIGKILLed inside a transaction leaves a hot
+        # journal, which only a connection that may write rolls back (read-only, SQLite says
+        # "attempt to write a readonly database"); its rollback is what makes the kill harmless.
+        with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     except sqlite3.Error as exc:
         raise SweepError(

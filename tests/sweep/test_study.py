@@ -203,3 +203,31 @@ def test_a_grid_draws_every_point_once_and_its_last_tell_is_kept(tmp_path: Path)
     for n in range(3):  # Optuna's grid would Study.stop() at its end: outside optimize, a raise
         assert s.tell(n, "complete", float(n)) == "complete"
     assert [r.state for r in s.rows()] == ["complete"] * 3
+
+
+HOT = """
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size = 1")  # pages spill into the file before the commit
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE trials SET state = 'FAIL'")
+conn.execute("DELETE FROM trial_params")
+conn.execute("CREATE TABLE filler(x)")
+conn.executemany("INSERT INTO filler VALUES (?)", [("x" * 1000,) for _ in range(2000)])
+os.kill(os.getpid(), signal.SIGKILL)  # inside the transaction: its journal left hot
+"""
+
+
+@pytest.mark.e2e
+def test_a_store_left_with_a_hot_journal_by_a_kill_opens_rolled_back(tmp_path: Path) -> None:
+    s = Study(spec(), tmp_path)
+    drawn = s.params(1)
+    path = storage_path(tmp_path, "cart")
+    del s
+    child = subprocess.run([sys.executable, "-c", HOT, str(path)], check=False)
+    assert child.returncode == -signal.SIGKILL
+    journal = path.with_name(path.name + "-journal")
+    assert journal.exists() and journal.stat().st_size > 0  # hot: the kill's half-transaction
+    again = Study(spec(), tmp_path)  # rolled back, not refused
+    assert again.params(1) == drawn and again.state(0) == again.state(1) == "running"
+    assert read_rows(tmp_path, spec()) is not None
