@@ -216,14 +216,18 @@ class Analyst:
             if victim.first_step is not None and s > victim.first_step and s <= victim.max_step
         ]
         gaps = [b - a for a, b in itertools.pairwise(steps)]
-        if gaps:
-            return max(*gaps, recent)
-        # fewer than two commits: what it trained in one interval
+        # What it trains in one interval at its own rate: the interval is seconds, and a life
+        # seen for a moment (a replacement killed two seconds in) shows one short gap between
+        # two commits, far below it (CI: 256 steps allowed where 1.5 s trained 6k).
         pts = victim.steps
+        timed = 0
         if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
             sps = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-            return max(recent, int(sps * self.s.checkpoint_every_s * 2))
-        return recent
+            timed = int(sps * self.s.checkpoint_every_s)
+        if gaps:
+            return max(*gaps, recent, timed)
+        # fewer than two commits: what it trained in one interval (twice: no gap to go by)
+        return max(recent, 2 * timed)
 
     def recovered(self, f: Fault) -> None:
         """Every victim's game trains again in a replacement that resumed from the newest

@@ -52,7 +52,7 @@ class GameDef:
 # The wrapped game takes only the faults that strike the whole host (no kill of its own
 # redoes its steps), so it gets more to last the fault phase as the others do.
 STEPS_PER_FAULT_S = {
-    "cartpole_dqn": 1500, "cartpole_ppo": 2200, "pong": 170, "byo": 600, "byo_sh": 800,
+    "cartpole_dqn": 1500, "cartpole_ppo": 3000, "pong": 170, "byo": 600, "byo_sh": 800,
 }  # fmt: skip
 
 
