@@ -11,22 +11,17 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from checkpoints.remote import RemoteLocation, RemoteStore, make_client
 from harness.ray_cluster import (
     LoopbackCluster,
-    loopback_cluster,
-    python_env,
     worker_processes,
 )
 from harness.runs import (
-    env_for,
     events,
     heartbeat,
     rlsup,
@@ -36,7 +31,7 @@ from harness.runs import (
     wait_for,
 )
 from harness.seaweed import Weed
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
+from tests.cluster.conftest import mirror_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")
@@ -104,28 +99,6 @@ class MaxWorkers:
         return self.most
 
 
-@pytest.fixture
-def ray_env(tmp_path: Path) -> dict[str, str]:
-    return env_for(tmp_path, **TEST_AWS_ENV, RAY_USAGE_STATS_ENABLED="0")
-
-
-def _mirror(weed: Weed, request: pytest.FixtureRequest) -> tuple[str, RemoteStore]:
-    url = f"s3://{BUCKET}/{prefix_for(request)}"
-    return url, RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
-
-
-@pytest.fixture
-def two_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
-    with loopback_cluster(tmp_path / "hosts", ["h1", "h2"], python_env(ray_env)) as lc:
-        yield lc
-
-
-@pytest.fixture
-def three_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
-    with loopback_cluster(tmp_path / "hosts", ["h1", "h2", "h3"], python_env(ray_env)) as lc:
-        yield lc
-
-
 def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
     two_hosts: LoopbackCluster,
     weed: Weed,
@@ -134,7 +107,7 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
     ray_env: dict[str, str],
 ) -> None:
     lc = two_hosts
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1"])
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
@@ -197,7 +170,7 @@ def test_three_hosts_the_game_of_a_dead_host_goes_to_the_free_one(
     ray_env: dict[str, str],
 ) -> None:
     lc = three_hosts
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1", "g2"])
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
@@ -237,7 +210,7 @@ def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
     ray_env: dict[str, str],
 ) -> None:
     lc = two_hosts
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1"])
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
@@ -285,7 +258,7 @@ def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(
     ray_env: dict[str, str],
 ) -> None:
     lc = two_hosts
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     spare_on = "[spare]\nenabled = true\n"
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1"], extra=spare_on)
     state = tmp_path / "state"

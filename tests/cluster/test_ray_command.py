@@ -12,24 +12,20 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from checkpoints.remote import RemoteLocation, RemoteStore, make_client
 from harness import cartpole_command
 from harness.ray_cluster import (
     LoopbackCluster,
     command_processes,
-    loopback_cluster,
-    python_env,
 )
-from harness.runs import env_for, events, heartbeat, start_supervisor, stop_supervisor, wait_for
+from harness.runs import events, heartbeat, start_supervisor, stop_supervisor, wait_for
 from harness.seaweed import Weed
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
+from tests.cluster.conftest import mirror_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")
@@ -96,28 +92,6 @@ class MaxProcesses:
         return self.most
 
 
-@pytest.fixture
-def ray_env(tmp_path: Path) -> dict[str, str]:
-    return env_for(tmp_path, **TEST_AWS_ENV, RAY_USAGE_STATS_ENABLED="0")
-
-
-def _mirror(weed: Weed, request: pytest.FixtureRequest) -> tuple[str, RemoteStore]:
-    url = f"s3://{BUCKET}/{prefix_for(request)}"
-    return url, RemoteStore(make_client(weed.endpoint, "us-east-1"), RemoteLocation.parse(url))
-
-
-@pytest.fixture
-def two_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
-    with loopback_cluster(tmp_path / "hosts", ["h1", "h2"], python_env(ray_env)) as lc:
-        yield lc
-
-
-@pytest.fixture
-def one_host(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
-    with loopback_cluster(tmp_path / "hosts", ["h1"], python_env(ray_env)) as lc:
-        yield lc
-
-
 def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
     two_hosts: LoopbackCluster,
     weed: Weed,
@@ -126,7 +100,7 @@ def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
     ray_env: dict[str, str],
 ) -> None:
     lc = two_hosts
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     total = 12_000
     command = [sys.executable, SCRIPT.name, "--pace-s", "0.05"]
     game = command_game("cp", command, SCRIPT.parent, total)
@@ -192,7 +166,7 @@ def test_a_command_missing_on_its_host_ends_fatal_naming_the_path_and_the_host(
 ) -> None:
     """...and a crash on a host is told by its own last words (its log's tail, relayed)."""
     lc = one_host
-    url, _ = _mirror(weed, request)
+    url, _ = mirror_for(weed, request)
     nowhere = tmp_path / "not-mounted" / "project"
     game = command_game("gone", [sys.executable, "train.py"], nowhere, 1000)
     crashy = [sys.executable, "-c", "raise ValueError('loss is nan')"]
@@ -223,7 +197,7 @@ def test_a_frozen_command_game_on_a_host_is_hung_restarted_and_stops_75_mirrored
     stopped as hung and started again, from its checkpoint; a supervisor's stop ends it with
     exit 75 after a final checkpoint, which its actor mirrors before it is let go."""
     lc = one_host
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     command = [sys.executable, SCRIPT.name, "--pace-s", "0.05"]
     game = command_game("hz", command, SCRIPT.parent, 10_000_000)
     config = write_config(tmp_path, lc, weed, url, game)
@@ -276,7 +250,7 @@ def test_a_program_left_running_on_a_lost_host_is_fenced_and_exits_77(
     the game is placed on the other host, and the program left behind commits nothing more
     once the fence moved: its next checkpoint is refused and it exits 77 (fenced)."""
     lc = two_hosts
-    url, remote = _mirror(weed, request)
+    url, remote = mirror_for(weed, request)
     command = [sys.executable, SCRIPT.name, "--pace-s", "0.05"]
     config = write_config(
         tmp_path, lc, weed, url, command_game("fz", command, SCRIPT.parent, 10**7)

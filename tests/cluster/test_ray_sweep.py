@@ -7,15 +7,14 @@ each told once, and `rlsup results --sweep` ranks them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.ray_cluster import LoopbackCluster, loopback_cluster, python_env
-from harness.runs import env_for, events, heartbeat, query, rlsup, start_supervisor, wait_for
+from harness.ray_cluster import LoopbackCluster
+from harness.runs import events, heartbeat, query, rlsup, start_supervisor, wait_for
 from harness.seaweed import Weed
-from tests.mirror.conftest import BUCKET, TEST_AWS_ENV, prefix_for
+from tests.mirror.conftest import BUCKET, prefix_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("ray", reason="the ray extra (make test installs it)")
@@ -66,17 +65,6 @@ backend = "ray"
 address = "{lc.address}"
 host_lost_after_s = 15
 """
-
-
-@pytest.fixture
-def ray_env(tmp_path: Path) -> dict[str, str]:
-    return env_for(tmp_path, **TEST_AWS_ENV, RAY_USAGE_STATS_ENABLED="0")
-
-
-@pytest.fixture
-def two_hosts(tmp_path: Path, ray_env: dict[str, str]) -> Iterator[LoopbackCluster]:
-    with loopback_cluster(tmp_path / "hosts", ["h1", "h2"], python_env(ray_env)) as lc:
-        yield lc
 
 
 def test_a_sweep_spreads_over_the_hosts_and_survives_one_s_death(
