@@ -19,21 +19,12 @@ from supervisor.lifecycle.restart import ExitKind
 from supervisor.sweep.keeper import EndRun, SweepKeeper
 from supervisor.sweep.study import Study
 from tests.supervisor.config.test_config import GOOD
+from tests.sweep.test_sweep_config import BUILTIN, HEAD
 
-HEAD = GOOD.split("[[games]]")[0]
-SWEEP = """
-[[games]]
-name = "cart"
-env_id = "CartPole-v1"
-algo = "ppo"
-total_steps = 4096
-seeds = [1, 2]
-args = { eval_every_steps = 1024 }
-[games.sweep]
-trials = 5
-min_trials = 2
-params = { learning_rate = { low = 1e-4, high = 1e-2, log = true } }
-"""
+# The config tests' sweep, with five trials pruned once two are complete, over one parameter.
+SWEEP = BUILTIN.replace("trials = 3", "trials = 5\nmin_trials = 2") + (
+    "params = { learning_rate = { low = 1e-4, high = 1e-2, log = true } }\n"
+)
 
 
 @pytest.fixture
