@@ -241,8 +241,12 @@ class Analyst:
             victim = self.monitor.lives.get((game, vpid))
             rep = self._replacement(game, f)
             if rep is None:
-                if self._done(game) and victim is not None and victim.max_step >= gdef.total_steps:
-                    continue
+                if self._done(game) and any(
+                    life.max_step >= gdef.total_steps
+                    for life in [victim, *self.monitor.lives_of(game)]
+                    if life is not None and (life is victim or life.first_seen > f.t)
+                ):
+                    continue  # the victim, or a life seen only as it ended, finished
                 f.problems.append(f"{game}: no replacement worker ever trained after {f.kind}")
                 continue
             loader = self.monitor.lives.get((game, f.reporter or 0)) or rep

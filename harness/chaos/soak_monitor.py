@@ -33,7 +33,7 @@ class WorkerLife:
     quarantined: list[str] = field(default_factory=list)
     num_envs: int = 0
     first_step: int | None = None
-    moving_at: float | None = None  # first heartbeat in phase training with a moved step
+    moving_at: float | None = None  # first heartbeat with a step past first_step
     max_step: int = 0
     last_seen: float = 0.0
     checkpoint_failures: int = 0
@@ -199,12 +199,10 @@ class Monitor(threading.Thread):
                     life.resumed_from_step = hb.get("resumed_from_step")
                     life.num_envs = int(hb.get("num_envs") or 0)
                     life.quarantined = list(hb.get("quarantined") or [])
-                if (
-                    life.moving_at is None
-                    and life.first_step is not None
-                    and step > life.first_step
-                    and hb.get("phase") == "training"
-                ):
+                # Moved in any of these phases: a worker resumed one iteration short of its
+                # total shows its new step first in its final checkpoint's heartbeat.
+                moved = life.first_step is not None and step > life.first_step
+                if life.moving_at is None and moved:
                     life.moving_at = now
             if life.resumed_from_step is None and hb.get("resumed_from_step") is not None:
                 life.resumed_from_step = hb.get("resumed_from_step")

@@ -147,3 +147,74 @@ def test_the_monitor_follows_the_worker_through_a_hostile_heartbeat(tmp_path: Pa
     monitor._read_heartbeat("g", 3.0)
     life = monitor.current("g")
     assert life is not None and life.pid == os.getpid() and life.max_step == 20
+
+
+def test_a_replacement_that_trains_to_the_end_in_one_iteration_is_a_replacement(
+    tmp_path: Path,
+) -> None:
+    """CI (stop 46): Pong resumed after a host reboot a few thousand steps short of its total,
+    trained one iteration and finished. Its step moved only in the final checkpoint's
+    heartbeat, so the soak's eyes took it for a worker that never moved, a later global fault
+    (a clock step) during its short life made it "cut short", and the fault read "no
+    replacement worker ever trained"."""
+    import json
+
+    from harness.chaos.soak_monitor import Monitor
+
+    soak = Soak(SoakSettings(workdir=tmp_path, fault_phase_s=200.0))
+    soak.monitor = Monitor(tmp_path, soak.game_names)
+    total = next(g.total_steps for g in soak.s.games if g.name == "pong")
+    run_dir = tmp_path / "runs" / "pong"
+    run_dir.mkdir(parents=True)
+    victim, rep = 4_000_001, 4_000_002
+
+    def beat(pid: int, step: int, phase: str, now: float, **extra: object) -> None:
+        hb = {"pid": pid, "global_step": step, "phase": phase, "num_envs": 8} | extra
+        (run_dir / "heartbeat.json").write_text(json.dumps(hb))
+        soak.monitor._read_heartbeat("pong", now)
+
+    resume = total - 1024
+    for i, now in enumerate((1.0, 2.0, 3.0, 4.0)):
+        beat(victim, resume - 3072 + 1024 * i, "training", now)
+    soak.monitor.committed["pong"][resume] = 3.5
+    beat(rep, resume, "training", 10.0, resumed_from_step=resume)
+    beat(rep, total, "checkpointing", 12.0, resumed_from_step=resume)
+    beat(rep, total, "stopping", 12.5, resumed_from_step=resume)
+    soak.monitor.committed["pong"][total] = 12.4
+    reboot = Fault("host_reboot", ["pong"], 5.0, victims={"pong": victim})
+    clock = Fault("clock_step", ["pong"], 11.0, victims={"pong": rep})
+    soak.faults = [reboot, clock]
+    soak.recovered(reboot)
+    assert reboot.problems == []
+    assert reboot.redone_steps == 0, "the victim died at the step the replacement resumed from"
+
+
+def test_a_replacement_first_seen_as_it_ends_at_the_total_is_a_replacement(tmp_path: Path) -> None:
+    """The same finish, with the monitor's first look at the replacement already in its final
+    checkpoint: the game is done, and a life after the fault brought it there."""
+    import json
+
+    from harness.chaos.soak_monitor import Monitor
+
+    soak = Soak(SoakSettings(workdir=tmp_path, fault_phase_s=200.0))
+    soak.monitor = Monitor(tmp_path, soak.game_names)
+    total = next(g.total_steps for g in soak.s.games if g.name == "pong")
+    run_dir = tmp_path / "runs" / "pong"
+    run_dir.mkdir(parents=True)
+    for pid, step, phase, now in (
+        (4_000_001, total - 2048, "training", 1.0),
+        (4_000_001, total - 1024, "training", 2.0),
+        (4_000_002, total, "checkpointing", 10.0),
+    ):
+        hb = {"pid": pid, "global_step": step, "phase": phase, "resumed_from_step": total - 1024}
+        (run_dir / "heartbeat.json").write_text(json.dumps(hb))
+        soak.monitor._read_heartbeat("pong", now)
+    soak.monitor.committed["pong"] |= {total - 1024: 1.5, total: 10.5}
+    reboot = Fault("host_reboot", ["pong"], 5.0, victims={"pong": 4_000_001})
+    soak.faults = [reboot]
+    soak.recovered(reboot)
+    assert reboot.problems == []
+    soak.monitor.committed["pong"].pop(total)  # not done: then it is a problem
+    reboot.problems.clear()
+    soak.recovered(reboot)
+    assert reboot.problems == ["pong: no replacement worker ever trained after host_reboot"]
