@@ -8,13 +8,53 @@ keep it out of their losses and replay buffers.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
+import types
 from collections import deque
 from typing import Any
 
-import envpool
 import numpy as np
 
 from training.tasks import is_atari
+
+# The envpool families whose tasks a worker trains (training/tasks.py): Atari and classic control.
+FAMILIES = ("envpool.atari.registration", "envpool.classic_control.registration")
+
+
+def import_envpool() -> types.ModuleType:
+    """envpool, with only the task families a worker trains registered.
+
+    `import envpool` runs `envpool.entry`, which registers every family envpool ships, and
+    registering a family imports its package: each loads its native library, and jumanji's
+    rendering pulls in matplotlib. That was 0.5 s of every worker's boot here, for tasks no
+    worker can train (benchmarks/boot_breakdown.py). `envpool.entry` is marked imported before
+    envpool's own import runs, then the two families' registrations (a plain list of task ids
+    each: the env's package is imported by `make`) are imported. An envpool without
+    `entry.py`, or imported already by someone else: the plain import, everything registered.
+    """
+    if "envpool" in sys.modules:
+        return sys.modules["envpool"]
+    spec = importlib.util.find_spec("envpool")
+    where = list(spec.submodule_search_locations or []) if spec else []
+    if not where or not os.path.exists(os.path.join(where[0], "entry.py")):
+        return importlib.import_module("envpool")
+    entry = types.ModuleType("envpool.entry", "rlsup: only the families in training.envs.FAMILIES")
+    sys.modules["envpool.entry"] = entry
+    try:
+        module = importlib.import_module("envpool")
+        for family in FAMILIES:
+            importlib.import_module(family)
+    except BaseException:
+        for name in [n for n in sys.modules if n == "envpool" or n.startswith("envpool.")]:
+            del sys.modules[name]  # half imported: the next import starts clean, in full
+        raise
+    return module
+
+
+envpool = import_envpool()
 
 
 def make_env(

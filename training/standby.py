@@ -68,12 +68,13 @@ def warm_up(device: str, mirror: bool = False) -> str:
     import torch
 
     torch.set_num_threads(1)
-    import envpool  # noqa: F401  (its task registry and native module)
     import gymnasium  # noqa: F401
     import numpy as np
 
     import checkpoints  # noqa: F401
-    from training import dqn, learner, logs, networks, ppo, replay, session  # noqa: F401
+
+    # envs: envpool's task registry (the workers' families only) and native module
+    from training import dqn, envs, learner, logs, networks, ppo, replay, session  # noqa: F401
 
     use_cuda = device != "cpu" and torch.cuda.is_available()
     dev = torch.device("cuda" if use_cuda else "cpu")

@@ -97,6 +97,11 @@ BAD = [
         ("Pong-v5", "Pong-v4"),
         ["line 23", "games[1].env_id", "Pong-v4", "Pong-v5"],
     ),
+    (  # a MuJoCo task with Atari's suffix (continuous actions: no learner of ours plays it)
+        "continuous-control env id",
+        ('env_id = "Pong-v5"', 'env_id = "Hopper-v5"'),
+        ["line 23", "games[1].env_id", "Hopper-v5", "not a supported envpool task id"],
+    ),
     (
         "initial mode not a mode",
         ('initial_mode = "light"', 'initial_mode = "turbo"'),
