@@ -257,6 +257,9 @@ class Heartbeat:
     # and why the last one was (training/checkpointing.py).
     checkpoint_sync_fallbacks: int = 0
     last_checkpoint_sync_fallback: str | None = None
+    # Seconds from the last checkpoint to the next one due: `checkpoint_every_s`, or longer
+    # when the last one's stall or write was dear (checkpoint_interval_s).
+    checkpoint_interval_s: float | None = None
     # Replay chunks found damaged, newest last: on load (`when` "load": left out, their
     # transitions dropped) or when about to link them into a new checkpoint ("checkpoint":
     # rewritten from memory). Each: checkpoint, files, when, and transitions_dropped on load.
@@ -355,6 +358,25 @@ NUM_ENVS_ENV = "RLSUP_NUM_ENVS"  # the mode's knobs
 BATCH_SIZE_ENV = "RLSUP_BATCH_SIZE"
 TOTAL_STEPS_ENV = "RLSUP_TOTAL_STEPS"  # `games.total_steps` (0 when the config gives none)
 CHECKPOINT_EVERY_S_ENV = "RLSUP_CHECKPOINT_EVERY_S"  # the file's `checkpoint_every_s`
+# `checkpoint_every_s` when the file gives none: what one unannounced fault in 20 minutes costs
+# is half an interval of redone training plus the restart, so 99 % goodput needs an interval
+# of about 15 s (benchmarks/goodput.py); a checkpoint costs training its capture only
+# (milliseconds: the write runs in the background), and pacing keeps a dearer one rarer.
+DEFAULT_CHECKPOINT_EVERY_S = 15.0
+# Pacing: the next checkpoint falls due no sooner than the interval, nor before the last
+# checkpoint's stall of training is at most MAX_PAUSE_SHARE of the time since, nor before its
+# write (in the background, or in the caller) is at most MAX_WRITE_SHARE of it. Cheap
+# checkpoints come at the interval; a script whose synchronous save stalls it 2 s gets one
+# every 200 s, not every 15 s (CheckFreq's bound on checkpoint overhead).
+MAX_PAUSE_SHARE = 0.01
+MAX_WRITE_SHARE = 0.5
+
+
+def checkpoint_interval_s(every_s: float, pause_s: float = 0.0, write_s: float = 0.0) -> float:
+    """Seconds from one checkpoint to the next: the interval, paced by what the last cost."""
+    return max(every_s, pause_s / MAX_PAUSE_SHARE, write_s / MAX_WRITE_SHARE)
+
+
 KEEP_CHECKPOINTS_ENV = "RLSUP_KEEP_CHECKPOINTS"  # how many committed checkpoints to keep
 # The game's declared `params` (a JSON object of scalars; "{}" when it declares none): the
 # SDK's `run.params`.

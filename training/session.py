@@ -50,6 +50,7 @@ from training.protocol import (
     PROGRESS_COLUMNS,
     ExitCode,
     Phase,
+    checkpoint_interval_s,
     clean_eval,
     read_json_file,
 )
@@ -201,6 +202,7 @@ class TrainingSession:
         learner.interrupt = requests.interrupt
         last_ckpt_t = time.monotonic()
         last_ckpt_step = learner.global_step
+        self.hb.update(checkpoint_interval_s=cfg.checkpoint_every_s)
         last_progress_t = 0.0
         next_eval = _next_multiple(learner.global_step, cfg.eval_every_steps)
         longest_iter_s = 0.0
@@ -244,7 +246,7 @@ class TrainingSession:
                         checkpointer.wait()  # one in flight holds an older step
                     next_eval = _next_multiple(self.step, cfg.eval_every_steps)
                 self.hb.set_phase(Phase.TRAINING, max(MIN_TRAINING_DEADLINE_S, 5 * longest_iter_s))
-            due_s = now - last_ckpt_t >= cfg.checkpoint_every_s
+            due_s = now - last_ckpt_t >= self._interval(checkpointer)
             due_steps = (
                 cfg.checkpoint_every_steps is not None
                 and self.step - last_ckpt_step >= cfg.checkpoint_every_steps
@@ -470,6 +472,13 @@ class TrainingSession:
             **diagnostics,
         }
 
+    def _interval(self, checkpointer: Checkpointer) -> float:
+        """Seconds between checkpoints: the configured interval, paced by the last one's cost."""
+        last = checkpointer.last_result
+        if last is None:
+            return self.cfg.checkpoint_every_s
+        return checkpoint_interval_s(self.cfg.checkpoint_every_s, last.pause_s, last.seconds)
+
     def _on_checkpoint(self, result: CheckpointResult) -> None:
         fields = {
             "step": result.step,
@@ -494,6 +503,12 @@ class TrainingSession:
                 checkpoint_sync_fallbacks=self.sync_fallbacks,
                 last_checkpoint_sync_fallback=result.sync_fallback,
             )
+        every = checkpoint_interval_s(self.cfg.checkpoint_every_s, result.pause_s, result.seconds)
+        before = self.hb.current.checkpoint_interval_s or self.cfg.checkpoint_every_s
+        if every > self.cfg.checkpoint_every_s and not 0.8 < every / before < 1.25:
+            # Paced (or its pace changed by a quarter): said once, not at every checkpoint.
+            self.log.info("checkpoint_paced", interval_s=round(every, 3), **fields)
+        self.hb.update(checkpoint_interval_s=round(every, 3))
         if result.ok:
             self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())
             self.log.info("checkpoint", **fields)

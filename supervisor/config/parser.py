@@ -40,11 +40,12 @@ from supervisor.config.model import (
 )
 from supervisor.config.preemption import parse_preemption
 from supervisor.config.tracking import parse_tracking
+from training.protocol import DEFAULT_CHECKPOINT_EVERY_S
 
 _TOP: dict[str, Field] = {
     "state_dir": ((str,), "var/rlsup", None, "a path (string)"),
     "initial_mode": ((str,), "", None, "the name of a [modes.*] table"),
-    "checkpoint_every_s": (NUMBER, 300.0, positive, "seconds > 0"),
+    "checkpoint_every_s": (NUMBER, DEFAULT_CHECKPOINT_EVERY_S, positive, "seconds > 0"),
     "stop_grace_s": (NUMBER, 60.0, positive, "seconds > 0"),
     "cost_per_hour": (NUMBER, 0.0, non_negative, "a number >= 0"),
     "gpu_cost_share": (

@@ -1,0 +1,53 @@
+"""Checkpoint pacing: the interval is `checkpoint_every_s`, stretched so that the last
+checkpoint's stall of training is at most 1 % of the time between two, and its write at most
+half of it (training.protocol.checkpoint_interval_s). The default interval is 15 s now (what 99 %
+goodput under one fault in 20 minutes needs), so a dear checkpoint must not come that often."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from workerutil import heartbeat, run
+
+from training.protocol import DEFAULT_CHECKPOINT_EVERY_S, checkpoint_interval_s
+
+
+def test_the_interval_is_stretched_by_a_dear_stall_or_write_only() -> None:
+    assert checkpoint_interval_s(15.0) == 15.0
+    assert checkpoint_interval_s(15.0, pause_s=0.004, write_s=0.3) == 15.0  # PPO Atari here
+    assert checkpoint_interval_s(15.0, pause_s=2.0, write_s=2.0) == pytest.approx(200.0)
+    assert checkpoint_interval_s(15.0, pause_s=0.01, write_s=20.0) == pytest.approx(40.0)
+    assert checkpoint_interval_s(600.0, pause_s=2.0) == 600.0  # never sooner than asked
+    assert DEFAULT_CHECKPOINT_EVERY_S == 15.0
+
+
+@pytest.mark.e2e
+def test_a_worker_asked_to_checkpoint_every_iteration_paces_itself(tmp_path: Path) -> None:
+    """Asked for a checkpoint every 10 ms, a DQN worker whose replay buffer takes tens of ms to
+    write takes one at most every two writes' time (and says so): before pacing it took one
+    per iteration, its background writer never idle."""
+    run_dir = tmp_path / "run"
+    out = run(
+        run_dir,
+        *("--game", "CartPole-v1", "--algo", "dqn", "--num-envs", "4", "--threads", "1"),
+        *("--eval-episodes", "0", "--batch-size", "32", "--buffer-size", "50000"),
+        *("--learning-starts", "200", "--checkpoint-every-s", "0.01", "--total-steps", "6000"),
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = [json.loads(x) for x in (out.stdout + out.stderr).splitlines() if x.startswith("{")]
+    ckpts = [x for x in lines if x.get("event") == "checkpoint"]
+    paced = [x for x in lines if x.get("event") == "checkpoint_paced"]
+    assert len(ckpts) >= 3 and paced, [x.get("event") for x in lines]
+    assert all(p["interval_s"] >= 2 * p["seconds"] - 1e-3 for p in paced)
+    # Each checkpoint (but the final one, taken at the end whatever the pace) came no sooner
+    # than its predecessor's cost allowed; the log's time is when each committed.
+    ts = [datetime.fromisoformat(c["timestamp"]).timestamp() for c in ckpts]
+    for prev, cur, t_prev, t_cur in zip(ckpts, ckpts[1:-1], ts, ts[1:-1], strict=False):
+        want = checkpoint_interval_s(0.01, prev["pause_s"], prev["seconds"])
+        captured = t_cur - cur["seconds"]  # committed `seconds` after its capture began
+        assert captured - t_prev >= want - 0.02, (prev, cur)
+    hb = heartbeat(run_dir)
+    assert hb is not None and hb["checkpoint_interval_s"] > 0.01
