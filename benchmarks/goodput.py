@@ -67,8 +67,14 @@ import goodput_model as gm  # noqa: E402
 from hostinfo import host_facts, host_line  # noqa: E402
 
 from harness.fake_metadata import FakeMetadata  # noqa: E402
+from training.protocol import DEFAULT_CHECKPOINT_EVERY_S  # noqa: E402
 
-REAL_INTERVAL_S = 300.0  # rlsup's checkpoint_every_s default; the glue's and SB3-style's here
+# Each contender's documented default checkpoint interval: rlsup's checkpoint_every_s (also
+# what it sets for a script through the SDK), and the seeds' and SB3-style's 300 s; the second
+# extrapolation takes SAME_INTERVAL_S for all, to show what the machinery buys at equal intervals.
+RLSUP_INTERVAL_S = DEFAULT_CHECKPOINT_EVERY_S
+REAL_INTERVAL_S = 300.0  # the seeds' glue's and the SB3-style checkpoints' here
+SAME_INTERVAL_S = REAL_INTERVAL_S
 REAL_HANG_S = 120.0  # rlsup's [watchdog] hang_timeout_s default
 REAL_WATCHDOG_S = 300.0  # the seeds' watchdog: "checks every 5 minutes"
 DQN_ARGS = {"buffer_size": 10_000, "learning_starts": 1_000}
@@ -96,7 +102,13 @@ class Settings:
 
     @property
     def interval_s(self) -> float:
+        """The glue's and SB3-style's interval, compressed."""
         return max(1.0, REAL_INTERVAL_S / self.compression)
+
+    @property
+    def rlsup_interval_s(self) -> float:
+        """rlsup's default interval, compressed (never below a second)."""
+        return max(1.0, RLSUP_INTERVAL_S / self.compression)
 
     @property
     def hang_s(self) -> float:
@@ -208,7 +220,7 @@ class Rlsup(Contender):
         self.meta = FakeMetadata("gcp")
         self.closed = False
         cfg = (
-            f'state_dir = "state"\ncheckpoint_every_s = {s.interval_s:g}\nstop_grace_s = 10\n'
+            f'state_dir = "state"\ncheckpoint_every_s = {s.rlsup_interval_s:g}\nstop_grace_s = 10\n'
             "[modes.light]\nnum_envs = 4\nbatch_size = 128\nn_steps = 64\n"
             f"max_concurrent = {len(games)}\n" + "".join(games.values())
             + "[restart]\nbackoff_base_s = 1\nbackoff_max_s = 10\nbudget = 1000\n"
@@ -446,16 +458,23 @@ def training_now(pid: int) -> bool:
 
 
 def extrapolation(
-    losses: list[gm.FaultLoss], s: Settings, slowdown: float, rlsup: bool
+    losses: list[gm.FaultLoss],
+    s: Settings,
+    slowdown: float,
+    rlsup: bool,
+    interval_s: float | None = None,
 ) -> dict[str, Any]:
     """To one fault per 20 min (goodput_model.extrapolate): a hang's detection scaled back to
-    rlsup's real hang timeout, or to the glue watchdog's real period and silence."""
+    rlsup's real hang timeout, or to the glue watchdog's real period and silence; redone work
+    half of `interval_s` (default: the contender's own default interval)."""
+    if interval_s is None:
+        interval_s = RLSUP_INTERVAL_S if rlsup else REAL_INTERVAL_S
     hang_scale = (
         REAL_HANG_S / s.hang_s
         if rlsup
         else (REAL_WATCHDOG_S * 1.5) / (s.quiet_s + s.watchdog_s / 2)
     )
-    ex = gm.extrapolate(losses, REAL_INTERVAL_S, slowdown, s.compression, hang_scale,
+    ex = gm.extrapolate(losses, interval_s, slowdown, s.compression, hang_scale,
                         honours_notice=rlsup)  # fmt: skip
     return {"per_kind_lost_s": ex.per_kind_lost_s, "goodput": ex.goodput,
             "interval_s": ex.interval_s, "slowdown": ex.slowdown}  # fmt: skip
@@ -466,7 +485,11 @@ def reextrapolate(doc: dict[str, Any], s: Settings) -> None:
     names = {f.name for f in dataclasses.fields(gm.FaultLoss)}
     for r in doc["rows"]:
         losses = [gm.FaultLoss(**{k: v for k, v in f.items() if k in names}) for f in r["faults"]]
-        r["extrapolated_20min"] = extrapolation(losses, s, r["slowdown"], r["contender"] in "ab")
+        rlsup = r["contender"] in "ab"
+        r["extrapolated_20min"] = extrapolation(losses, s, r["slowdown"], rlsup)
+        r["extrapolated_20min_same"] = extrapolation(
+            losses, s, r["slowdown"], rlsup, SAME_INTERVAL_S
+        )
 
 
 def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict[str, Any]:
@@ -479,6 +502,7 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
     lost_steps = sum((x.lost_s) * sps for x in losses)
     slowdown = (expected - useful - lost_steps) / expected if expected else 0.0
     ex = extrapolation(losses, s, slowdown, isinstance(c, Rlsup))
+    same = extrapolation(losses, s, slowdown, isinstance(c, Rlsup), SAME_INTERVAL_S)
     stalls = c.stalls_ms(g)
     return {
         "game": g.name, "useful_steps": useful, "baseline_steps": expected,
@@ -487,6 +511,7 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
         "faults": [x.as_dict() for x in losses],
         "raw_faults": [vars(f) for f in g.faults],
         "extrapolated_20min": ex,
+        "extrapolated_20min_same": same,
         "checkpoint_stall_ms": {"n": len(stalls), "median": gm.percentile(stalls, 0.5),
                                 "p99": gm.percentile(stalls, 0.99)} if stalls else None,
         "trace": [[x.t, x.pid, x.step] for x in g.trace[:: max(1, len(g.trace) // 200)]],
@@ -543,8 +568,9 @@ def render(doc: dict[str, Any], s: Settings) -> str:
     out = [
         f"goodput at the compressed rate: one fault per {s.every_s:g} s (C = {s.compression:.0f}"
         f" x the seeds' one per 20 min), {s.wall_s:.0f} s per contender, boot delay "
-        f"{s.boot_delay_s:g} s (not up-time), checkpoint interval {s.interval_s:g} s "
-        f"(= {REAL_INTERVAL_S:g} s / C)",
+        f"{s.boot_delay_s:g} s (not up-time), checkpoint interval: rlsup {s.rlsup_interval_s:g} s "
+        f"(its {RLSUP_INTERVAL_S:g} s default / C, at least 1 s), the others "
+        f"{s.interval_s:g} s (= {REAL_INTERVAL_S:g} s / C)",
         f"{'contender':<38}{'game':<13}{'goodput':>8}{'useful':>9}{'baseline':>9}{'slowdown':>9}",
     ]
     for r in doc["rows"]:
@@ -576,17 +602,28 @@ def render(doc: dict[str, Any], s: Settings) -> str:
                 f"{led['backoff_s']:.1f} s, down {led['down_s']:.1f} s (with the boot delays): "
                 f"lost {led['lost_s']:.1f} s"
             )
-    out.append(
-        "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start and "
-        f"refill per fault, redone = half the real {REAL_INTERVAL_S:g} s interval (announced: "
-        "as measured for rlsup, which heeds the notice; for the others as a reboot), "
-        "hang detection scaled back to the real timeout, slowdown as measured:"
-    )
-    out.append(f"{'contender':<38}{'game':<13}" + "".join(f"{k:>11}" for k in KIND_SHORT.values()))
-    for r in doc["rows"]:
-        ex = r["extrapolated_20min"]["goodput"]
-        cells = "".join(f"{(f'{100 * ex[k]:.1f}%' if k in ex else '-'):>11}" for k in KIND_SHORT)
-        out.append(f"({r['contender']}) {r['label']:<34}{r['game']:<13}{cells}")
+    for key, what in (
+        ("extrapolated_20min", f"each contender's default interval (rlsup {RLSUP_INTERVAL_S:g} "
+         f"s, the others {REAL_INTERVAL_S:g} s)"),
+        ("extrapolated_20min_same", f"the same {SAME_INTERVAL_S:g} s interval for all"),
+    ):  # fmt: skip
+        out.append(
+            "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start "
+            f"and refill per fault, redone = half of {what} (announced: as measured for rlsup, "
+            "which heeds the notice; for the others as a reboot), hang detection scaled back "
+            "to the real timeout, slowdown as measured:"
+        )
+        out.append(
+            f"{'contender':<38}{'game':<13}" + "".join(f"{k:>11}" for k in KIND_SHORT.values())
+        )
+        for r in doc["rows"]:
+            if key not in r:
+                continue
+            ex = r[key]["goodput"]
+            cells = "".join(
+                f"{(f'{100 * ex[k]:.1f}%' if k in ex else '-'):>11}" for k in KIND_SHORT
+            )
+            out.append(f"({r['contender']}) {r['label']:<34}{r['game']:<13}{cells}")
     return "\n".join(out)
 
 
@@ -623,7 +660,9 @@ def main() -> None:
               "settings": {**vars(s), "compression": s.compression, "wall_s": s.wall_s,
                            "interval_s": s.interval_s, "hang_timeout_s": s.hang_s,
                            "watchdog_s": s.watchdog_s, "quiet_s": s.quiet_s,
-                           "real_interval_s": REAL_INTERVAL_S},
+                           "real_interval_s": REAL_INTERVAL_S,
+                           "rlsup_interval_s": s.rlsup_interval_s,
+                           "rlsup_real_interval_s": RLSUP_INTERVAL_S},
               "minutes": round(minutes, 2), **doc}  # fmt: skip
     cpu = str(facts.get("cpu_model") or "cpu").split()
     tag = next((w for w in cpu if w.isupper() and len(w) > 2), "cpu")

@@ -42,12 +42,13 @@ def test_a_worker_asked_to_checkpoint_every_iteration_paces_itself(tmp_path: Pat
     paced = [x for x in lines if x.get("event") == "checkpoint_paced"]
     assert len(ckpts) >= 3 and paced, [x.get("event") for x in lines]
     assert all(p["interval_s"] >= 2 * p["seconds"] - 1e-3 for p in paced)
-    # Each checkpoint (but the final one, taken at the end whatever the pace) came no sooner
-    # than its predecessor's cost allowed; the log's time is when each committed.
-    ts = [datetime.fromisoformat(c["timestamp"]).timestamp() for c in ckpts]
-    for prev, cur, t_prev, t_cur in zip(ckpts, ckpts[1:-1], ts, ts[1:-1], strict=False):
+    # Each checkpoint (but the final one, taken at the end whatever the pace) was captured no
+    # sooner after its predecessor's capture than the predecessor's cost allowed. The log's
+    # time is when each committed, `seconds` after its capture began.
+    captured = [datetime.fromisoformat(c["timestamp"]).timestamp() - c["seconds"] for c in ckpts]
+    for i in range(1, len(ckpts) - 1):
+        prev = ckpts[i - 1]
         want = checkpoint_interval_s(0.01, prev["pause_s"], prev["seconds"])
-        captured = t_cur - cur["seconds"]  # committed `seconds` after its capture began
-        assert captured - t_prev >= want - 0.02, (prev, cur)
+        assert captured[i] - captured[i - 1] >= want - 0.02, (prev, ckpts[i])
     hb = heartbeat(run_dir)
     assert hb is not None and hb["checkpoint_interval_s"] > 0.01
