@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from checkpoints import write_json_atomic
+from rlsup._errors import SdkError
 from training import protocol as P
 from training.protocol import Phase
 
@@ -46,12 +47,6 @@ def check_metric_names(metrics: dict[str, Any]) -> None:
             f"{'my_' + taken[0]!r}"
             + ("; pass the mean return as mean_return=..." if taken[0] == "mean_return" else "")
         )
-
-
-def _sdk_error(message: str) -> Exception:
-    from rlsup._run import SdkError  # the class lives with Run; imported where raised
-
-    return SdkError(message)
 
 
 def _say(message: str) -> None:
@@ -82,18 +77,18 @@ def params_from_env(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
         given = json.loads(raw)
     except ValueError as exc:
-        raise _sdk_error(
+        raise SdkError(
             f"environment variable {P.PARAMS_ENV}={shown!r}: not JSON ({exc}); expected an "
             'object of scalars, e.g. {"lr": 0.0003}'
         ) from None
     if not isinstance(given, dict):
-        raise _sdk_error(
+        raise SdkError(
             f"environment variable {P.PARAMS_ENV}={shown!r}: a JSON {type(given).__name__}, "
             'expected an object of scalars, e.g. {"lr": 0.0003}'
         )
     for key, value in given.items():
         if not _scalar(value):
-            raise _sdk_error(
+            raise SdkError(
                 f"environment variable {P.PARAMS_ENV}: {key} = {value!r} is no scalar (a finite "
                 f"number, a string of at most {MAX_PARAM_TEXT} characters, a boolean)"
             )
@@ -107,11 +102,11 @@ def params_from_env(defaults: dict[str, Any] | None = None) -> dict[str, Any]:
 def _number(value: Any, what: str) -> float | None:
     """A finite float; None for a number that is not finite; SdkError for no number at all."""
     if isinstance(value, bool):
-        raise _sdk_error(f"run.evaluation(): {what}={value!r} is not a number")
+        raise SdkError(f"run.evaluation(): {what}={value!r} is not a number")
     try:
         f = float(value)
     except (TypeError, ValueError):
-        raise _sdk_error(f"run.evaluation(): {what}={value!r} is not a number") from None
+        raise SdkError(f"run.evaluation(): {what}={value!r} is not a number") from None
     except OverflowError:
         return None
     return f if math.isfinite(f) else None
@@ -203,7 +198,7 @@ class Evaluating:
 
     def __init__(self, run: Run, deadline_s: float) -> None:
         if not math.isfinite(deadline_s) or deadline_s <= 0:
-            raise _sdk_error(f"run.evaluating(deadline_s={deadline_s!r}): must be > 0")
+            raise SdkError(f"run.evaluating(deadline_s={deadline_s!r}): must be > 0")
         self._run, self._deadline_s = run, deadline_s
 
     def __enter__(self) -> Evaluating:

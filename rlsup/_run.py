@@ -12,6 +12,11 @@ supervisor (docs/own-trainer.md). Levels, each opted into by calling it:
   `params`: the game's declared hyper-parameters (`RLSUP_PARAMS`);
 - `evaluation(step, mean_return, ...)`: an evaluation, recorded as rlsup's own worker records
   one (rlsup/_evaluation.py).
+
+This module is the run's life: `Run`, its heartbeats, the stop and checkpoint questions,
+`close()`. `attach()` and the run directory are rlsup/_attach.py's, the checkpoint block's
+commit rlsup/_commit.py's, the arrays (and the damage a load finds in them) rlsup/_arrays.py's,
+the exceptions rlsup/_errors.py's; `rlsup` and rlsup.sb3 import them all from here.
 """
 
 from __future__ import annotations
@@ -20,21 +25,27 @@ import atexit
 import contextlib
 import math
 import os
-import re
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
 from checkpoints._log import StdlibLogger
-from checkpoints.errors import PlacementFenced
-from checkpoints.retention import EVAL_META
-from rlsup import _damage, _evaluation, _fence
+from rlsup import _arrays, _commit, _damage, _evaluation, _fence
+from rlsup._arrays import DEFAULT_CHUNK_BYTES, LOADING_DEADLINE_S
+from rlsup._attach import attach, env_int, make_run_dir, take_lock
+from rlsup._errors import (
+    ArrayDamaged,
+    CheckpointFailed,
+    NoValidCheckpoint,
+    RunDirLocked,
+    SdkError,
+    say,
+)
 from training import protocol as P
 from training.checkpoint_request import CheckpointRequestWatch
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
@@ -44,151 +55,20 @@ from training.protocol import ExitCode, Phase
 if TYPE_CHECKING:
     import numpy as np
 
-ARRAYS_DIR = "arrays"
-DEFAULT_CHUNK_BYTES = 16 << 20
-_ARRAY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-LOADING_DEADLINE_S = 3600.0  # verifying and reading a large checkpoint: the step need not move
-CHECKPOINT_DEADLINE_S = 3600.0
+# What the SDK's other modules import from here (attach and the exceptions live next door).
+__all__ = [
+    "ArrayDamaged",
+    "CheckpointFailed",
+    "NoValidCheckpoint",
+    "Run",
+    "RunDirLocked",
+    "SdkError",
+    "attach",
+]
+
 RETRY_FAILED_CHECKPOINT_S = 60.0
 PROGRESS_EVERY_S = 10.0
 APPLY_EVERY_S = 0.05  # heartbeat() fields (metrics, returns) taken at most this often
-DEFAULT_CHECKPOINT_EVERY_S = 600.0
-
-
-class SdkError(RuntimeError):
-    """A misuse of the SDK or a state it cannot go on from; the message says which."""
-
-
-class RunDirLocked(SdkError):
-    """Another process holds the run directory (two writers would corrupt each other)."""
-
-
-class NoValidCheckpoint(SdkError):
-    """Checkpoints exist but none verifies: never a silent restart from step 0."""
-
-
-class CheckpointFailed(SdkError):
-    """A checkpoint could not be committed (a full disk, an I/O error); nothing was changed."""
-
-
-class ArrayDamaged(SdkError):
-    """`load_arrays(name)`: chunks of the array are damaged in every checkpoint that holds them
-    (one inode, hard-linked from checkpoint to checkpoint, rotted). `rows`: the [start, stop)
-    ranges of the first axis they held; `load_arrays(name, salvage=True)` loads the rest with
-    those rows zeroed."""
-
-    def __init__(self, message: str, name: str, rows: list[tuple[int, int]]) -> None:
-        super().__init__(message)
-        self.name = name
-        self.rows = rows
-
-
-def _env_int(name: str, default: int | None) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise SdkError(f"environment variable {name}={raw!r}: not an integer") from None
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SdkError(f"environment variable {name}={raw!r}: not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise SdkError(f"environment variable {name}={raw!r}: must be a positive number")
-    return value
-
-
-def attach(
-    run_dir: str | os.PathLike[str] | None = None,
-    *,
-    total_steps: int | None = None,
-    checkpoint_every_s: float | None = None,
-    checkpoint_every_steps: int | None = None,
-    keep: int | None = None,
-    heartbeat: bool | None = None,
-    step_deadline_s: float = 600.0,
-    handle_signals: bool = True,
-    exit_on_stop: bool = True,
-    algo: str = "",
-    device: str = "",
-    lock_wait_s: float = 10.0,
-    params: dict[str, Any] | None = None,
-    keep_best: int = 0,
-) -> Run:
-    """This process's run: under `rlsup run` the game's run directory (`RLSUP_RUN_DIR`, which
-    wins over `run_dir`), standalone `run_dir` (made if missing). Takes the run directory's lock
-    (waiting up to 10 s for a predecessor to let go), so two processes never write one run.
-
-    total_steps / checkpoint_every_s / keep: defaults for what the supervisor sets
-    (`RLSUP_TOTAL_STEPS`, `RLSUP_CHECKPOINT_EVERY_S`, `RLSUP_KEEP_CHECKPOINTS`); under rlsup the
-    config's values win. checkpoint_every_steps: also due every that many steps.
-    heartbeat: start heartbeating at once (True), or at the first `heartbeat()` (False); by
-    default at once when the config promises heartbeats (`games.heartbeat = true`).
-    step_deadline_s: how long the step may stand still while training before the supervisor
-    calls the script hung (it checkpoints and loads under longer deadlines of their own).
-    handle_signals: turn SIGTERM and SIGINT into `should_stop()` (main thread only).
-    exit_on_stop: after a checkpoint committed while a stop is requested, exit 75 (stopped
-    after a checkpoint), so the supervisor neither counts a crash nor waits for a kill.
-    lock_wait_s: how long to wait for another process to let go of the run directory.
-    params: the script's own hyper-parameters, overridden key by key by the config's `params`
-    (`RLSUP_PARAMS`): `run.params`.
-    keep_best: also keep the checkpoints of this many best evaluations (`run.evaluation()` at
-    a checkpoint's step, before it), besides the newest `keep`.
-    """
-    supervised = bool(os.environ.get(P.RUN_DIR_ENV))
-    if supervised:
-        where = Path(os.environ[P.RUN_DIR_ENV])
-    elif run_dir is not None:
-        where = Path(run_dir)
-    else:
-        raise SdkError(
-            "rlsup.attach(): no run directory: pass run_dir=... to run standalone, or start "
-            "the script as a command game under `rlsup run` (which sets RLSUP_RUN_DIR)"
-        )
-    every_s = _env_float(P.CHECKPOINT_EVERY_S_ENV, checkpoint_every_s or DEFAULT_CHECKPOINT_EVERY_S)
-    if heartbeat is None:
-        heartbeat = os.environ.get(P.HEARTBEAT_ENV) == "1"
-    return Run(
-        where,
-        supervised=supervised,
-        game=os.environ.get(P.GAME_ENV) or where.name,
-        seed=_env_int(P.SEED_ENV, None),
-        resume_count=_env_int(P.RESUME_COUNT_ENV, 0) or 0,
-        mode=os.environ.get(P.MODE_ENV) or None,
-        knobs=_knobs_from_env(),
-        total_steps=_env_int(P.TOTAL_STEPS_ENV, total_steps) or total_steps or 0,
-        checkpoint_every_s=every_s,
-        checkpoint_every_steps=checkpoint_every_steps,
-        keep=_env_int(P.KEEP_CHECKPOINTS_ENV, keep) or keep or 3,
-        heartbeat_at_once=heartbeat,
-        step_deadline_s=step_deadline_s,
-        handle_signals=handle_signals,
-        exit_on_stop=exit_on_stop,
-        algo=algo,
-        device=device,
-        lock_wait_s=lock_wait_s,
-        params=_evaluation.params_from_env(params),
-        keep_best=keep_best,
-    )
-
-
-def _knobs_from_env() -> dict[str, Any]:
-    knobs: dict[str, Any] = {}
-    num_envs = _env_int(P.NUM_ENVS_ENV, None)
-    if num_envs is not None:
-        knobs["num_envs"] = num_envs
-    batch = os.environ.get(P.BATCH_SIZE_ENV)
-    if batch:
-        knobs["batch_size"] = batch if batch == "auto" else _env_int(P.BATCH_SIZE_ENV, None)
-    return knobs
 
 
 class Run:
@@ -236,13 +116,13 @@ class Run:
         self._algo, self._device = algo, device
         self._closed = False
         # Several hosts: the placement's fence (RLSUP_EPOCH); none on one host, or standalone.
-        epoch = (_env_int(P.EPOCH_ENV, 0) or 0) if supervised else 0
+        epoch = (env_int(P.EPOCH_ENV, 0) or 0) if supervised else 0
         if epoch < 0:
             raise SdkError(f"environment variable {P.EPOCH_ENV}={epoch}: must be >= 0")
-        self._fence = _fence.Fence.from_env(game, epoch, _say) if supervised else None
+        self._fence = _fence.Fence.from_env(game, epoch, say) if supervised else None
         self._mirror_restore = _fence.mirror_restore_from_env() if supervised else None
-        self._make_run_dir()
-        self._lock_fd = self._take_lock(lock_wait_s)
+        make_run_dir(run_dir)
+        self._lock_fd = take_lock(run_dir, lock_wait_s)
         # A library's logger (the user's logging configuration decides), never structlog's:
         # it prints to stdout unless configured, and may not be installed at all.
         try:
@@ -297,26 +177,6 @@ class Run:
             self._start_heartbeat()
         atexit.register(self.close)  # a script that just returns still publishes its last step
 
-    # ---- the run directory ----------------------------------------------------------------
-
-    def _make_run_dir(self) -> None:
-        try:
-            self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SdkError(f"run directory {self.run_dir}: cannot create it: {exc}") from exc
-        if not self.run_dir.is_dir() or not os.access(self.run_dir, os.W_OK | os.X_OK):
-            raise SdkError(f"run directory {self.run_dir}: not a writable directory")
-
-    def _take_lock(self, wait_s: float) -> int:
-        try:
-            return P.lock_run_dir(self.run_dir, wait_s)
-        except P.RunDirBusy as exc:
-            raise RunDirLocked(
-                f"run directory {self.run_dir} is in use by another process (pid "
-                f"{exc.holder}, holding {self.run_dir / P.LOCK_FILE}): one run directory, "
-                "one writer"
-            ) from exc
-
     # ---- L1: heartbeats ---------------------------------------------------------------------
 
     def _start_heartbeat(self) -> HeartbeatWriter:
@@ -331,7 +191,7 @@ class Run:
                 last_checkpoint_time=self.last_checkpoint_time,
                 num_envs=_int_or_zero(self.knobs.get("num_envs")),
                 batch_size=_int_or_zero(self.knobs.get("batch_size")),
-                threads=_env_int(P.THREADS_ENV, None),
+                threads=env_int(P.THREADS_ENV, None),
                 checkpoint_request=self._request_report,
                 replay_damage=list(self._damage_reports),
                 mirror_restore=self._mirror_restore,
@@ -480,7 +340,7 @@ class Run:
                 last_checkpoint_step=loaded.step,
                 quarantined=[name for name, _ in loaded.quarantined],
             )
-        self._report_damage(loaded)
+        _arrays.report_damage(self, loaded)
         return loaded.path
 
     def damaged_rows(self, name: str) -> list[tuple[int, int]]:
@@ -491,47 +351,12 @@ class Run:
             self.latest()
         return list(self._lost_rows.get(name, []))
 
-    def _report_damage(self, loaded: LoadedCheckpoint) -> None:
-        """Rot found while loading, never silent: each array's lost rows (or the files put
-        right from an identical copy) on stderr and in the heartbeat's `replay_damage`."""
-        self._lost_rows = {}
-        if not loaded.damaged and not loaded.repaired:
-            return
-        totals: dict[str, int] = {}
-        for array, chunks in _damage.chunks_by_array(loaded.damaged).items():
-            try:  # the header verified (it is not salvageable): only a read error is left
-                header = loaded.read_json(f"{ARRAYS_DIR}/{array}.json")
-            except CheckpointError as exc:
-                raise SdkError(f"cannot read the checkpoints in {self.store.root}: {exc}") from exc
-            self._lost_rows[array] = _damage.rows_of_chunks(header, chunks)
-            totals[array] = int(header["shape"][0]) if header["shape"] else 1
-        entry: dict[str, Any] = {
-            "checkpoint": loaded.path.name,
-            "when": "load",
-            "files": sorted({*loaded.damaged, *loaded.repaired}),
-            "rows_lost": {a: [list(r) for r in rows] for a, rows in self._lost_rows.items()},
-            "repaired": dict(loaded.repaired),
-        }
-        self._damage_reports.append(entry)
-        for file, where in sorted(loaded.repaired.items()):
-            _say(f"{loaded.path.name}/{file} was damaged; repaired from {where} (nothing lost)")
-        for array, rows in self._lost_rows.items():
-            files = sorted(f for f in loaded.damaged if f.startswith(f"{ARRAYS_DIR}/{array}."))
-            _say(
-                f"{loaded.path.name}: {', '.join(files)} damaged in every checkpoint holding "
-                f"it: {_damage.describe(rows, totals[array])} of array {array!r} are lost; "
-                f"load_arrays({array!r}) raises ArrayDamaged unless salvage=True"
-            )
-        if self._hb is not None:
-            self._hb.update(replay_damage=list(self._damage_reports))
-            self._hb.publish()
-
     @property
     def latest_step(self) -> int | None:
         """The step of the checkpoint `latest()` returned (None before, or without one)."""
         return None if self._loaded is None else self._loaded.step
 
-    def checkpoint(self, step: int, **meta: Any) -> _CheckpointBlock:
+    def checkpoint(self, step: int, **meta: Any) -> _commit.CheckpointBlock:
         """`with run.checkpoint(step) as d:` -- write your files into the directory `d` (at
         most one subdirectory deep) and call `save_arrays()`; when the block exits cleanly
         every file is fsynced, listed with its sha256 in a manifest and the directory renamed
@@ -541,7 +366,7 @@ class Run:
             raise SdkError("run.checkpoint(): a checkpoint block is already open")
         if step < 0:
             raise SdkError(f"run.checkpoint({step}): the step must be >= 0")
-        return _CheckpointBlock(self, int(step), meta)
+        return _commit.CheckpointBlock(self, int(step), meta)
 
     def save_arrays(
         self, name: str, array: Any, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
@@ -551,49 +376,7 @@ class Run:
         from it (compared byte for byte first), so only changed chunks are written, and nothing
         is copied in memory (a non-contiguous array is copied once). Returns bytes written and
         linked (the chunks; the small header aside)."""
-        import numpy as np  # only the array functions need numpy
-
-        writer = self._writer
-        if writer is None:
-            raise SdkError("run.save_arrays(): only inside a `with run.checkpoint(step):` block")
-        _check_array_name(name)
-        if chunk_bytes < 1:
-            raise SdkError(f"run.save_arrays({name!r}): chunk_bytes must be >= 1")
-        a = np.asarray(array)
-        if a.dtype.hasobject or a.dtype.names is not None:
-            raise SdkError(
-                f"run.save_arrays({name!r}): dtype {a.dtype} is not a plain numeric type "
-                "(objects would need pickle, which a checkpoint never holds)"
-            )
-        if not a.flags.c_contiguous:
-            a = np.ascontiguousarray(a)
-        flat = memoryview(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-        before_w, before_l = writer.stats.bytes_written, writer.stats.bytes_linked
-        chunks = math.ceil(a.nbytes / chunk_bytes)
-        for i in range(chunks):
-            view = flat[i * chunk_bytes : (i + 1) * chunk_bytes]
-            writer.link_or_write(
-                f"{ARRAYS_DIR}/{name}.{i:06d}",
-                view,
-                unchanged_since_step=self._base_step,
-                expect_same=False,
-                sync_at_commit=True,  # the kernel writes chunk i back while i+1 is written
-            )
-        stats = {
-            "bytes_written": writer.stats.bytes_written - before_w,
-            "bytes_linked": writer.stats.bytes_linked - before_l,
-        }
-        writer.write_json(
-            f"{ARRAYS_DIR}/{name}.json",
-            {
-                "dtype": a.dtype.str,
-                "shape": list(a.shape),
-                "nbytes": int(a.nbytes),
-                "chunk_bytes": int(chunk_bytes),
-                "chunks": chunks,
-            },
-        )
-        return stats
+        return _arrays.save(self, name, array, chunk_bytes)
 
     def load_arrays(self, name: str, *, salvage: bool = False) -> np.ndarray:
         """The array `name` of the checkpoint `latest()` returned, read chunk by chunk into one
@@ -601,67 +384,7 @@ class Run:
         ArrayDamaged when some of its chunks are damaged in every checkpoint (see `latest()`);
         salvage=True: the rest of it, with the rows of those chunks (`damaged_rows(name)`)
         set to zero, for a script that can drop or refill them (a replay buffer)."""
-        import numpy as np
-
-        _check_array_name(name)
-        if not self._looked:
-            self.latest()
-        loaded = self._loaded
-        if loaded is None:
-            raise SdkError(f"run.load_arrays({name!r}): the run has no checkpoint")
-        header_name = f"{ARRAYS_DIR}/{name}.json"
-        if header_name not in loaded.files():
-            have = sorted(
-                f[len(ARRAYS_DIR) + 1 : -5]
-                for f in loaded.files()
-                if f.startswith(ARRAYS_DIR + "/") and f.endswith(".json")
-            )
-            raise SdkError(
-                f"run.load_arrays({name!r}): {loaded.path.name} holds no such array "
-                f"(it has: {', '.join(have) or 'none'})"
-            )
-        self._phase(Phase.LOADING, LOADING_DEADLINE_S)
-        try:
-            header = loaded.read_json(header_name)
-            dtype = np.dtype(header["dtype"])
-            if dtype.hasobject:
-                raise SdkError(f"{loaded.path}/{header_name}: dtype {dtype} is not allowed")
-            out = np.empty(tuple(header["shape"]), dtype=dtype)
-            flat = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-            step = int(header["chunk_bytes"])
-            if out.nbytes != int(header["nbytes"]):
-                raise SdkError(f"{loaded.path}/{header_name}: shape and nbytes disagree")
-            lost = set(_damage.chunks_by_array(loaded.damaged).get(name, []))
-            if lost:
-                self._refuse_or_accept_holes(loaded, name, header, salvage)
-            for i in range(int(header["chunks"])):
-                part = flat[i * step : (i + 1) * step]
-                if i in lost:
-                    part[:] = bytes(len(part))  # salvage: the damaged chunk's rows are zeros
-                else:
-                    loaded.read_into(f"{ARRAYS_DIR}/{name}.{i:06d}", part)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SdkError(f"{loaded.path}/{header_name}: not an array header: {exc}") from exc
-        finally:
-            self._back_to_work()
-        return out
-
-    def _refuse_or_accept_holes(
-        self, loaded: LoadedCheckpoint, name: str, header: dict[str, Any], salvage: bool
-    ) -> None:
-        rows = self._lost_rows.get(name, [])
-        where = _damage.describe(rows, int(header["shape"][0]) if header["shape"] else 1)
-        if salvage:
-            _say(f"load_arrays({name!r}, salvage=True): {where} are zeros (damaged)")
-            return
-        raise ArrayDamaged(
-            f"run.load_arrays({name!r}): {loaded.path.name} holds damaged chunks of it, in "
-            f"every checkpoint that has them: {where} are lost. Pass salvage=True to load the "
-            f"rest with those rows zeroed (run.damaged_rows({name!r}) names them), or, with a "
-            f"mirror, restore them before the next start: rlsup pull --game {self.game} --repair",
-            name,
-            rows,
-        )
+        return _arrays.load(self, name, salvage)
 
     # ---- L3: stopping ------------------------------------------------------------------------
 
@@ -706,6 +429,11 @@ class Run:
             return step - since >= self.checkpoint_every_steps
         return False
 
+    def _attempted(self) -> None:
+        """A checkpoint was just tried (rlsup/_commit.py), committed or not: the interval of
+        `should_checkpoint()` counts from now, on the clock it reads."""
+        self._last_attempt_mono = time.monotonic()
+
     @property
     def preemption_deadline(self) -> float | None:
         """When this machine may be taken away (Unix seconds), or None when no notice is known:
@@ -726,7 +454,7 @@ class Run:
         a loop that asks `should_stop()` twice can see a SIGTERM that its checkpoint question
         did not; read it once per iteration, before that question."""
         if self._training and self._step > (self.last_checkpoint_step or 0):
-            _say(
+            say(
                 f"exiting 75 at step {self._step} without a checkpoint of it (last "
                 f"committed: {self.last_checkpoint_step}); the steps since are redone"
             )
@@ -756,172 +484,6 @@ class Run:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ---- the checkpoint block's two ends -----------------------------------------------------
-
-    def _begin(self, step: int, meta: dict[str, Any]) -> Path:
-        base = self.store.latest()
-        self._captured_at = time.time()
-        full_meta = {
-            "sdk": 1,
-            "name": self.game,
-            "step": step,
-            "time": self._captured_at,
-            "resume_count": self.resume_count,
-            **meta,
-        }
-        if self._evaluated is not None and self._evaluated["step"] == step:
-            full_meta.setdefault(EVAL_META, dict(self._evaluated))
-        if self._fence is not None and self._fence.active:
-            full_meta["epoch"] = self._fence.epoch  # which placement wrote it (several hosts)
-        self._phase(Phase.CHECKPOINTING, CHECKPOINT_DEADLINE_S)
-        try:
-            self._writer = self.store.begin(step, full_meta)
-        except CheckpointError as exc:
-            self._back_to_work()
-            self._failed(step, exc)
-            raise CheckpointFailed(str(exc)) from exc
-        self._base_step = base.step if base is not None and base.step != step else None
-        return self._writer.staging
-
-    def _end(self, step: int, error: BaseException | None) -> None:
-        writer, self._writer = self._writer, None
-        assert writer is not None
-        self._last_attempt_mono = time.monotonic()
-        fenced: PlacementFenced | None = None
-        try:
-            if error is not None:
-                self._abandon(step, writer, error)
-                return  # not an I/O failure: the script's own exception goes on as it is
-            try:
-                writer.adopt_staged()
-                if self._fence is not None:
-                    self._fence.check()  # the last moment before the rename: abort, not commit
-                writer.commit()
-            except PlacementFenced as exc:
-                writer.abort()
-                fenced = exc
-            except (CheckpointError, OSError) as exc:
-                writer.abort()
-                self._failed(step, exc)
-                raise CheckpointFailed(f"checkpoint at step {step} not committed: {exc}") from exc
-        finally:
-            self._back_to_work()
-        if fenced is not None:
-            self._fenced(step, fenced)
-        self._last_failed = False
-        self.last_checkpoint_step = step
-        self.last_checkpoint_time = time.time()
-        self.last_save_stats = {
-            "bytes_written": writer.stats.bytes_written,
-            "bytes_linked": writer.stats.bytes_linked,
-            "seconds": writer.stats.seconds,
-        }
-        if self._hb is not None:
-            self._hb.update(
-                last_checkpoint_step=step, last_checkpoint_time=self.last_checkpoint_time
-            )
-        self._requests.poll()  # a request made before this state was captured: served by it
-        self._requests.committed(self._captured_at, step)
-        if self._hb is not None:
-            self._hb.publish()
-        if self.exit_on_stop and self.should_stop():
-            self.exit_stopped()
-
-    def _fenced(self, step: int, exc: PlacementFenced) -> NoReturn:
-        """Several hosts: the game was placed again elsewhere since this process started.
-        Nothing is committed from here on: error.json says why, and the process exits 77."""
-        message = f"checkpoint at step {step}: {exc}"
-        _say(message + "; exiting 77 (fenced)")
-        with contextlib.suppress(OSError, CheckpointError):
-            from checkpoints import write_json_atomic
-
-            write_json_atomic(
-                self.run_dir / P.ERROR_FILE,
-                {"kind": "fenced", "message": message, "exit_code": int(ExitCode.FENCED),
-                 "time": time.time(), "pid": os.getpid(), "step": step, "traceback": ""},
-            )  # fmt: skip
-        self.close(phase=Phase.STOPPING)
-        raise SystemExit(int(ExitCode.FENCED))
-
-    def _abandon(self, step: int, writer: CheckpointWriter, error: BaseException) -> None:
-        """The block raised: nothing is committed. An I/O failure (a full disk under
-        save_arrays, under the script's own writes, under torch.save) is a failed checkpoint,
-        counted and retried like a failed commit: CheckpointFailed, chained to it."""
-        why = _io_failure(error, writer.staging)  # before the abort frees the space
-        writer.abort()
-        if why is not None:
-            self._failed(step, why)
-            raise CheckpointFailed(f"checkpoint at step {step} not committed: {why}") from error
-
-    def _failed(self, step: int, exc: BaseException | str) -> None:
-        self._last_failed = True
-        self._requests.failed()
-        _say(f"checkpoint at step {step} failed: {exc}")
-        if self._hb is not None:
-            failures = self._hb.current.checkpoint_failures + 1
-            self._hb.update(checkpoint_failures=failures, last_checkpoint_error=str(exc))
-            self._hb.publish()  # the supervisor and `status` see it now, not a second later
-
-
-class _CheckpointBlock:
-    def __init__(self, run: Run, step: int, meta: dict[str, Any]) -> None:
-        self._run, self._step, self._meta = run, step, meta
-
-    def __enter__(self) -> Path:
-        return self._run._begin(self._step, self._meta)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._run._end(self._step, exc)
-
-
-def _io_failure(error: BaseException, staging: Path) -> str | None:
-    """What went wrong when `error` (raised inside a checkpoint block) is an I/O failure, else
-    None (a bug in the block, an interrupt: not the checkpoint's to swallow). I/O: an OSError
-    or a CheckpointError, raised or in its chain; or any error while the checkpoint's
-    filesystem has no space left (torch.save reports ENOSPC as a RuntimeError of its own)."""
-    if not isinstance(error, Exception) or isinstance(error, SdkError):
-        return None
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError | CheckpointError):
-            return str(cause)
-        cause = cause.__cause__ or cause.__context__
-    if _no_space_left(staging):
-        return f"{type(error).__name__}: {error} (no space left on {staging.parent})"
-    return None
-
-
-def _no_space_left(path: Path) -> bool:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return False
-    # root may write into the blocks reserved for it; anyone else may not.
-    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
-    return blocks == 0 or st.f_favail == 0
-
-
-def _check_array_name(name: str) -> None:
-    if not isinstance(name, str) or _ARRAY_NAME.fullmatch(name) is None:
-        raise SdkError(
-            f"array name {name!r}: 1-100 characters [A-Za-z0-9_-], starting with a letter or "
-            "digit (it names files in the checkpoint)"
-        )
-
-
-def _say(message: str) -> None:
-    """A line on stderr: under rlsup that is the game's log, on the state disk, which may be
-    full: a line lost there must never turn into the script's crash (an OSError from print)."""
-    with contextlib.suppress(OSError, ValueError):  # ValueError: stderr closed
-        print(f"rlsup: {message}", file=sys.stderr, flush=True)
 
 
 def _finite(value: Any) -> float | None:
