@@ -19,7 +19,7 @@ from training import protocol as P
 if TYPE_CHECKING:
     from rlsup._run import Run
 
-DEFAULT_CHECKPOINT_EVERY_S = 600.0
+DEFAULT_CHECKPOINT_EVERY_S = P.DEFAULT_CHECKPOINT_EVERY_S  # paced when dear (Run)
 
 
 def env_int(name: str, default: int | None) -> int | None:

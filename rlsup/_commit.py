@@ -50,6 +50,7 @@ class CheckpointBlock:
 
 def begin(run: Run, step: int, meta: dict[str, Any]) -> Path:
     base = run.store.latest()
+    run._began_mono = run._clock()  # the block's cost paces the next (Run._attempted)
     run._captured_at = time.time()
     full_meta = {
         "sdk": 1,

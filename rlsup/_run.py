@@ -145,6 +145,8 @@ class Run:
         self.last_checkpoint_time: float | None = None  # wall clock of the last commit
         self.last_save_stats: dict[str, Any] | None = None
         self._last_attempt_mono = time.monotonic()
+        self._began_mono: float | None = None  # the open checkpoint block's start
+        self._interval_s = checkpoint_every_s  # paced by the last block's cost (_attempted)
         self._last_failed = False
         self._writer: CheckpointWriter | None = None
         self._base_step: int | None = None
@@ -419,7 +421,7 @@ class Run:
             return step is None or step != self.last_checkpoint_step
         if self._requested():
             return True
-        wait = self.checkpoint_every_s
+        wait = self._interval_s
         if self._last_failed:
             wait = min(wait, RETRY_FAILED_CHECKPOINT_S)
         if time.monotonic() - self._last_attempt_mono >= wait:
@@ -429,10 +431,19 @@ class Run:
             return step - since >= self.checkpoint_every_steps
         return False
 
+    def _clock(self) -> float:
+        """should_checkpoint()'s clock (one, for rlsup/_commit.py too)."""
+        return time.monotonic()
+
     def _attempted(self) -> None:
         """A checkpoint was just tried (rlsup/_commit.py), committed or not: the interval of
-        `should_checkpoint()` counts from now, on the clock it reads."""
-        self._last_attempt_mono = time.monotonic()
+        `should_checkpoint()` counts from now, on the clock it reads, paced by what the block
+        cost the script (it stalls it all: training.protocol.checkpoint_interval_s)."""
+        self._last_attempt_mono = now = self._clock()
+        cost = now - (self._began_mono or now)
+        self._interval_s = P.checkpoint_interval_s(self.checkpoint_every_s, cost, cost)
+        if self._hb is not None:
+            self._hb.update(checkpoint_interval_s=round(self._interval_s, 3))
 
     @property
     def preemption_deadline(self) -> float | None:

@@ -413,3 +413,27 @@ def test_a_request_made_while_a_checkpoint_is_written_is_owed_another(tmp_path: 
             (tmp_path / P.CHECKPOINT_REQUEST_FILE).touch()
             time.sleep(0.02)
         assert run.should_checkpoint(6)
+
+
+def test_a_dear_checkpoint_is_paced_and_a_cheap_one_is_not(tmp_path: Path) -> None:
+    """The script's checkpoint block stalls it all: one that took 200 ms is next due 20 s
+    later (200 ms is then 1 % of the time between two) whatever `checkpoint_every_s` asks; a
+    cheap one comes at the interval. Before pacing, the 15 s default would have made a script
+    whose save takes 2 s spend an eighth of its time saving."""
+
+    def interval() -> float:
+        hb = json.loads((tmp_path / "run" / P.HEARTBEAT_FILE).read_text())
+        return float(hb["checkpoint_interval_s"])
+
+    run = _attach(tmp_path / "run", total_steps=100, checkpoint_every_s=30.0, heartbeat=True)
+    with run.checkpoint(1) as d:
+        (d / "model.bin").write_bytes(b"x" * 100)
+    assert interval() == 30.0, "a cheap checkpoint: the interval asked for"
+    run.checkpoint_every_s = 0.05
+    with run.checkpoint(2) as d:
+        (d / "model.bin").write_bytes(b"x" * 100)
+        time.sleep(0.2)  # the script's own serialisation, as slow as a big model's
+    assert interval() >= 20.0
+    time.sleep(0.3)
+    assert not run.should_checkpoint(3), "paced: due 20 s after a 200 ms stall, not 50 ms"
+    run.close()
