@@ -486,10 +486,9 @@ def reextrapolate(doc: dict[str, Any], s: Settings) -> None:
     for r in doc["rows"]:
         losses = [gm.FaultLoss(**{k: v for k, v in f.items() if k in names}) for f in r["faults"]]
         rlsup = r["contender"] in "ab"
-        r["extrapolated_20min"] = extrapolation(losses, s, r["slowdown"], rlsup)
-        r["extrapolated_20min_same"] = extrapolation(
-            losses, s, r["slowdown"], rlsup, SAME_INTERVAL_S
-        )
+        steady = r.get("steady_slowdown", r["slowdown"])  # older results: all of it
+        r["extrapolated_20min"] = extrapolation(losses, s, steady, rlsup)
+        r["extrapolated_20min_same"] = extrapolation(losses, s, steady, rlsup, SAME_INTERVAL_S)
 
 
 def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict[str, Any]:
@@ -501,13 +500,20 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
     losses = gm.fault_losses(g.trace, g.faults, sps, s.wall_s, refills)
     lost_steps = sum((x.lost_s) * sps for x in losses)
     slowdown = (expected - useful - lost_steps) / expected if expected else 0.0
-    ex = extrapolation(losses, s, slowdown, isinstance(c, Rlsup))
-    same = extrapolation(losses, s, slowdown, isinstance(c, Rlsup), SAME_INTERVAL_S)
+    # Of that, the steady part (before any fault, against the baseline in the same window)
+    # and the part that came with the faults (after_s each): only the first scales with time.
+    first_t = g.faults[0].t if g.faults else s.wall_s
+    steady = min(max(0.0, slowdown), gm.split_slowdown(g.trace, base.trace, first_t))
+    if sps > 0:
+        gm.share_residual(losses, (slowdown - steady) * expected / sps)
+    ex = extrapolation(losses, s, steady, isinstance(c, Rlsup))
+    same = extrapolation(losses, s, steady, isinstance(c, Rlsup), SAME_INTERVAL_S)
     stalls = c.stalls_ms(g)
     return {
         "game": g.name, "useful_steps": useful, "baseline_steps": expected,
         "baseline_sps": round(sps, 1), "up_s": round(up_s, 2),
         "goodput": gm.goodput(useful, expected), "slowdown": round(slowdown, 4),
+        "steady_slowdown": round(steady, 4),
         "faults": [x.as_dict() for x in losses],
         "raw_faults": [vars(f) for f in g.faults],
         "extrapolated_20min": ex,
@@ -571,16 +577,22 @@ def render(doc: dict[str, Any], s: Settings) -> str:
         f"{s.boot_delay_s:g} s (not up-time), checkpoint interval: rlsup {s.rlsup_interval_s:g} s "
         f"(its {RLSUP_INTERVAL_S:g} s default / C, at least 1 s), the others "
         f"{s.interval_s:g} s (= {REAL_INTERVAL_S:g} s / C)",
-        f"{'contender':<38}{'game':<13}{'goodput':>8}{'useful':>9}{'baseline':>9}{'slowdown':>9}",
+        f"{'contender':<38}{'game':<13}{'goodput':>8}{'useful':>9}{'baseline':>9}{'slowdown':>9}"
+        f"{'steady':>8}",
     ]
     for r in doc["rows"]:
         gp = "-" if r["goodput"] is None else f"{100 * r['goodput']:.1f}%"
         out.append(f"({r['contender']}) {r['label']:<34}{r['game']:<13}{gp:>8}"
                    f"{r['useful_steps']:>9}{r['baseline_steps']:>9}"
-                   f"{100 * r['slowdown']:>8.1f}%")  # fmt: skip
+                   f"{100 * r['slowdown']:>8.1f}%"
+                   f"{100 * r.get('steady_slowdown', r['slowdown']):>7.1f}%")  # fmt: skip
+    out.append("slowdown: the steps lost beyond the faults' own losses, as a share of the "
+               "baseline's; steady: the part measured before the first fault, against the "
+               "baseline in the same window (what is paid all the time); the rest came with "
+               "the faults (+after below: slower training after a restart)")  # fmt: skip
     out.append("loss per fault, seconds of training = detect (a hang's) + restart (the victim "
                "gone or the service started -> a new process) + start (-> its first step) + "
-               "redone + replay refill:")  # fmt: skip
+               "redone + replay refill (+ after):")  # fmt: skip
     for r in doc["rows"]:
         parts = []
         for f in r["faults"]:
@@ -591,6 +603,7 @@ def render(doc: dict[str, Any], s: Settings) -> str:
             parts.append(
                 f"{tag} {f['lost_s']:.1f} = {f['detect_s']:.1f}+{f.get('restart_s', 0.0):.1f}"
                 f"+{f['start_s']:.1f}+{f['redone_s']:.1f}+{f['refill_s']:.1f}"
+                f" (+{f.get('after_s', 0.0):.1f})"
             )
         out.append(f"  ({r['contender']}) {r['game']:<12} " + "; ".join(parts))
     for r in doc["rows"]:
@@ -608,10 +621,10 @@ def render(doc: dict[str, Any], s: Settings) -> str:
         ("extrapolated_20min_same", f"the same {SAME_INTERVAL_S:g} s interval for all"),
     ):  # fmt: skip
         out.append(
-            "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start "
-            f"and refill per fault, redone = half of {what} (announced: as measured for rlsup, "
-            "which heeds the notice; for the others as a reboot), hang detection scaled back "
-            "to the real timeout, slowdown as measured:"
+            "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start, "
+            f"refill and after per fault, redone = half of {what} (announced: as measured for "
+            "rlsup, which heeds the notice; for the others as a reboot), hang detection scaled "
+            "back to the real timeout, the steady slowdown as measured:"
         )
         out.append(
             f"{'contender':<38}{'game':<13}" + "".join(f"{k:>11}" for k in KIND_SHORT.values())

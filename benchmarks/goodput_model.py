@@ -57,6 +57,11 @@ class FaultLoss:
     refill_steps: int = 0  # a replay buffer refilled from empty (no learning meanwhile)
     refill_s: float = 0.0
     host_down_s: float = 0.0  # the boot delay: not up-time, not counted as loss
+    # Training slower than the baseline after the first step, beyond the steady slowdown
+    # (a spare warming beside it, caches cold), as seconds of training: the run's residual
+    # loss shared equally among its recovered faults (split_slowdown). Not in lost_s (not
+    # read off the trace); in the extrapolation's fixed cost per fault.
+    after_s: float = 0.0
 
     @property
     def boot_to_step_s(self) -> float:
@@ -160,6 +165,42 @@ def fault_losses(
     return out
 
 
+def window_speed(trace: list[Sample], t0: float, t1: float) -> float:
+    """Steps per second of the process training at t1, over [t0, t1] (0.0: too few samples)."""
+    rows = [s for s in trace if t0 <= s.t <= t1]
+    rows = [s for s in rows if rows and s.pid == rows[-1].pid]
+    if len(rows) < 2 or rows[-1].t <= rows[0].t:
+        return 0.0
+    return (rows[-1].step - rows[0].step) / (rows[-1].t - rows[0].t)
+
+
+def split_slowdown(
+    trace: list[Sample], base: list[Sample], first_fault_t: float, settle_s: float = 2.0
+) -> float:
+    """The steady slowdown: how much slower the contender trained than its baseline in the same
+    fault-free window (from its first step + `settle_s` to the first fault): what it pays all
+    the time (checkpoints, supervision). The rest of a run's residual slowdown comes with its
+    faults (FaultLoss.after_s) and scales with their rate, not with time."""
+    if not trace:
+        return 0.0
+    t0 = trace[0].t + settle_s
+    if first_fault_t <= t0:
+        return 0.0
+    mine = window_speed(trace, t0, first_fault_t)
+    theirs = (steps_at(base, first_fault_t) - steps_at(base, t0)) / (first_fault_t - t0)
+    if mine <= 0 or theirs <= 0:
+        return 0.0
+    return max(0.0, 1.0 - mine / theirs)
+
+
+def share_residual(losses: list[FaultLoss], residual_s: float) -> None:
+    """`residual_s` seconds of training lost beyond the faults' own losses and the steady
+    slowdown, shared equally among the recovered faults as after_s."""
+    recovered = [x for x in losses if x.recovered]
+    for x in recovered:
+        x.after_s = max(0.0, residual_s) / len(recovered)
+
+
 def useful_steps(trace: list[Sample], refills: dict[int, int] | None = None) -> int:
     """The final run's step (none redone: a resumed run counts from its checkpoint), less the
     steps spent refilling a lost replay buffer (collected, never learned from)."""
@@ -195,9 +236,10 @@ def extrapolate(
     compressed run: a hang's detection by `hang_detect_scale` (real timeout / compressed one);
     a hang never detected (lost until the next fault) by `compression`; an unannounced fault's
     redone work taken as half the real `interval_s`. As measured: restart, boot to first step,
-    a replay buffer's refill, an announced reboot's redone steps. `slowdown`: the fraction of
-    the speed lost while up (checkpoint stalls, supervision), as measured (its checkpoints
-    were `compression` times more frequent: an upper bound)."""
+    a replay buffer's refill, an announced reboot's redone steps, the slower training after a
+    restart (after_s). `slowdown`: the steady fraction of the speed lost while up (checkpoint
+    stalls, supervision), as measured before the first fault (its checkpoints were up to
+    `compression` times more frequent: an upper bound)."""
     ex = Extrapolation(mtbf_s=mtbf_s, interval_s=interval_s, slowdown=max(0.0, slowdown))
     by_kind: dict[str, list[FaultLoss]] = {}
     for loss in losses:
@@ -209,7 +251,7 @@ def extrapolate(
                 fixed.append(r.detect_s * (compression if kind == "hang" else 1.0))
                 continue
             detect = r.detect_s * (hang_detect_scale if kind == "hang" else 1.0)
-            fixed.append(detect + r.restart_s + r.start_s + r.refill_s)
+            fixed.append(detect + r.restart_s + r.start_s + r.refill_s + r.after_s)
         # A notice only spares the redone work of a contender that watches for one; to the
         # others an announced reboot is one more unannounced one.
         redone = (

@@ -140,6 +140,32 @@ def test_the_extrapolation_scales_back_only_what_was_compressed(gm: ModuleType) 
     assert negative.slowdown == 0.0  # a baseline slower than the run: no bonus
 
 
+def test_the_slowdown_splits_into_what_time_costs_and_what_faults_cost(gm: ModuleType) -> None:
+    """A slowdown measured at 40x the fault rate mixed both: extrapolated as if it were all
+    steady, it cost rlsup's PPO a third of its goodput at a fault per 20 minutes (a spare
+    warming beside each restarted worker is paid per fault, not per hour)."""
+    base = trace(gm, [(1.0, 9, 0, 0.0), (11.0, 9, 1000, 0.0), (21.0, 9, 2000, 0.0)])
+    # the contender: 90 steps/s before the first fault at 11 s (after 2 s to settle)
+    mine = trace(gm, [(1.0, 1, 0, 0.5), (3.0, 1, 180, 0.5), (11.0, 1, 900, 0.5)])
+    assert gm.split_slowdown(mine, base, 11.0) == pytest.approx(0.1)
+    assert gm.split_slowdown(mine, base, 2.0) == 0.0  # no window before the fault: none
+    assert gm.split_slowdown([], base, 11.0) == 0.0
+    # a new life inside the window: only the process training at its end is measured
+    lives = trace(gm, [(3.0, 1, 0, 0.5), (5.0, 2, 0, 4.5), (11.0, 2, 600, 4.5)])
+    assert gm.split_slowdown(lives, base, 11.0) == pytest.approx(0.0)
+    losses = [
+        gm.FaultLoss("host_reboot", 0, True, restart_s=1.0, start_s=2.0),
+        gm.FaultLoss("worker_crash", 0, True, start_s=1.0),
+        gm.FaultLoss("hang", 0, False, detect_s=20.0),
+    ]
+    gm.share_residual(losses, 8.0)
+    assert [x.after_s for x in losses] == [4.0, 4.0, 0.0]  # only the recovered ones
+    ex = gm.extrapolate(losses, 15.0, 0.02, compression=40.0, hang_detect_scale=1.0)
+    assert ex.per_kind_lost_s["host_reboot"] == pytest.approx(1 + 2 + 4 + 7.5)
+    assert ex.goodput["host_reboot"] == pytest.approx((1 - 14.5 / 1200) * 0.98, abs=1e-4)
+    assert "after_s" in losses[0].as_dict() and losses[0].lost_s == 3.0  # not read off a trace
+
+
 GLUE_LOG = """\
 resume step=0 pid=41 refill=0 replay=empty
 progress step=1 pid=41 t=100.000
