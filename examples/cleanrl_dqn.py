@@ -137,6 +137,7 @@ def main() -> None:
     replay = Replay(args.buffer_size, obs_dim)
     obs, _ = env.reset(seed=seed)
     step, episode_return, returns = 0, 0.0, []
+    mean: float | None = None  # the last 100 episodes' mean return
 
     if (ckpt := run.latest()) is not None:  # --- the SDK: resume exactly ---
         nets = torch.load(ckpt / "nets.pt", weights_only=True)
@@ -146,6 +147,7 @@ def main() -> None:
         torch.set_rng_state(nets["torch_rng"])
         state = json.loads((ckpt / "state.json").read_text())
         step, episode_return, returns = state["step"], state["episode_return"], state["returns"]
+        mean = float(np.mean(returns)) if returns else None
         version, internal, gauss = state["python_rng"]
         random.setstate((version, tuple(internal), gauss))
         rng.bit_generator.state = state["numpy_rng"]
@@ -168,6 +170,7 @@ def main() -> None:
         obs = next_obs
         if terminated or truncated:
             returns = [*returns, episode_return][-100:]
+            mean = float(np.mean(returns))  # here, not at every step: 7 % of this loop
             episode_return = 0.0
             obs, _ = env.reset()  # CartPole's own RNG draws the start: in the checkpoint
         step += 1
@@ -184,8 +187,7 @@ def main() -> None:
         if step % args.target_update == 0:
             target.load_state_dict(q.state_dict())
 
-        mean = float(np.mean(returns)) if returns else None  # --- the SDK: ~10 lines ---
-        run.heartbeat(step, episodes=len(returns), mean_return=mean)
+        run.heartbeat(step, episodes=len(returns), mean_return=mean)  # --- the SDK: ~10 lines ---
         stop = run.should_stop()  # read once: a SIGTERM may land between two questions
         if stop or run.should_checkpoint(step) or step >= run.total_steps:
             with run.checkpoint(step) as d:

@@ -87,11 +87,16 @@ class CheckpointRequestWatch:
     def interrupt(self) -> bool:
         """Should the iteration in progress stop here? A request is owed a checkpoint, or a
         stop came with a preemption deadline. Cheap enough to ask every env step."""
+        now = self.refresh()
+        return self.due(now) or (bool(self.stop) and self.deadline is not None)
+
+    def refresh(self) -> float:
+        """poll() unless it ran within `poll_every_s`; returns the clock's reading."""
         now = self.clock()
         if now >= self._next_poll:
             self._next_poll = now + self.poll_every_s
             self.poll()
-        return self.due(now) or (bool(self.stop) and self.deadline is not None)
+        return now
 
     def due(self, now: float | None = None) -> bool:
         """A request is owed a checkpoint now (not while a failed one waits to be retried)."""
