@@ -14,7 +14,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from training.protocol import DEFAULT_CHECKPOINT_EVERY_S
 from training.tasks import KNOWN_TASKS, is_atari, suggest
 
 ALGOS = ("dqn", "ppo", "pqn")
@@ -83,7 +82,8 @@ class WorkerConfig:
     seed: int = _f(
         1, "seed of everything random; envs get a seed derived from (seed, resume count)"
     )
-    checkpoint_every_s: float = _f(DEFAULT_CHECKPOINT_EVERY_S, "seconds between checkpoints")
+    # training.protocol.DEFAULT_CHECKPOINT_EVERY_S (not imported: status loads this module)
+    checkpoint_every_s: float = _f(15.0, "seconds between checkpoints")
     checkpoint_every_steps: int | None = _f(None, "also checkpoint every this many agent steps")
     keep_checkpoints: int = _f(3, "committed checkpoints to keep (newest first)")
     keep_best: int = _f(

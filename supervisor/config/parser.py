@@ -40,12 +40,13 @@ from supervisor.config.model import (
 )
 from supervisor.config.preemption import parse_preemption
 from supervisor.config.tracking import parse_tracking
-from training.protocol import DEFAULT_CHECKPOINT_EVERY_S
 
 _TOP: dict[str, Field] = {
     "state_dir": ((str,), "var/rlsup", None, "a path (string)"),
     "initial_mode": ((str,), "", None, "the name of a [modes.*] table"),
-    "checkpoint_every_s": (NUMBER, DEFAULT_CHECKPOINT_EVERY_S, positive, "seconds > 0"),
+    # training.protocol.DEFAULT_CHECKPOINT_EVERY_S, not imported: `rlsup status` loads this file
+    # and stays off the worker contract (tests/supervisor/config/test_config.py: the same).
+    "checkpoint_every_s": (NUMBER, 15.0, positive, "seconds > 0"),
     "stop_grace_s": (NUMBER, 60.0, positive, "seconds > 0"),
     "cost_per_hour": (NUMBER, 0.0, non_negative, "a number >= 0"),
     "gpu_cost_share": (

@@ -63,6 +63,18 @@ def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
     assert cfg.stability.ceiling == "heavy"
 
 
+def test_the_default_checkpoint_interval_is_the_worker_contract_s(tmp_path: Path) -> None:
+    """The parser keeps its own copy (status must not import training.protocol): the same."""
+    from training.args import WorkerConfig
+    from training.protocol import DEFAULT_CHECKPOINT_EVERY_S
+
+    (tmp_path / "c.toml").write_text(GOOD)
+    assert "checkpoint_every_s" not in GOOD
+    cfg = load_config(tmp_path / "c.toml")
+    assert cfg.checkpoint_every_s == DEFAULT_CHECKPOINT_EVERY_S == 15.0
+    assert WorkerConfig().checkpoint_every_s == DEFAULT_CHECKPOINT_EVERY_S
+
+
 def test_a_pqn_game_loads_and_its_minibatch_must_divide_the_rollout(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(GOOD.replace('algo = "ppo"', 'algo = "pqn"', 1))
