@@ -9,7 +9,8 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,24 @@ def python_env(base: dict[str, str]) -> dict[str, str]:
     out["RAY_USAGE_STATS_ENABLED"] = "0"
     out.setdefault("PYTHONPATH", os.pathsep.join(sys.path))
     return out
+
+
+class MostAtOnce:
+    """Samples `count()` every `poll_s` until stopped: the most seen at once (a game's live
+    processes on every host: never two of one game)."""
+
+    def __init__(self, count: Callable[[], int], poll_s: float) -> None:
+        self.count, self.poll_s, self.most = count, poll_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.most = max(self.most, self.count())
+            self._stop.wait(self.poll_s)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(5)
+        return self.most

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from conftest import MakeCkpt, ckpt_files
 
 from checkpoints import CheckpointStore, CheckpointWriteFailed
+from harness.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -188,22 +188,8 @@ def test_persistent_transient_error_gives_up_after_bounded_attempts(
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("a real ENOSPC needs root to mount a 1 MiB tmpfs")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tiny", "size=1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_real_full_filesystem_fails_cleanly(tiny_tmpfs: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from harness.ray_cluster import (
     LoopbackCluster,
+    MostAtOnce,
     worker_processes,
 )
 from harness.runs import (
@@ -79,26 +79,6 @@ def resumed_hb(state: Path, pid: int) -> dict[str, Any] | None:
     return hb if hb and hb["pid"] == pid and hb["resumed_from_step"] is not None else None
 
 
-class MaxWorkers:
-    """Samples the game's live worker processes (on every host) until stopped: the most seen."""
-
-    def __init__(self, root: Path, game: str) -> None:
-        self.root, self.game, self.most = root, game, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.most = max(self.most, len(worker_processes(self.root, self.game)))
-            self._stop.wait(0.1)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(5)
-        return self.most
-
-
 def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
     two_hosts: LoopbackCluster,
     weed: Weed,
@@ -111,7 +91,7 @@ def test_two_hosts_a_dead_host_moves_its_game_which_resumes_from_the_mirror(
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1"])
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
-    watch = MaxWorkers(lc.root, "g1")
+    watch = MostAtOnce(lambda: len(worker_processes(lc.root, "g1")), 0.1)
     try:
         [first] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed on a host")
         wait_for(lambda: len(remote.manifest_steps("g1")) >= 2, 180, "2 mirrored checkpoints")
@@ -214,7 +194,7 @@ def test_a_killed_supervisor_s_successor_stops_its_actors_before_placing_again(
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1"])
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
-    watch = MaxWorkers(lc.root, "g1")
+    watch = MostAtOnce(lambda: len(worker_processes(lc.root, "g1")), 0.1)
     try:
         [first] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed")
         wait_for(lambda: remote.manifest_steps("g1"), 180, "g1 mirrored")
@@ -263,7 +243,7 @@ def test_each_host_keeps_a_spare_that_serves_a_crash_and_a_dead_host_s_game(
     config = write_cluster_config(tmp_path, lc, weed, url, ["g1"], extra=spare_on)
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env)
-    watch = MaxWorkers(lc.root, "g1")
+    watch = MostAtOnce(lambda: len(worker_processes(lc.root, "g1")), 0.1)
     try:
         [first] = wait_for(lambda: placements(state, "g1"), 120, "g1 placed")
         assert first["served"] == "cold", "no spare is ready at the very first start"

@@ -11,7 +11,6 @@ import contextlib
 import json
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from harness import cartpole_command
 from harness.ray_cluster import (
     LoopbackCluster,
+    MostAtOnce,
     command_processes,
 )
 from harness.runs import events, heartbeat, start_supervisor, stop_supervisor, wait_for
@@ -72,26 +72,6 @@ def placements(state: Path, game: str) -> list[dict[str, Any]]:
     ]
 
 
-class MaxProcesses:
-    """Samples the game's live processes on every host until stopped: the most seen at once."""
-
-    def __init__(self, root: Path, game: str) -> None:
-        self.root, self.game, self.most = root, game, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.most = max(self.most, len(command_processes(self.root, self.game)))
-            self._stop.wait(0.2)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(5)
-        return self.most
-
-
 def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
     two_hosts: LoopbackCluster,
     weed: Weed,
@@ -107,7 +87,7 @@ def test_a_command_game_moves_with_its_dead_host_and_resumes_from_the_mirror(
     config = write_config(tmp_path, lc, weed, url, game)
     state = tmp_path / "state"
     sup = start_supervisor(config, ray_env, "--exit-when-done")
-    watch = MaxProcesses(lc.root, "cp")
+    watch = MostAtOnce(lambda: len(command_processes(lc.root, "cp")), 0.2)
     try:
         [first] = wait_for(lambda: placements(state, "cp"), 120, "cp placed on a host")
         # The script's checkpoints are mirrored from its host (by its actor, fenced at its

@@ -26,6 +26,7 @@ from bg_ckpt_child import config
 from workerutil import run
 
 from checkpoints import CheckpointStore
+from harness.tmpfs import mounted_tmpfs
 from training.args import WorkerConfig, validate
 from training.checkpointing import (
     MEM_AVAILABLE_ENV,
@@ -147,22 +148,8 @@ def test_a_checkpoint_due_while_one_is_written_is_taken_once_it_commits(tmp_path
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("a real ENOSPC needs root to mount a tmpfs")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "tiny", "size=2m,mode=0700") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.e2e
