@@ -15,7 +15,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from checkpoints import CheckpointError, LoadedCheckpoint
-from rlsup import _damage
+from checkpoints.errors import CheckpointUnreadable
+from rlsup import _damage, _exits
 from rlsup._errors import ArrayDamaged, SdkError, say
 from training.protocol import Phase
 
@@ -118,10 +119,13 @@ def load(run: Run, name: str, salvage: bool) -> np.ndarray:
                 part[:] = bytes(len(part))  # salvage: the damaged chunk's rows are zeros
             else:
                 loaded.read_into(f"{ARRAYS_DIR}/{name}.{i:06d}", part)
+    except CheckpointUnreadable as exc:  # EIO, EACCES: the disk, not the checkpoint
+        _exits.unreadable(run, f"run.load_arrays({name!r}): cannot read {loaded.path.name}", exc)
     except (KeyError, TypeError, ValueError) as exc:
         raise SdkError(f"{loaded.path}/{header_name}: not an array header: {exc}") from exc
     finally:
-        run._back_to_work()
+        if not run._closed:
+            run._back_to_work()
     return out
 
 

@@ -9,7 +9,6 @@ hosts) exits 77, committing nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -19,8 +18,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpoints import CheckpointError, CheckpointWriter
 from checkpoints.errors import PlacementFenced
 from checkpoints.retention import EVAL_META
+from rlsup import _exits
 from rlsup._errors import CheckpointFailed, SdkError, say
-from training import protocol as P
 from training.protocol import ExitCode, Phase
 
 if TYPE_CHECKING:
@@ -122,17 +121,7 @@ def _fenced(run: Run, step: int, exc: PlacementFenced) -> NoReturn:
     """Several hosts: the game was placed again elsewhere since this process started.
     Nothing is committed from here on: error.json says why, and the process exits 77."""
     message = f"checkpoint at step {step}: {exc}"
-    say(message + "; exiting 77 (fenced)")
-    with contextlib.suppress(OSError, CheckpointError):
-        from checkpoints import write_json_atomic
-
-        write_json_atomic(
-            run.run_dir / P.ERROR_FILE,
-            {"kind": "fenced", "message": message, "exit_code": int(ExitCode.FENCED),
-             "time": time.time(), "pid": os.getpid(), "step": step, "traceback": ""},
-        )  # fmt: skip
-    run.close(phase=Phase.STOPPING)
-    raise SystemExit(int(ExitCode.FENCED))
+    _exits.exit_with(run, "fenced", message + "; exiting 77 (fenced)", int(ExitCode.FENCED), step)
 
 
 def _abandon(run: Run, step: int, writer: CheckpointWriter, error: BaseException) -> None:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from checkpoints import CheckpointError, CheckpointStore, CheckpointWriter, LoadedCheckpoint
 from checkpoints import NoValidCheckpoint as _StoreNoValid
 from checkpoints._log import StdlibLogger
-from rlsup import _arrays, _commit, _damage, _evaluation, _fence
+from checkpoints.errors import CheckpointUnreadable
+from rlsup import _arrays, _commit, _damage, _evaluation, _exits, _fence
 from rlsup._arrays import DEFAULT_CHUNK_BYTES, LOADING_DEADLINE_S
 from rlsup._attach import attach, env_int, make_run_dir, take_lock
 from rlsup._errors import (
@@ -176,6 +177,7 @@ class Run:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         if heartbeat_at_once:
             self._start_heartbeat()
+        self._unhook = _exits.install_excepthook(self)  # its own reads of a failing disk
         atexit.register(self.close)  # a script that just returns still publishes its last step
 
     # ---- L1: heartbeats ---------------------------------------------------------------------
@@ -321,10 +323,13 @@ class Run:
             loaded = self.store.load_latest(salvage=_damage.is_array_chunk, whole_first=True)
         except _StoreNoValid as exc:
             raise NoValidCheckpoint(str(exc)) from exc
+        except CheckpointUnreadable as exc:  # EIO, EACCES: the disk, not the checkpoint
+            _exits.unreadable(self, f"cannot read the checkpoints in {self.store.root}", exc)
         except CheckpointError as exc:
             raise SdkError(f"cannot read the checkpoints in {self.store.root}: {exc}") from exc
         finally:
-            self._back_to_work()
+            if not self._closed:
+                self._back_to_work()
         self._looked = True
         self._loaded = loaded
         if loaded is None:
@@ -486,6 +491,7 @@ class Run:
             self._hb.stop()
         with contextlib.suppress(OSError):
             os.close(self._lock_fd)
+        self._unhook()
         for sig, old in self._old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, old)

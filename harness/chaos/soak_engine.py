@@ -424,10 +424,15 @@ class Soak(Injector, Analyst):
         return False
 
     def pick_game(
-        self, need_ckpts: int = 0, avoid_tmpfs: bool = False, builtin: bool = False
+        self,
+        need_ckpts: int = 0,
+        avoid_tmpfs: bool = False,
+        builtin: bool = False,
+        command: bool = False,
     ) -> str | None:
         """A random game whose worker trains (waiting up to 60 s for one); `builtin`: one of
-        rlsup's own workers (a fault about env_id or the worker's argv has no command game)."""
+        rlsup's own workers (a fault about env_id or the worker's argv has no command game);
+        `command`: the user's own script (a fault whose SDK path must be covered)."""
         commands = {g.name for g in self.s.games if g.command}
         # A wrapped game's script is not the process the supervisor started (its shell is):
         # the faults aimed at one worker judge the exit of the pid they killed.
@@ -438,6 +443,7 @@ class Soak(Injector, Analyst):
                 g
                 for g in self.game_names
                 if not (builtin and g in commands)
+                and not (command and g not in commands)
                 and g not in wrapped
                 and not self._done(g)
                 and self.monitor.healthy(g) is not None

@@ -177,7 +177,11 @@ class Injector:
         def _mark_killed(self, proc: subprocess.Popen[bytes]) -> None: ...
         def rlsup(self, *args: str) -> subprocess.CompletedProcess[str]: ...
         def pick_game(
-            self, need_ckpts: int = 0, avoid_tmpfs: bool = False, builtin: bool = False
+            self,
+            need_ckpts: int = 0,
+            avoid_tmpfs: bool = False,
+            builtin: bool = False,
+            command: bool = False,
         ) -> str | None: ...
         def wait_disk(self) -> None: ...
         def wait_all_healthy(self, timeout: float, games: list[str] | None = None) -> bool: ...
@@ -497,8 +501,14 @@ class Injector:
     def _f_read_eio(self) -> Fault | None:
         """Reads of one game's checkpoints fail with EIO for a while (the store's read seam),
         and its worker is killed: replacements must exit `checkpoint_unreadable` and back off,
-        nothing may be quarantined, and once reads work the newest checkpoint is resumed."""
-        game = self.pick_game(need_ckpts=1)
+        nothing may be quarantined, and once reads work the newest checkpoint is resumed.
+        The first such fault strikes the user's own script (the SDK's path, which a random
+        pick once left untried while it lacked checkpoint_unreadable), the next ones any game."""
+        self.read_eio_count = getattr(self, "read_eio_count", 0) + 1
+        first = self.read_eio_count == 1
+        game = self.pick_game(need_ckpts=1, command=first) or (
+            self.pick_game(need_ckpts=1) if first else None
+        )
         if game is None:
             return None
         root = self.monitor.run_dir(game) / "checkpoints"

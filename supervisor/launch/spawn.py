@@ -275,13 +275,16 @@ def command_env(
 def worker_error(cfg: Config, spec: GameSpec, pid: int, returncode: int) -> dict[str, Any] | None:
     """Why the worker `pid` of `spec` ended, in its own words: the error.json it wrote itself
     (by pid, not by file time, which a wall-clock step makes meaningless; another run's is
-    ignored). A command game that failed without one (they rarely write it) is told by its
-    log (`crashlog`): a signal by its name, else its last traceback from the first line
-    through the exception (`exception`; kind `import_error` when an ImportError was its last
-    words), else the log's last lines, so that FATAL and the crash events say why."""
+    ignored; a command game's script behind a wrapper signs it with its session, `sid`).
+    A command game that failed without one (they rarely write it) is told by its log
+    (`crashlog`): a signal by its name, else its last traceback from the first line through
+    the exception (`exception`; kind `import_error` when an ImportError was its last words),
+    else the log's last lines, so that FATAL and the crash events say why."""
     error = P.read_json_file(cfg.run_dir(spec.name) / P.ERROR_FILE)
     if error is not None and error.get("pid") == pid:
         return error
+    if error is not None and spec.command is not None and error.get("sid") == pid:
+        return error  # the SDK behind a wrapper (`sh -c`, `uv run`): of the worker's session
     if spec.command is None or returncode in (0, P.ExitCode.STOPPED, HOST_LOST_RC):
         return None  # done, stopped, or its host lost (no exit of its own: nothing to read)
     death = death_from_log(cfg.logs_dir / f"{spec.name}.log", returncode)

@@ -271,8 +271,10 @@ READ_FAULT = """
     t0 = time.monotonic()
     try:
         run.latest()
-    except rlsup.SdkError as exc:
-        print(round(time.monotonic() - t0, 3), exc, flush=True)
+    except SystemExit as exc:  # checkpoint_unreadable: exit 1, error.json says why
+        import json
+        error = json.load(open("run/error.json"))
+        print(round(time.monotonic() - t0, 3), exc.code, error["kind"], error["message"])
 """
 
 
@@ -284,7 +286,8 @@ def test_without_tenacity_a_transient_read_error_is_retried_and_bounded(
     control.write_text("")
     done = _run_bare(python, pythonpath, READ_FAULT, tmp_path, RLSUP_FAULT_READ_ERRORS=str(control))
     assert done.returncode == 0, done.stderr
-    waited, message = done.stdout.split(" ", 1)
+    waited, code, kind, message = done.stdout.split(" ", 3)
+    assert (code, kind) == ("1", "checkpoint_unreadable")
     assert "cannot read" in message and "Input/output error" in message
     # 5 attempts, 0.05 + 0.1 + 0.2 + 0.4 s of waits between them (+ up to 0.05 s each).
     assert 0.75 <= float(waited) < 3.0

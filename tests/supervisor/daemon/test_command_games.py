@@ -411,3 +411,59 @@ def test_a_wrapped_scripts_last_step_reaches_the_supervisor(tmp_path: Path) -> N
     done = events(state, "worker_exit", "mine")[-1]["detail"]
     assert (done["global_step"], done["last_checkpoint_step"]) == (5005, 5005), done
     assert status(tmp_path, config)["mine"]["global_step"] == 5005
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["python", "sh -c"])
+def test_an_sdk_game_that_cannot_read_its_checkpoints_backs_off_and_resumes_the_newest(
+    tmp_path: Path, wrapped: bool
+) -> None:
+    """EIO under the checkpoints (a failing disk, a lost mount): each start exits
+    checkpoint_unreadable, which the supervisor records as that event (not a crash of the
+    script's), and backs off; nothing is quarantined; once reads work, the newest checkpoint is
+    resumed. Behind `sh -c "...; exit $?"` the script is not the process started, and its
+    error.json is the game's all the same."""
+    script = write(tmp_path, "train.py", SDK_LOOP)
+    game = command_game("mine", script, heartbeat=True)
+    if wrapped:
+        game = game.replace(
+            json.dumps([sys.executable, script]),
+            json.dumps(["sh", "-c", f"{sys.executable} {script}; exit $?"]),
+        )
+    config = tmp_path / "rlsup.toml"
+    config.write_text(HEAD.replace("budget = 3", "budget = 50") + game)
+    control = tmp_path / "read-faults"
+    control.write_text("")
+    state = tmp_path / "state"
+    env = env_for(tmp_path, RLSUP_FAULT_READ_ERRORS=str(control))
+    ckpts = state / "runs" / "mine" / "checkpoints"
+    sup = start_supervisor(config, env)
+    try:
+        wait_for(lambda: committed_step(state, "mine") > 0, 30, "a first checkpoint")
+        [first] = [p for p in game_processes("mine") if p.cmdline()[:2] == [sys.executable, script]]
+        control.write_text(f"EIO {ckpts}/\n")
+        first.kill()
+        seen = wait_for(
+            lambda: events(state, "checkpoint_unreadable", "mine"), 60, "checkpoint_unreadable"
+        )
+        newest = committed_step(state, "mine")
+        assert not [p for p in ckpts.iterdir() if p.name.startswith(".corrupt")]
+        control.write_text("")
+        hb = wait_for(
+            lambda: (
+                (h := P.read_heartbeat(state / "runs" / "mine"))
+                and h.resumed_from_step is not None
+                and h.global_step > h.resumed_from_step
+                and h
+            ),
+            60,
+            "training resumed once the disk reads again",
+        )
+        assert hb.resumed_from_step == newest
+    finally:
+        stop_supervisor(sup)
+    assert seen[0]["detail"]["error_kind"] == "checkpoint_unreadable", seen[0]
+    assert os.strerror(5) in seen[0]["detail"]["message"]
+    exits = [e["detail"] for e in events(state, "worker_exit", "mine")]
+    unreadable = [d for d in exits if (d.get("error") or {}).get("kind") == "checkpoint_unreadable"]
+    assert unreadable and all(d["returncode"] == 1 for d in unreadable), exits
+    assert not [e for e in events(state, "fatal", "mine")]

@@ -1,0 +1,105 @@
+"""The SDK's last words: an exit the supervisor must read as more than a crash (a fenced
+placement, a checkpoint it cannot read) leaves error.json in the run directory, as rlsup's own
+workers do (training/entry.py), then exits with the worker's code for it.
+
+error.json carries `pid` and `sid` (the session): behind a wrapper (`sh -c`, `uv run`) the
+script is not the process the supervisor started, but it is in that process's session, and
+the supervisor takes an error.json signed by its worker's session as the game's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, NoReturn
+
+from rlsup._errors import say
+from training import protocol as P
+from training.protocol import Phase
+
+if TYPE_CHECKING:
+    from rlsup._run import Run
+
+UNREADABLE = "checkpoint_unreadable"  # training.errors.CheckpointUnreadableError.kind
+UNREADABLE_EXIT = 1  # what the worker exits with for it (a failure: backoff, then again)
+# Read errors that say the disk (or the mount) failed, not that the file is bad.
+READ_ERRNOS = frozenset(
+    {errno.EIO, errno.EACCES, errno.EPERM, errno.ESTALE, errno.ENXIO, errno.ENODEV,
+     errno.ETIMEDOUT, errno.EREMOTEIO, errno.ENOTCONN, errno.EHOSTDOWN}
+)  # fmt: skip
+
+
+def write_error(
+    run_dir: Path, kind: str, message: str, code: int, step: int | None, tb: str | None = None
+) -> None:
+    """error.json for the supervisor (never raises: a full disk leaves the exit status).
+    `tb`: the traceback (default: the exception being handled, if any)."""
+    if tb is None:
+        tb = traceback.format_exc() if sys.exc_info()[0] is not None else ""
+    with contextlib.suppress(Exception):
+        from checkpoints import write_json_atomic
+
+        write_json_atomic(
+            run_dir / P.ERROR_FILE,
+            {"kind": kind, "message": message, "exit_code": int(code), "time": time.time(),
+             "pid": os.getpid(), "sid": os.getsid(0), "step": step,
+             "traceback": tb[-4000:]},
+        )  # fmt: skip
+
+
+def exit_with(run: Run, kind: str, message: str, code: int, step: int | None = None) -> NoReturn:
+    """Say `message`, leave error.json, stop heartbeating and exit `code`."""
+    say(message)
+    write_error(run.run_dir, kind, message, code, step)
+    run.close(phase=Phase.STOPPING)
+    raise SystemExit(int(code))
+
+
+def unreadable(run: Run, what: str, exc: BaseException) -> NoReturn:
+    """A checkpoint that cannot be read (EIO, EACCES, ...): kept as it is, not quarantined;
+    the script exits 1 with kind checkpoint_unreadable and the supervisor retries after a
+    backoff, when the disk (or the mount) may be back. Never a start from step 0."""
+    exit_with(
+        run,
+        UNREADABLE,
+        f"{what}: {exc}; the checkpoints are kept as they are, the supervisor starts the "
+        "script again after a backoff",
+        UNREADABLE_EXIT,
+    )
+
+
+def install_excepthook(run: Run) -> Callable[[], None]:
+    """The script's own reads of its checkpoint (`torch.load(ckpt / "model.pt")`) go around
+    the store: an OSError it lets escape, about a file under the checkpoints and of the kind a
+    failing disk raises, is checkpoint_unreadable too (the traceback is printed as before).
+    Returns what takes the hook out again (`Run.close()`)."""
+    previous = sys.excepthook
+    root = os.path.abspath(run.store.root) + os.sep
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        filename = getattr(exc, "filename", None)
+        if (
+            isinstance(exc, OSError)
+            and exc.errno in READ_ERRNOS
+            and isinstance(filename, str | os.PathLike)
+            and os.path.abspath(os.fspath(filename)).startswith(root)
+        ):
+            message = f"reading {os.fspath(filename)}: {exc}"
+            say(message + "; the checkpoints are kept as they are (checkpoint_unreadable)")
+            text = "".join(traceback.format_exception(kind, exc, tb))
+            write_error(run.run_dir, UNREADABLE, message, UNREADABLE_EXIT, None, text)
+        previous(kind, exc, tb)
+
+    def uninstall() -> None:
+        if sys.excepthook is hook:
+            sys.excepthook = previous
+
+    sys.excepthook = hook
+    return uninstall

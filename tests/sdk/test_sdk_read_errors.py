@@ -1,0 +1,153 @@
+"""A checkpoint the SDK cannot read (EIO, EACCES: a failing disk, a lost NFS mount) is no crash
+of the script and no damage: the script exits 1 with error.json kind `checkpoint_unreadable`
+(what rlsup's own workers write), so that the supervisor records the event and backs off, and
+nothing in the store is moved; once reads work the newest checkpoint is resumed. Real files,
+the store's read seam (checkpoints/_faults.py), and a real process for the script's own reads."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlsup
+from checkpoints._faults import ENV as FAULT_ENV
+from training import protocol as P
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
+            monkeypatch.delenv(name)
+
+
+def _commit_two(run_dir: Path) -> None:
+    run = rlsup.attach(run_dir, handle_signals=False)
+    try:
+        for step in (100, 200):
+            with run.checkpoint(step) as d:
+                (d / "state").write_text(str(step))
+                run.save_arrays("replay", np.arange(4096, dtype=np.int64) * step, chunk_bytes=4096)
+    finally:
+        run.close()
+
+
+def _listing(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / P.CHECKPOINT_DIR).iterdir())
+
+
+def _error(run_dir: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((run_dir / P.ERROR_FILE).read_text())
+    return data
+
+
+@pytest.mark.parametrize("errno_name", ["EIO", "EACCES"])
+def test_latest_under_a_read_error_exits_checkpoint_unreadable_and_moves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_name: str
+) -> None:
+    run_dir = tmp_path / "run"
+    _commit_two(run_dir)
+    before = _listing(run_dir)
+    control = tmp_path / "faults"
+    control.write_text(f"{errno_name} {run_dir / P.CHECKPOINT_DIR}/\n")
+    monkeypatch.setenv(FAULT_ENV, str(control))
+    run = rlsup.attach(run_dir, handle_signals=False)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            run.latest()
+        assert exc.value.code == 1
+    finally:
+        run.close()
+    error = _error(run_dir)
+    assert error["kind"] == "checkpoint_unreadable", error
+    assert error["exit_code"] == 1 and error["pid"] == os.getpid()
+    assert error["sid"] == os.getsid(0)
+    assert os.strerror(getattr(errno, errno_name)) in str(error["message"])
+    assert str(run_dir / P.CHECKPOINT_DIR) in str(error["message"])
+    assert _listing(run_dir) == before, "nothing quarantined, nothing removed"
+
+    control.write_text("")  # the disk is back: the newest checkpoint, whole
+    again = rlsup.attach(run_dir, handle_signals=False)
+    try:
+        latest = again.latest()
+        assert latest is not None and again.latest_step == 200
+        assert (again.load_arrays("replay") == np.arange(4096) * 200).all()
+    finally:
+        again.close()
+
+
+def test_load_arrays_under_a_read_error_exits_checkpoint_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    _commit_two(run_dir)
+    before = _listing(run_dir)
+    control = tmp_path / "faults"
+    control.write_text("")
+    monkeypatch.setenv(FAULT_ENV, str(control))
+    run = rlsup.attach(run_dir, handle_signals=False)
+    try:
+        latest = run.latest()
+        assert latest is not None
+        control.write_text(f"EIO {latest}/arrays/\n")  # the disk fails between the two reads
+        with pytest.raises(SystemExit) as exc:
+            run.load_arrays("replay")
+        assert exc.value.code == 1
+    finally:
+        run.close()
+    error = _error(run_dir)
+    assert error["kind"] == "checkpoint_unreadable", error
+    assert "replay" in str(error["message"]) and os.strerror(errno.EIO) in str(error["message"])
+    assert _listing(run_dir) == before
+
+
+OWN_READ = """
+    import errno, sys
+    import rlsup
+
+    run = rlsup.attach(sys.argv[1], handle_signals=False)
+    ckpt = run.latest()
+    where = ckpt / "state" if sys.argv[2] == "checkpoint" else sys.argv[1] + "/../elsewhere"
+    # What torch.load(ckpt / "model.pt") raises on a failing disk, uncaught.
+    raise OSError(errno.EIO, "Input/output error", str(where))
+"""
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "elsewhere"])
+def test_the_scripts_own_uncaught_read_error_in_a_checkpoint_is_checkpoint_unreadable(
+    tmp_path: Path, where: str
+) -> None:
+    """The script's own reads (torch.load of its files in the checkpoint) go around the store:
+    an OSError it does not catch, about a file under the checkpoints, is checkpoint_unreadable;
+    one about any other file stays the crash it is (no error.json of the SDK's)."""
+    run_dir = tmp_path / "run"
+    _commit_two(run_dir)
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(OWN_READ))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLSUP_")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run(
+        [sys.executable, str(script), str(run_dir), where],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "OSError: [Errno 5] Input/output error" in out.stderr, "the traceback is still shown"
+    if where == "elsewhere":
+        assert not (run_dir / P.ERROR_FILE).exists(), _error(run_dir)
+        return
+    error = _error(run_dir)
+    assert error["kind"] == "checkpoint_unreadable", error
+    assert error["sid"] == os.getsid(0) and error["pid"] != os.getpid()
+    assert "ckpt-" in str(error["message"]) and "state" in str(error["message"])
