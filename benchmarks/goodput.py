@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,12 +216,16 @@ class Contender:
 class Rlsup(Contender):
     watches_notices = True
 
-    def __init__(self, root: Path, s: Settings, games: dict[str, str], faults: bool) -> None:
+    def __init__(
+        self, root: Path, s: Settings, games: dict[str, str], faults: bool,
+        interval_s: float | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(root)
         self.meta = FakeMetadata("gcp")
         self.closed = False
+        every = s.rlsup_interval_s if interval_s is None else interval_s
         cfg = (
-            f'state_dir = "state"\ncheckpoint_every_s = {s.rlsup_interval_s:g}\nstop_grace_s = 10\n'
+            f'state_dir = "state"\ncheckpoint_every_s = {every:g}\nstop_grace_s = 10\n'
             "[modes.light]\nnum_envs = 4\nbatch_size = 128\nn_steps = 64\n"
             f"max_concurrent = {len(games)}\n" + "".join(games.values())
             + "[restart]\nbackoff_base_s = 1\nbackoff_max_s = 10\nbudget = 1000\n"
@@ -481,14 +486,63 @@ def extrapolation(
 
 
 def reextrapolate(doc: dict[str, Any], s: Settings) -> None:
-    """A saved result's extrapolation computed again from its measured per-fault losses."""
+    """The extrapolations, from the measured per-fault losses and the steady slowdown: the one
+    measured fault-free at the real interval (`doc["steady"]`, run_steady) where there is one,
+    else the compressed run's scaled by the checkpoint rate (gm.steady_at_real_interval)."""
     names = {f.name for f in dataclasses.fields(gm.FaultLoss)}
     for r in doc["rows"]:
         losses = [gm.FaultLoss(**{k: v for k, v in f.items() if k in names}) for f in r["faults"]]
         rlsup = r["contender"] in "ab"
-        steady = r.get("steady_slowdown", r["slowdown"])  # older results: all of it
+        compressed = r.get("steady_slowdown", r["slowdown"])  # older results: all of it
+        windows = [w for w in doc.get("steady") or []
+                   if w["contender"] == r["contender"] and w["game"] == r["game"]]  # fmt: skip
+        run_every = s.rlsup_interval_s if rlsup else s.interval_s
+        own = RLSUP_INTERVAL_S if rlsup else REAL_INTERVAL_S
+        steady, source = gm.steady_at_real_interval(windows, compressed, run_every, own)
+        r["steady_extrapolated"] = {"slowdown": round(steady, 4), "source": source}
         r["extrapolated_20min"] = extrapolation(losses, s, steady, rlsup)
+        # At 300 s rlsup's checkpoints cost less than at 15 s: kept as at 15 s (an upper bound).
         r["extrapolated_20min_same"] = extrapolation(losses, s, steady, rlsup, SAME_INTERVAL_S)
+
+
+NEVER_S = 1e9  # a checkpoint interval no window reaches: the baseline without checkpoints
+STEADY_SETTLE_S = 20.0  # from each one's first step: start-up, a replay buffer's first fill
+
+
+def run_steady(s: Settings, only: set[str], seconds: float, repeats: int) -> list[dict[str, Any]]:
+    """rlsup's steady cost at its real 15 s interval: each of (a) and (b) fault-free beside its
+    baseline without checkpoints ((a): the same service with checkpoints never due; (b): the
+    bare script) for `seconds`, `repeats` times; the slowdown over each window after
+    STEADY_SETTLE_S (gm.steady_window). The glue's contenders are not run: their only cost
+    beside the bare script is their checkpoints, every 300 s (scaled, reextrapolate)."""
+    quiet = dataclasses.replace(s, faults=0, warmup_s=seconds, tail_s=0.0)
+    pairs: dict[str, tuple[Callable[[Path], Contender], Callable[[Path], Contender]]] = {
+        "a": (lambda r: Rlsup(r, s, builtin_games(), False, RLSUP_INTERVAL_S),
+              lambda r: Rlsup(r, s, builtin_games(), False, NEVER_S)),
+        "b": (lambda r: Rlsup(r, s, sdk_game(), False, RLSUP_INTERVAL_S),
+              lambda r: Glue(r, s, None)),
+    }  # fmt: skip
+    out: list[dict[str, Any]] = []
+    for key, (make, make_base) in pairs.items():
+        if key not in only:
+            continue
+        for rep in range(repeats):
+            with tempfile.TemporaryDirectory(prefix=f"goodput-steady-{key}-") as tmp:
+                c, base = make(Path(tmp) / "run"), make_base(Path(tmp) / "base")
+                try:
+                    run_contender(c, base, quiet, [])
+                finally:
+                    c.close()
+                    base.close()
+                for g in c.games:
+                    b = next((x for x in base.games if x.name == g.name), base.games[0])
+                    w = gm.steady_window(g.trace, b.trace, STEADY_SETTLE_S)
+                    if w is not None:
+                        out.append({"contender": key, "game": g.name, "repeat": rep, **w})
+                        print(f"  steady ({key}) {g.name} #{rep + 1}: {100 * w['slowdown']:+.1f}%"
+                              f" ({w['sps']:.0f} vs {w['baseline_sps']:.0f} steps/s over "
+                              f"{w['window_s']:.0f} s)", flush=True)  # fmt: skip
+    return out
 
 
 def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict[str, Any]:
@@ -506,8 +560,6 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
     steady = min(max(0.0, slowdown), gm.split_slowdown(g.trace, base.trace, first_t))
     if sps > 0:
         gm.share_residual(losses, (slowdown - steady) * expected / sps)
-    ex = extrapolation(losses, s, steady, isinstance(c, Rlsup))
-    same = extrapolation(losses, s, steady, isinstance(c, Rlsup), SAME_INTERVAL_S)
     stalls = c.stalls_ms(g)
     return {
         "game": g.name, "useful_steps": useful, "baseline_steps": expected,
@@ -516,8 +568,6 @@ def analyse(c: Contender, base: Game, g: Game, s: Settings, up_s: float) -> dict
         "steady_slowdown": round(steady, 4),
         "faults": [x.as_dict() for x in losses],
         "raw_faults": [vars(f) for f in g.faults],
-        "extrapolated_20min": ex,
-        "extrapolated_20min_same": same,
         "checkpoint_stall_ms": {"n": len(stalls), "median": gm.percentile(stalls, 0.5),
                                 "p99": gm.percentile(stalls, 0.99)} if stalls else None,
         "trace": [[x.t, x.pid, x.step] for x in g.trace[:: max(1, len(g.trace) // 200)]],
@@ -615,6 +665,19 @@ def render(doc: dict[str, Any], s: Settings) -> str:
                 f"{led['backoff_s']:.1f} s, down {led['down_s']:.1f} s (with the boot delays): "
                 f"lost {led['lost_s']:.1f} s"
             )
+    if doc.get("steady"):
+        out.append(
+            "steady slowdown at rlsup's real 15 s interval, fault-free beside a baseline "
+            "without checkpoints (negative: the noise of two services sharing 2 cores):"
+        )
+        for w in doc["steady"]:
+            out.append(f"  ({w['contender']}) {w['game']:<12} #{w['repeat'] + 1}: "
+                       f"{100 * w['slowdown']:+.1f}% ({w['sps']:.0f} vs {w['baseline_sps']:.0f} "
+                       f"steps/s over {w['window_s']:.0f} s)")  # fmt: skip
+    out.append("steady slowdown the extrapolation takes: " + "; ".join(
+        f"({r['contender']}) {r['game']} {100 * r['steady_extrapolated']['slowdown']:.2f}% "
+        f"({r['steady_extrapolated']['source']})" for r in doc["rows"]
+        if "steady_extrapolated" in r))  # fmt: skip
     for key, what in (
         ("extrapolated_20min", f"each contender's default interval (rlsup {RLSUP_INTERVAL_S:g} "
          f"s, the others {REAL_INTERVAL_S:g} s)"),
@@ -624,7 +687,7 @@ def render(doc: dict[str, Any], s: Settings) -> str:
             "EXTRAPOLATED (not measured) to one fault per 20 min: the measured restart, start, "
             f"refill and after per fault, redone = half of {what} (announced: as measured for "
             "rlsup, which heeds the notice; for the others as a reboot), hang detection scaled "
-            "back to the real timeout, the steady slowdown as measured:"
+            "back to the real timeout, the steady slowdown above:"
         )
         out.append(
             f"{'contender':<38}{'game':<13}" + "".join(f"{k:>11}" for k in KIND_SHORT.values())
@@ -649,13 +712,34 @@ def main() -> None:
     p.add_argument("--contenders", default=None, help="default abcd (--quick: ac)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--render", type=Path, default=None, help="print a result file's tables")
+    p.add_argument(
+        "--steady-s",
+        type=float,
+        default=None,
+        help="each fault-free window at the real interval (default 150; --quick: 0)",
+    )
+    p.add_argument("--steady-repeats", type=int, default=2)
+    p.add_argument(
+        "--add-steady",
+        type=Path,
+        default=None,
+        help="run only the steady windows and add them to this result file",
+    )
     args = p.parse_args()
-    if args.render is not None:
-        saved = json.loads(args.render.read_text())
+    steady_s = args.steady_s if args.steady_s is not None else (0.0 if args.quick else 150.0)
+    if (path := args.render or args.add_steady) is not None:
+        saved = json.loads(path.read_text())
         names = {f.name for f in dataclasses.fields(Settings)}
         settings = Settings(**{k: v for k, v in saved["settings"].items() if k in names})
+        if args.add_steady is not None:
+            print(host_line(), flush=True)
+            if saved.get("host", {}).get("cpu_model") != host_facts().get("cpu_model"):
+                sys.exit(f"{path}: measured on another CPU; steady windows compare within one")
+            keys = set(args.contenders or "ab")
+            saved["steady"] = run_steady(settings, keys, steady_s or 150.0, args.steady_repeats)
+            saved["steady_added"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         reextrapolate(saved, settings)
-        args.render.write_text(json.dumps(saved, indent=1) + "\n")
+        path.write_text(json.dumps(saved, indent=1) + "\n")
         print(render(saved, settings))
         return
     if args.quick:
@@ -664,7 +748,11 @@ def main() -> None:
         s = Settings(args.seed, args.fault_every_s or 30, args.faults or 4, 15, 15, 5, 30, 15)
     t0 = time.monotonic()
     print(host_line(), flush=True)
-    doc = run_all(s, set(args.contenders or ("ac" if args.quick else "abcd")))
+    only = set(args.contenders or ("ac" if args.quick else "abcd"))
+    doc = run_all(s, only)
+    if steady_s > 0:
+        doc["steady"] = run_steady(s, only, steady_s, args.steady_repeats)
+    reextrapolate(doc, s)
     minutes = (time.monotonic() - t0) / 60
     print(render(doc, s))
     print(f"{minutes:.1f} min in all")

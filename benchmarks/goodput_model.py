@@ -193,6 +193,45 @@ def split_slowdown(
     return max(0.0, 1.0 - mine / theirs)
 
 
+def steady_window(
+    trace: list[Sample], base: list[Sample], settle_s: float
+) -> dict[str, float] | None:
+    """A fault-free run beside its baseline, both from the later first step + `settle_s` to
+    the earlier last sample: how much slower the contender trained (negative: faster; the
+    noise of two services sharing the cores), with both speeds and the window's length.
+    None when the window is too short to say."""
+    if len(trace) < 2 or len(base) < 2:
+        return None
+    t0 = max(trace[0].t, base[0].t) + settle_s
+    t1 = min(trace[-1].t, base[-1].t)
+    if t1 - t0 < 5.0:
+        return None
+    if len({x.pid for x in trace}) > 1 or len({x.pid for x in base}) > 1:
+        return None  # not fault-free: a restart inside the window
+    mine = (steps_at(trace, t1) - steps_at(trace, t0)) / (t1 - t0)
+    theirs = (steps_at(base, t1) - steps_at(base, t0)) / (t1 - t0)
+    if mine <= 0 or theirs <= 0:
+        return None
+    return {"slowdown": round(1.0 - mine / theirs, 4), "sps": round(mine, 1),
+            "baseline_sps": round(theirs, 1), "window_s": round(t1 - t0, 1)}  # fmt: skip
+
+
+def steady_at_real_interval(
+    windows: list[dict[str, float]], compressed: float, compressed_interval_s: float,
+    real_interval_s: float,
+) -> tuple[float, str]:  # fmt: skip
+    """The steady slowdown to extrapolate with, and where it came from: the mean of the
+    fault-free windows measured at the real interval when there are any (negative ones count
+    as measured: they are the noise, and dropping them would bias the mean up; the mean is
+    floored at 0); else the compressed run's, scaled by the checkpoint rate (an overhead that
+    is all checkpointing, as the glue's is: its script and a bash loop beside it)."""
+    if windows:
+        mean = sum(w["slowdown"] for w in windows) / len(windows)
+        return max(0.0, mean), f"measured at the real interval ({len(windows)} windows)"
+    scaled = max(0.0, compressed) * compressed_interval_s / real_interval_s
+    return scaled, "the compressed run's, scaled by the checkpoint rate"
+
+
 def share_residual(losses: list[FaultLoss], residual_s: float) -> None:
     """`residual_s` seconds of training lost beyond the faults' own losses and the steady
     slowdown, shared equally among the recovered faults as after_s."""

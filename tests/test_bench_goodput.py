@@ -166,6 +166,30 @@ def test_the_slowdown_splits_into_what_time_costs_and_what_faults_cost(gm: Modul
     assert "after_s" in losses[0].as_dict() and losses[0].lost_s == 3.0  # not read off a trace
 
 
+def test_the_steady_cost_is_measured_at_the_real_interval_or_scaled_by_the_rate(
+    gm: ModuleType,
+) -> None:
+    """The compressed run checkpoints 15x as often as the real interval: its steady slowdown is
+    an upper bound. A fault-free window at the real interval beside a baseline measures it;
+    without one, an overhead that is all checkpointing scales with their rate."""
+    base = trace(gm, [(1.0, 9, 0, 0.0), (31.0, 9, 3000, 0.0), (61.0, 9, 6000, 0.0)])
+    mine = trace(gm, [(2.0, 1, 0, 0.5), (32.0, 1, 2970, 0.5), (60.0, 1, 5742, 0.5)])
+    w = gm.steady_window(mine, base, settle_s=20.0)
+    assert w is not None and w["window_s"] == pytest.approx(38.0)  # from 2 + 20 s to 60 s
+    assert w["slowdown"] == pytest.approx(0.01, abs=1e-3)
+    assert w["sps"] == pytest.approx(99.0, abs=0.1) and w["baseline_sps"] == 100.0
+    assert gm.steady_window(mine, base, settle_s=55.0) is None  # too short a window to say
+    assert gm.steady_window(mine[:1], base, settle_s=0.0) is None
+    # the windows' mean, noise below zero kept in it (then floored at 0) ...
+    windows = [{"slowdown": 0.02}, {"slowdown": -0.01}]
+    got, source = gm.steady_at_real_interval(windows, 0.09, 1.0, 15.0)
+    assert got == pytest.approx(0.005) and "measured" in source
+    assert gm.steady_at_real_interval([{"slowdown": -0.03}], 0.09, 1.0, 15.0)[0] == 0.0
+    # ... else the compressed run's, scaled by the checkpoint rate
+    got, source = gm.steady_at_real_interval([], 0.09, 1.0, 15.0)
+    assert got == pytest.approx(0.006) and "scaled" in source
+
+
 GLUE_LOG = """\
 resume step=0 pid=41 refill=0 replay=empty
 progress step=1 pid=41 t=100.000
