@@ -537,11 +537,22 @@ def run_steady(s: Settings, only: set[str], seconds: float, repeats: int) -> lis
                 for g in c.games:
                     b = next((x for x in base.games if x.name == g.name), base.games[0])
                     w = gm.steady_window(g.trace, b.trace, STEADY_SETTLE_S)
-                    if w is not None:
-                        out.append({"contender": key, "game": g.name, "repeat": rep, **w})
-                        print(f"  steady ({key}) {g.name} #{rep + 1}: {100 * w['slowdown']:+.1f}%"
-                              f" ({w['sps']:.0f} vs {w['baseline_sps']:.0f} steps/s over "
-                              f"{w['window_s']:.0f} s)", flush=True)  # fmt: skip
+                    if w is None:
+                        continue
+                    row: dict[str, Any] = {"contender": key, "game": g.name, "repeat": rep, **w}
+                    if key == "a":  # the built-in worker logs each checkpoint's pause and CPU
+                        with contextlib.suppress(OSError):
+                            log = (c.root / "state" / "logs" / f"{g.name}.log").read_text()
+                            if (cost := gm.checkpoint_cost(log)) is not None:
+                                row["checkpoint_share"] = cost.pop("share")
+                                row["checkpoint_cost"] = cost
+                    out.append(row)
+                    share = row.get("checkpoint_share")
+                    print(f"  steady ({key}) {g.name} #{rep + 1}: {100 * w['slowdown']:+.1f}%"
+                          f" ({w['sps']:.0f} vs {w['baseline_sps']:.0f} steps/s over "
+                          f"{w['window_s']:.0f} s)" + ("" if share is None else
+                          f"; its checkpoints' pause + writer CPU: {100 * share:.2f}%"),
+                          flush=True)  # fmt: skip
     return out
 
 
@@ -671,9 +682,14 @@ def render(doc: dict[str, Any], s: Settings) -> str:
             "without checkpoints (negative: the noise of two services sharing 2 cores):"
         )
         for w in doc["steady"]:
+            cost = w.get("checkpoint_cost")
             out.append(f"  ({w['contender']}) {w['game']:<12} #{w['repeat'] + 1}: "
                        f"{100 * w['slowdown']:+.1f}% ({w['sps']:.0f} vs {w['baseline_sps']:.0f} "
-                       f"steps/s over {w['window_s']:.0f} s)")  # fmt: skip
+                       f"steps/s over {w['window_s']:.0f} s)" + ("" if cost is None else
+                       f"; {cost['n']} checkpoints every {cost['interval_s']:.1f} s, pause + "
+                       f"writer CPU {cost['cost_ms_mean']:.0f} ms each (at most "
+                       f"{cost['cost_ms_max']:.0f}): {100 * w['checkpoint_share']:.2f}%")
+                       )  # fmt: skip
     out.append("steady slowdown the extrapolation takes: " + "; ".join(
         f"({r['contender']}) {r['game']} {100 * r['steady_extrapolated']['slowdown']:.2f}% "
         f"({r['steady_extrapolated']['source']})" for r in doc["rows"]
@@ -736,7 +752,9 @@ def main() -> None:
             if saved.get("host", {}).get("cpu_model") != host_facts().get("cpu_model"):
                 sys.exit(f"{path}: measured on another CPU; steady windows compare within one")
             keys = set(args.contenders or "ab")
-            saved["steady"] = run_steady(settings, keys, steady_s or 150.0, args.steady_repeats)
+            kept = [w for w in saved.get("steady") or [] if w["contender"] not in keys]
+            got = run_steady(settings, keys, steady_s or 150.0, args.steady_repeats)
+            saved["steady"] = kept + got
             saved["steady_added"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         reextrapolate(saved, settings)
         path.write_text(json.dumps(saved, indent=1) + "\n")

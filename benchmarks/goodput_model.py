@@ -13,7 +13,9 @@ notice's deadline), which process it hit and the newest checkpoint step on disk 
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
+import json
 import math
 import random
 import re
@@ -216,15 +218,52 @@ def steady_window(
             "baseline_sps": round(theirs, 1), "window_s": round(t1 - t0, 1)}  # fmt: skip
 
 
+def checkpoint_cost(log_text: str) -> dict[str, float] | None:
+    """What a built-in worker's checkpoints took from training, from its own log's `checkpoint`
+    lines (JSON): the pause of the loop plus the writer thread's CPU time (on a host whose cores
+    all train, CPU the writer takes is CPU training lacks), per checkpoint, over the mean time
+    between two: the share of training time they cost. None with fewer than two."""
+    rows: list[tuple[float, float]] = []
+    for line in log_text.splitlines():
+        if '"checkpoint"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+            if rec.get("event") != "checkpoint":
+                continue
+            when = dt.datetime.fromisoformat(str(rec["timestamp"]).replace("Z", "+00:00"))
+            cost = float(rec["pause_s"]) + float(rec.get("cpu_s", 0.0))
+        except (ValueError, KeyError, TypeError):
+            continue
+        rows.append((when.timestamp(), cost))
+    if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
+        return None
+    interval = (rows[-1][0] - rows[0][0]) / (len(rows) - 1)
+    costs = [c for _, c in rows]
+    mean = sum(costs) / len(costs)
+    return {"n": len(rows), "cost_ms_mean": round(1000 * mean, 2),
+            "cost_ms_max": round(1000 * max(costs), 2), "interval_s": round(interval, 2),
+            "share": round(mean / interval, 5)}  # fmt: skip
+
+
 def steady_at_real_interval(
     windows: list[dict[str, float]], compressed: float, compressed_interval_s: float,
     real_interval_s: float,
 ) -> tuple[float, str]:  # fmt: skip
-    """The steady slowdown to extrapolate with, and where it came from: the mean of the
-    fault-free windows measured at the real interval when there are any (negative ones count
-    as measured: they are the noise, and dropping them would bias the mean up; the mean is
-    floored at 0); else the compressed run's, scaled by the checkpoint rate (an overhead that
-    is all checkpointing, as the glue's is: its script and a bash loop beside it)."""
+    """The steady slowdown to extrapolate with, and where it came from. Best: what the
+    checkpoints cost by the worker's own account at the real interval (`checkpoint_share` in
+    the windows: pause + the writer's CPU, over the interval), the one difference between a
+    contender and its baseline without checkpoints, measured to a fraction of a percent where
+    two services side by side on 2 cores differ by up to 10 % from window to window. Else the
+    mean of the fault-free windows (negative ones count: they are the noise, and dropping them
+    would bias the mean up; floored at 0). Else the compressed run's, scaled by the checkpoint
+    rate (an overhead that is all checkpointing, as the glue's is)."""
+    shares = [w["checkpoint_share"] for w in windows if w.get("checkpoint_share") is not None]
+    if shares:
+        return sum(shares) / len(shares), (
+            f"checkpoint pause + writer CPU over the interval, by the worker's log "
+            f"({len(shares)} windows at the real interval)"
+        )
     if windows:
         mean = sum(w["slowdown"] for w in windows) / len(windows)
         return max(0.0, mean), f"measured at the real interval ({len(windows)} windows)"

@@ -190,6 +190,31 @@ def test_the_steady_cost_is_measured_at_the_real_interval_or_scaled_by_the_rate(
     assert got == pytest.approx(0.006) and "scaled" in source
 
 
+WORKER_LOG = """\
+{"event": "worker_start", "timestamp": "2026-11-29T07:00:00Z"}
+{"pause_s": 0.002, "cpu_s": 0.018, "event": "checkpoint", "timestamp": "2026-11-29T07:00:01Z"}
+{"pause_s": 0.004, "cpu_s": 0.026, "event": "checkpoint", "timestamp": "2026-11-29T07:00:16Z"}
+{"step": 300, "pause_s": 0.003, "event": "checkpoint", "timestamp": "2026-11-29T07:00:31Z"}
+{"step": 300, "event": "checkpoint_failed", "timestamp": "2026-11-29T07:00:40Z"}
+{"step": 400, "pause_s": 0.00
+"""
+
+
+def test_what_checkpoints_cost_is_read_off_the_workers_own_log(gm: ModuleType) -> None:
+    """Pause + writer CPU per checkpoint over the time between two: three checkpoints 15 s
+    apart (the cut last line and the failure are not checkpoints; an older log without cpu_s
+    counts the pause alone)."""
+    cost = gm.checkpoint_cost(WORKER_LOG)
+    assert cost is not None and cost["n"] == 3 and cost["interval_s"] == 15.0
+    assert cost["cost_ms_mean"] == pytest.approx((20 + 30 + 3) / 3, abs=0.01)
+    assert cost["cost_ms_max"] == 30.0
+    assert cost["share"] == pytest.approx(0.053 / 3 / 15, abs=1e-5)
+    assert gm.checkpoint_cost(WORKER_LOG.splitlines()[1]) is None  # one: no interval
+    windows = [{"slowdown": -0.1, "checkpoint_share": 0.002}, {"slowdown": 0.05}]
+    got, source = gm.steady_at_real_interval(windows, 0.09, 1.0, 15.0)
+    assert got == pytest.approx(0.002) and "writer CPU" in source
+
+
 GLUE_LOG = """\
 resume step=0 pid=41 refill=0 replay=empty
 progress step=1 pid=41 t=100.000

@@ -59,6 +59,10 @@ class CheckpointResult:
     captured_at: float = 0.0  # when the state was captured (Unix seconds)
     # Why this checkpoint was taken synchronously instead of in the background (memory).
     sync_fallback: str | None = None
+    # CPU seconds the write took on its own thread (serialise, hash, compare, write, fsync):
+    # on a host whose cores are all training, what the checkpoint takes from training besides
+    # the pause (on the synchronous path it is part of the pause).
+    cpu_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,6 +351,7 @@ class Checkpointer:
     def _write(
         self, cap: Capture, pause_s: float | None, sync_fallback: str | None = None
     ) -> CheckpointResult:
+        cpu0 = time.thread_time()
         meta = checkpoint_meta(self.cfg)
         if self.cfg.epoch:
             meta["epoch"] = self.cfg.epoch  # which placement wrote it (several hosts)
@@ -385,6 +390,7 @@ class Checkpointer:
         finally:
             if cap.replay_snapshot is not None:
                 cap.replay_snapshot.release()  # idempotent; stops copy-on-write
+        result = dataclasses.replace(result, cpu_s=time.thread_time() - cpu0)
         if sync_fallback is not None:
             result = dataclasses.replace(result, sync_fallback=sync_fallback)
         self.last_result = result

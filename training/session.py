@@ -484,6 +484,7 @@ class TrainingSession:
             "step": result.step,
             "pause_s": round(result.pause_s, 4),
             "seconds": round(result.seconds, 3),
+            "cpu_s": round(result.cpu_s, 4),
             "bytes_written": result.bytes_written,
             "bytes_linked": result.bytes_linked,
         }

@@ -223,6 +223,9 @@ def test_a_capture_that_would_not_fit_in_memory_is_taken_synchronously_with_an_e
         ck.wait()
         assert results[-1].ok and results[-1].sync_fallback is None
         assert results[-1].pause_s < results[-1].seconds
+        # What the write took from the cores besides the pause: its own thread's CPU time.
+        assert 0 < results[-1].cpu_s <= results[-1].seconds
+        assert 0 < result.cpu_s <= result.seconds
     finally:
         learner.close()
 
