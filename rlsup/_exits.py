@@ -9,6 +9,7 @@ the supervisor takes an error.json signed by its worker's session as the game's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
@@ -20,13 +21,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
-from rlsup._errors import say
+from rlsup._errors import NoValidCheckpoint, say
 from training import protocol as P
-from training.protocol import Phase
+from training.protocol import ExitCode, Phase
 
 if TYPE_CHECKING:
     from rlsup._run import Run
 
+NO_VALID = "no_valid_checkpoint"  # training.errors.NoValidCheckpointError.kind
 UNREADABLE = "checkpoint_unreadable"  # training.errors.CheckpointUnreadableError.kind
 UNREADABLE_EXIT = 1  # what the worker exits with for it (a failure: backoff, then again)
 # Read errors that say the disk (or the mount) failed, not that the file is bad.
@@ -76,14 +78,24 @@ def unreadable(run: Run, what: str, exc: BaseException) -> NoReturn:
 
 
 def install_excepthook(run: Run) -> Callable[[], None]:
-    """The script's own reads of its checkpoint (`torch.load(ckpt / "model.pt")`) go around
-    the store: an OSError it lets escape, about a file under the checkpoints and of the kind a
-    failing disk raises, is checkpoint_unreadable too (the traceback is printed as before).
+    """What the script lets escape, told to the supervisor as the worker would tell it (the
+    traceback is printed as before):
+    - `NoValidCheckpoint` (checkpoints exist, none verifies): error.json kind
+      no_valid_checkpoint and exit 78, FATAL at once as for the worker: no restart can help,
+      and none may start from zero. A script that catches it decides for itself.
+    - an OSError of the kind a failing disk raises, about a file under the checkpoints (its
+      own reads go around the store: `torch.load(ckpt / "model.pt")`): checkpoint_unreadable.
     Returns what takes the hook out again (`Run.close()`)."""
     previous = sys.excepthook
     root = os.path.abspath(run.store.root) + os.sep
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, NoValidCheckpoint):
+            text = "".join(traceback.format_exception(kind, exc, tb))
+            message = f"{exc}; refusing to start from zero (exit 78: a restart cannot help)"
+            write_error(run.run_dir, NO_VALID, message, int(ExitCode.CONFIG), None, text)
+            previous(kind, exc, tb)
+            _exit_now(int(ExitCode.CONFIG))
         filename = getattr(exc, "filename", None)
         if (
             isinstance(exc, OSError)
@@ -103,3 +115,15 @@ def install_excepthook(run: Run) -> Callable[[], None]:
 
     sys.excepthook = hook
     return uninstall
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit `code` from an excepthook, where raising SystemExit is too late (the interpreter
+    exits 1 after the hook): the atexit handlers first (the script's own, and Run.close's last
+    heartbeat), as a normal exit would run them."""
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

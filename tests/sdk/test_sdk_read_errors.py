@@ -48,6 +48,18 @@ def _listing(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / P.CHECKPOINT_DIR).iterdir())
 
 
+def _script(tmp: Path, body: str, run_dir: Path, arg: str) -> subprocess.CompletedProcess[str]:
+    """`body` as a script of its own, run outside rlsup: `python train.py RUN_DIR ARG`."""
+    script = tmp / "train.py"
+    script.write_text(textwrap.dedent(body))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLSUP_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, str(script), str(run_dir), arg],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+
+
 def _error(run_dir: Path) -> dict[str, object]:
     data: dict[str, object] = json.loads((run_dir / P.ERROR_FILE).read_text())
     return data
@@ -134,14 +146,7 @@ def test_the_scripts_own_uncaught_read_error_in_a_checkpoint_is_checkpoint_unrea
     one about any other file stays the crash it is (no error.json of the SDK's)."""
     run_dir = tmp_path / "run"
     _commit_two(run_dir)
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(OWN_READ))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLSUP_")}
-    env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run(
-        [sys.executable, str(script), str(run_dir), where],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
+    out = _script(tmp_path, OWN_READ, run_dir, where)
     assert out.returncode == 1, out.stderr
     assert "OSError: [Errno 5] Input/output error" in out.stderr, "the traceback is still shown"
     if where == "elsewhere":
@@ -151,3 +156,43 @@ def test_the_scripts_own_uncaught_read_error_in_a_checkpoint_is_checkpoint_unrea
     assert error["kind"] == "checkpoint_unreadable", error
     assert error["sid"] == os.getsid(0) and error["pid"] != os.getpid()
     assert "ckpt-" in str(error["message"]) and "state" in str(error["message"])
+
+
+NONE_VERIFIES = """
+    import sys
+    import rlsup
+
+    run = rlsup.attach(sys.argv[1], handle_signals=False)
+    try:
+        run.latest()
+    except rlsup.NoValidCheckpoint:
+        if sys.argv[2] == "caught":
+            print("the script decides", flush=True)
+            sys.exit(0)
+        raise
+"""
+
+
+@pytest.mark.parametrize("handled", ["uncaught", "caught"])
+def test_no_valid_checkpoint_left_uncaught_exits_78_as_the_worker_does(
+    tmp_path: Path, handled: str
+) -> None:
+    """Checkpoints exist and none verifies: rlsup's worker exits 78 (FATAL at once: no restart
+    can help, and none may start from zero). The SDK raises NoValidCheckpoint for the script to
+    handle; left uncaught it is the same exit 78 with error.json kind no_valid_checkpoint, not a
+    crash the supervisor would restart until its budget is spent."""
+    run_dir = tmp_path / "run"
+    _commit_two(run_dir)
+    for state in (run_dir / P.CHECKPOINT_DIR).glob("ckpt-*/state"):
+        state.write_text("rot")
+    out = _script(tmp_path, NONE_VERIFIES, run_dir, handled)
+    if handled == "caught":
+        assert out.returncode == 0 and "the script decides" in out.stdout, out.stderr
+        assert not (run_dir / P.ERROR_FILE).exists()
+        return
+    assert out.returncode == P.ExitCode.CONFIG == 78, out.stderr
+    assert "NoValidCheckpoint: no checkpoint in" in out.stderr, "the traceback is still shown"
+    error = _error(run_dir)
+    assert error["kind"] == "no_valid_checkpoint" and error["exit_code"] == 78, error
+    assert "refusing to start from zero" in str(error["message"])
+    assert "ckpt-000000000200" in str(error["message"])

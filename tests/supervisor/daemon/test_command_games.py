@@ -467,3 +467,34 @@ def test_an_sdk_game_that_cannot_read_its_checkpoints_backs_off_and_resumes_the_
     unreadable = [d for d in exits if (d.get("error") or {}).get("kind") == "checkpoint_unreadable"]
     assert unreadable and all(d["returncode"] == 1 for d in unreadable), exits
     assert not [e for e in events(state, "fatal", "mine")]
+
+
+def test_an_sdk_game_whose_checkpoints_all_fail_to_verify_is_fatal_at_once(tmp_path: Path) -> None:
+    """Checkpoints exist and none verifies: the SDK script that lets NoValidCheckpoint escape
+    exits 78 as rlsup's worker does, so the game is FATAL at once naming why (no restarts
+    until the budget is spent: each would find the same), with its checkpoint_corrupt event;
+    nothing starts from zero."""
+    script = write(tmp_path, "train.py", SDK_LOOP)
+    config = tmp_path / "rlsup.toml"
+    config.write_text(HEAD.replace("budget = 3", "budget = 50") + command_game("mine", script))
+    state, env = tmp_path / "state", env_for(tmp_path)
+    sup = start_supervisor(config, env)
+    try:
+        wait_for(lambda: committed_step(state, "mine") > 0, 30, "a first checkpoint")
+    finally:
+        stop_supervisor(sup)
+    for step_file in (state / "runs" / "mine" / "checkpoints").glob("ckpt-*/step"):
+        step_file.write_text("rot")
+    sup = start_supervisor(config, env)
+    try:
+        wait_for(lambda: events(state, "fatal", "mine"), 60, "the game FATAL")
+    finally:
+        stop_supervisor(sup)
+    (fatal,) = events(state, "fatal", "mine")
+    assert "none verif" in fatal["detail"]["reason"] or "verified" in fatal["detail"]["reason"]
+    assert "refusing to start from zero" in fatal["detail"]["reason"], fatal
+    assert events(state, "checkpoint_corrupt", "mine")
+    last = events(state, "worker_exit", "mine")[-1]["detail"]
+    assert last["returncode"] == P.ExitCode.CONFIG, last
+    starts = events(state, "worker_start", "mine")
+    assert len(starts) == 2, "one start before the rot, one after it: no restart loop"
