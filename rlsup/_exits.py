@@ -1,6 +1,7 @@
 """The SDK's last words: an exit the supervisor must read as more than a crash (a fenced
-placement, a checkpoint it cannot read) leaves error.json in the run directory, as rlsup's own
-workers do (training/entry.py), then exits with the worker's code for it.
+placement, a checkpoint it cannot read, checkpoints of which none verifies) leaves error.json in
+the run directory, as rlsup's own workers do (training/entry.py), then exits with the worker's
+code for it.
 
 error.json carries `pid` and `sid` (the session): behind a wrapper (`sh -c`, `uv run`) the
 script is not the process the supervisor started, but it is in that process's session, and

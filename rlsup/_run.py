@@ -177,7 +177,7 @@ class Run:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
         if heartbeat_at_once:
             self._start_heartbeat()
-        self._unhook = _exits.install_excepthook(self)  # its own reads of a failing disk
+        self._unhook = _exits.install_excepthook(self)  # what it lets escape, told as a worker
         atexit.register(self.close)  # a script that just returns still publishes its last step
 
     # ---- L1: heartbeats ---------------------------------------------------------------------
