@@ -1,7 +1,7 @@
 """The SDK's last words: an exit the supervisor must read as more than a crash (a fenced
-placement, a checkpoint it cannot read, checkpoints of which none verifies) leaves error.json in
-the run directory, as rlsup's own workers do (training/entry.py), then exits with the worker's
-code for it.
+placement, a checkpoint it cannot read, checkpoints of which none verifies, running out of
+memory) leaves error.json in the run directory, as rlsup's own workers do (training/entry.py),
+then exits with the worker's code for it.
 
 error.json carries `pid` and `sid` (the session): behind a wrapper (`sh -c`, `uv run`) the
 script is not the process the supervisor started, but it is in that process's session, and
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from rlsup._errors import NoValidCheckpoint, say
 from training import protocol as P
+from training.oom import oom_kind
 from training.protocol import ExitCode, Phase
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ def install_excepthook(run: Run) -> Callable[[], None]:
     - `NoValidCheckpoint` (checkpoints exist, none verifies): error.json kind
       no_valid_checkpoint and exit 78, FATAL at once as for the worker: no restart can help,
       and none may start from zero. A script that catches it decides for itself.
+    - running out of memory (MemoryError, torch's OutOfMemoryError, an allocator's text:
+      training.oom): error.json kind cuda_oom / host_oom and exit 76, so the stability policy
+      scales the game down (`run.knobs`) instead of counting a crash.
     - an OSError of the kind a failing disk raises, about a file under the checkpoints (its
       own reads go around the store: `torch.load(ckpt / "model.pt")`): checkpoint_unreadable.
     Returns what takes the hook out again (`Run.close()`)."""
@@ -97,6 +101,13 @@ def install_excepthook(run: Run) -> Callable[[], None]:
             write_error(run.run_dir, NO_VALID, message, int(ExitCode.CONFIG), None, text)
             previous(kind, exc, tb)
             _exit_now(int(ExitCode.CONFIG))
+        if (oom := oom_kind(exc)) is not None:
+            text = "".join(traceback.format_exception(kind, exc, tb))
+            where = "CUDA" if oom == "cuda_oom" else "host"
+            message = f"{where} out of memory: {type(exc).__name__}: {exc}"
+            write_error(run.run_dir, oom, message, int(ExitCode.OOM), None, text)
+            previous(kind, exc, tb)
+            _exit_now(int(ExitCode.OOM))
         filename = getattr(exc, "filename", None)
         if (
             isinstance(exc, OSError)

@@ -13,24 +13,14 @@ import torch
 
 from training import torchbuild
 from training.args import ConfigError
-
-_OOM_TEXTS = (
-    "CUDA out of memory",  # the caching allocator (torch.cuda.OutOfMemoryError's text)
-    # The driver or a CUDA library, not torch's allocator: a context, cuBLAS's workspace or a
-    # cuDNN plan that finds the GPU full (another process holds it) fails with these.
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "DefaultCPUAllocator: can't allocate memory",
-    "DefaultCPUAllocator: not enough memory",
-)
+from training.oom import OOM_TEXTS
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA or host out of memory, however torch or numpy spells it (exit 76, not a crash)."""
     if isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _OOM_TEXTS)
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in OOM_TEXTS)
 
 
 def torch_build(driver: str | None) -> dict[str, Any]:

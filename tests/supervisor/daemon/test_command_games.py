@@ -498,3 +498,50 @@ def test_an_sdk_game_whose_checkpoints_all_fail_to_verify_is_fatal_at_once(tmp_p
     assert last["returncode"] == P.ExitCode.CONFIG, last
     starts = events(state, "worker_start", "mine")
     assert len(starts) == 2, "one start before the rot, one after it: no restart loop"
+
+
+OOM_WHEN_HEAVY = """
+    import time, rlsup
+    run = rlsup.attach()
+    if run.knobs["num_envs"] > 3:
+        # The first optimizer step at the heavy mode's size, on a GPU another process fills.
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    step = 0
+    while not run.should_stop():
+        step += 10
+        time.sleep(0.01)
+        run.heartbeat(step)
+"""
+
+
+def test_an_sdk_game_out_of_memory_is_stepped_down_and_restarted_smaller(tmp_path: Path) -> None:
+    """The seeds' first failure, in the user's own script: CUDA OOM at the first optimizer
+    step. Uncaught, the SDK makes it exit 76 (as rlsup's worker does), so the stability policy
+    steps the game down before its restart, and the script comes back with the lighter mode's
+    knobs and trains, instead of crashing at the same size until the budget is spent."""
+    script = write(tmp_path, "train.py", OOM_WHEN_HEAVY)
+    heavy = "[modes.heavy]\nnum_envs = 6\nbatch_size = 32\nn_steps = 8\nmax_concurrent = 8\n"
+    config = tmp_path / "rlsup.toml"
+    config.write_text(
+        'initial_mode = "heavy"\n' + HEAD + heavy + "[stability]\ncalm_s = 3600\n"
+        + command_game("mine", script, heartbeat=True, knobs=["num_envs"])
+    )  # fmt: skip
+    state, env = tmp_path / "state", env_for(tmp_path)
+    sup = start_supervisor(config, env)
+    try:
+        wait_for(
+            lambda: (h := P.read_heartbeat(state / "runs" / "mine")) and h.global_step > 0,
+            60,
+            "the script training after its restart",
+        )
+    finally:
+        stop_supervisor(sup)
+    [oom] = events(state, "worker_oom", "mine")
+    assert oom["detail"]["returncode"] == P.ExitCode.OOM, oom
+    assert oom["detail"]["error_kind"] == "cuda_oom", oom
+    assert "CUDA out of memory" in oom["detail"]["message"], oom
+    [down] = events(state, "scale_down", "mine")
+    assert (down["detail"]["from"], down["detail"]["to"]) == ("heavy", "light"), down
+    assert [e["detail"]["mode"] for e in events(state, "worker_start", "mine")][:1] == ["heavy"]
+    assert [e["detail"]["mode"] for e in events(state, "restart", "mine")] == ["light"]
+    assert not events(state, "worker_crash", "mine")

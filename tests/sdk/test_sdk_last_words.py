@@ -1,8 +1,10 @@
-"""A checkpoint the SDK cannot read (EIO, EACCES: a failing disk, a lost NFS mount) is no crash
-of the script and no damage: the script exits 1 with error.json kind `checkpoint_unreadable`
-(what rlsup's own workers write), so that the supervisor records the event and backs off, and
-nothing in the store is moved; once reads work the newest checkpoint is resumed. Real files,
-the store's read seam (checkpoints/_faults.py), and a real process for the script's own reads."""
+"""The SDK's last words: what the built-in worker tells the supervisor with error.json and its
+exit code, the user's script tells it too, so that the supervisor does with it what it does for
+its own workers. A checkpoint the disk cannot read (EIO, EACCES) is exit 1 kind
+`checkpoint_unreadable`: backed off, nothing moved, the newest resumed once reads work.
+Checkpoints of which none verifies, left uncaught, are exit 78 (FATAL at once). Running out of
+memory, left uncaught, is exit 76 (stepped down). Real files, the store's read seam
+(checkpoints/_faults.py), and real processes for what a script lets escape."""
 
 from __future__ import annotations
 
@@ -196,3 +198,38 @@ def test_no_valid_checkpoint_left_uncaught_exits_78_as_the_worker_does(
     assert error["kind"] == "no_valid_checkpoint" and error["exit_code"] == 78, error
     assert "refusing to start from zero" in str(error["message"])
     assert "ckpt-000000000200" in str(error["message"])
+
+
+OUT_OF_MEMORY = """
+    import sys
+    import rlsup
+
+    run = rlsup.attach(sys.argv[1], handle_signals=False)
+    run.latest()
+    if sys.argv[2] == "host":
+        raise MemoryError()
+    if sys.argv[2] == "cuda":  # what torch's allocator raises when the GPU is full
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    raise RuntimeError("loss is nan")
+"""
+
+
+@pytest.mark.parametrize(("which", "kind"), [("host", "host_oom"), ("cuda", "cuda_oom")])
+def test_running_out_of_memory_uncaught_exits_76_as_the_worker_does(
+    tmp_path: Path, which: str, kind: str
+) -> None:
+    """A CUDA OOM on the first optimizer step (a shared GPU) or a MemoryError in the user's own
+    script: exit 76 with error.json saying which, so the stability policy scales the game down
+    (`run.knobs` smaller at the restart) instead of restarting it at the same size as a crash.
+    Any other error stays a crash (exit 1, no error.json)."""
+    run_dir = tmp_path / "run"
+    _commit_two(run_dir)
+    out = _script(tmp_path, OUT_OF_MEMORY, run_dir, which)
+    assert out.returncode == P.ExitCode.OOM == 76, out.stderr
+    error = _error(run_dir)
+    assert error["kind"] == kind and error["exit_code"] == 76, error
+    assert "out of memory" in str(error["message"]) and "Traceback" in str(error["traceback"])
+    (run_dir / P.ERROR_FILE).unlink()
+    crash = _script(tmp_path, OUT_OF_MEMORY, run_dir, "bug")
+    assert crash.returncode == 1 and "loss is nan" in crash.stderr
+    assert not (run_dir / P.ERROR_FILE).exists()
