@@ -89,7 +89,8 @@ def install_excepthook(run: Run) -> Callable[[], None]:
       training.oom): error.json kind cuda_oom / host_oom and exit 76, so the stability policy
       scales the game down (`run.knobs`) instead of counting a crash.
     - an OSError of the kind a failing disk raises, about a file under the checkpoints (its
-      own reads go around the store: `torch.load(ckpt / "model.pt")`): checkpoint_unreadable.
+      own reads go around the store: `torch.load(ckpt / "m.pt", weights_only=True)`):
+      checkpoint_unreadable.
     Returns what takes the hook out again (`Run.close()`)."""
     previous = sys.excepthook
     root = os.path.abspath(run.store.root) + os.sep

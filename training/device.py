@@ -13,14 +13,13 @@ import torch
 
 from training import torchbuild
 from training.args import ConfigError
-from training.oom import OOM_TEXTS
+from training.oom import oom_kind
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA or host out of memory, however torch or numpy spells it (exit 76, not a crash)."""
-    if isinstance(exc, MemoryError | torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in OOM_TEXTS)
+    """CUDA or host out of memory, however torch or numpy spells it (exit 76, not a crash):
+    training.oom's test, which the SDK shares."""
+    return oom_kind(exc) is not None
 
 
 def torch_build(driver: str | None) -> dict[str, Any]:

@@ -100,6 +100,7 @@ class Soak(Injector, Analyst):
         self.sup: subprocess.Popen[bytes] | None = None
         self.sups: list[tuple[subprocess.Popen[bytes], bool]] = []  # (proc, killed by us)
         self.stopped_pids: set[int] = set()  # SIGSTOPped by the schedule
+        self.read_eio_count = 0
         self.faults: list[Fault] = []
         self.kinds: Mapping[str, FaultKind] = KINDS
         self.skipped: dict[str, str] = {}

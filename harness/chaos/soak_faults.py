@@ -151,6 +151,7 @@ class Injector:
     boot_n: int
     game_names: list[str]
     stopped_pids: set[int]
+    read_eio_count: int  # read_eio faults so far: the first strikes the user's script
     skipped: dict[str, str]
     tmpfs: Path | None
     state_tmpfs: Path | None
@@ -504,7 +505,7 @@ class Injector:
         nothing may be quarantined, and once reads work the newest checkpoint is resumed.
         The first such fault strikes the user's own script (the SDK's path, which a random
         pick once left untried while it lacked checkpoint_unreadable), the next ones any game."""
-        self.read_eio_count = getattr(self, "read_eio_count", 0) + 1
+        self.read_eio_count += 1
         first = self.read_eio_count == 1
         game = self.pick_game(need_ckpts=1, command=first) or (
             self.pick_game(need_ckpts=1) if first else None

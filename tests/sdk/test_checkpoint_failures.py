@@ -30,13 +30,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
-
-
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "disk"

@@ -43,13 +43,6 @@ MUJOCO_SCRIPT = EXAMPLES / "sb3_mujoco.py"
 NO_TIMER = {P.CHECKPOINT_EVERY_S_ENV: "3600"}  # checkpoints by steps only: deterministic
 
 
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(__import__("os").environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
-
-
 def test_import_rlsup_does_not_import_torch_or_sb3() -> None:
     code = (
         "import sys, rlsup; bad = [m for m in ('torch', 'stable_baselines3') if m in "

@@ -6,7 +6,6 @@ In process: no process is started."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,6 @@ import rlsup
 from rlsup.sb3 import RlsupCallback, RlsupEvalCallback, RlsupEvalReport
 from supervisor.lifecycle.liveness import Reported, new_reports
 from training import protocol as P
-
-
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
 
 
 def _ppo() -> PPO:

@@ -26,13 +26,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
-
-
 def _attach(path: Path, **kw: object) -> rlsup.Run:
     kw.setdefault("handle_signals", False)
     return rlsup.attach(path, **kw)  # type: ignore[arg-type]

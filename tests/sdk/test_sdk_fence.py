@@ -23,13 +23,6 @@ __all__ = ["weed"]
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
-
-
 def _placed(monkeypatch: pytest.MonkeyPatch, run_dir: Path, url: str, endpoint: str, epoch: int):
     monkeypatch.setenv(P.RUN_DIR_ENV, str(run_dir))
     monkeypatch.setenv(P.GAME_ENV, "g")

@@ -28,13 +28,6 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
-
-
 def _commit_two(run_dir: Path) -> None:
     run = rlsup.attach(run_dir, handle_signals=False)
     try:
@@ -134,7 +127,7 @@ OWN_READ = """
     run = rlsup.attach(sys.argv[1], handle_signals=False)
     ckpt = run.latest()
     where = ckpt / "state" if sys.argv[2] == "checkpoint" else sys.argv[1] + "/../elsewhere"
-    # What torch.load(ckpt / "model.pt") raises on a failing disk, uncaught.
+    # What torch.load(ckpt / "model.pt", weights_only=True) raises on a failing disk.
     raise OSError(errno.EIO, "Input/output error", str(where))
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,6 @@ import rlsup
 from training import protocol as P
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
 
 
 def test_preemption_deadline_comes_from_the_request_then_the_environment(

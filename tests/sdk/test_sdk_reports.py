@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -20,13 +19,6 @@ from rlsup._evaluation import RESERVED_METRICS
 from supervisor.lifecycle.liveness import Reported, new_reports
 from supervisor.observe.results import run_figures
 from training import protocol as P
-
-
-@pytest.fixture(autouse=True)
-def _outside_rlsup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("RLSUP_") and name != "RLSUP_TEST_RUN":
-            monkeypatch.delenv(name)
 
 
 def _attach(path: Path, **kw: object) -> rlsup.Run:
