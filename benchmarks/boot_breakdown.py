@@ -71,6 +71,8 @@ learner.restart_envs()
 learner.iterate()
 marks["first iteration done"] = time.monotonic() - t0
 learner.close()
+# The compiler: torch imports it lazily, and a worker that never compiles must not pay for it.
+print("DYNAMO " + json.dumps("torch._dynamo" in sys.modules), flush=True)
 print("MARKS " + json.dumps(marks), flush=True)
 """
 

@@ -118,6 +118,7 @@ def attach(
         lock_wait_s=lock_wait_s,
         params=_evaluation.params_from_env(params),
         keep_best=keep_best,
+        host_mtbf_s=_env_float(P.MTBF_ENV, 0.0) or None,  # unset: unknown, or not adaptive
     )
 
 

@@ -98,6 +98,7 @@ class Run:
         lock_wait_s: float = 10.0,
         params: dict[str, Any] | None = None,
         keep_best: int = 0,
+        host_mtbf_s: float | None = None,
     ) -> None:
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise SdkError(f"checkpoint_every_steps={checkpoint_every_steps}: must be >= 1")
@@ -147,7 +148,12 @@ class Run:
         self.last_save_stats: dict[str, Any] | None = None
         self._last_attempt_mono = time.monotonic()
         self._began_mono: float | None = None  # the open checkpoint block's start
-        self._interval_s = checkpoint_every_s  # paced by the last block's cost (_attempted)
+        # The host's MTBF (RLSUP_HOST_MTBF_S): the interval shortens by Young's rule, on an
+        # assumed cost until a block's is measured, then paced by that cost (_attempted).
+        self._host_mtbf_s = host_mtbf_s
+        self._interval_s = P.checkpoint_interval_s(
+            checkpoint_every_s, cost_s=P.ASSUMED_CHECKPOINT_COST_S, mtbf_s=host_mtbf_s
+        )
         self._last_failed = False
         self._writer: CheckpointWriter | None = None
         self._base_step: int | None = None
@@ -445,7 +451,9 @@ class Run:
         cost the script (it stalls it all: training.protocol.checkpoint_interval_s)."""
         self._last_attempt_mono = now = self._clock()
         cost = now - (self._began_mono or now)
-        self._interval_s = P.checkpoint_interval_s(self.checkpoint_every_s, cost, cost)
+        self._interval_s = P.checkpoint_interval_s(
+            self.checkpoint_every_s, cost, cost, cost_s=cost, mtbf_s=self._host_mtbf_s
+        )
         if self._hb is not None:
             self._hb.update(checkpoint_interval_s=round(self._interval_s, 3))
 

@@ -525,7 +525,9 @@ class Supervisor:
     def _launch(self, rt: GameRuntime, mode: ModeSpec, threads: int, now: float,
                 env: dict[str, str] | None) -> WorkerProcess:  # fmt: skip
         name, spec = rt.spec.name, self.on.sweeps.assign(rt.spec)  # a trial's values: drawn once
-        w = sp.prepare_worker(self.cfg, spec, mode, threads, env, db.starts(self.on.conn, name))
+        conn = self.on.conn
+        mtbf = db.mtbf_s(conn, time.time()) if self.cfg.adaptive_checkpoints else None
+        w = sp.prepare_worker(self.cfg, spec, mode, threads, env, db.starts(conn, name), mtbf)
         proc = self.launcher.spawn(w.argv, w.log, now, cwd=w.cwd, env=w.env, command=w.command)
         try:
             self.waker.watch(proc.pidfd, name)

@@ -85,6 +85,12 @@ class WorkerConfig:
     # training.protocol.DEFAULT_CHECKPOINT_EVERY_S (not imported: status loads this module)
     checkpoint_every_s: float = _f(15.0, "seconds between checkpoints")
     checkpoint_every_steps: int | None = _f(None, "also checkpoint every this many agent steps")
+    host_mtbf_s: float | None = _f(
+        None,
+        "the host's mean time between failures (the supervisor's ledger): the interval "
+        "shortens to Young's rule, sqrt(2 x a checkpoint's cost x MTBF), never below 2 s nor "
+        "above --checkpoint-every-s; none: --checkpoint-every-s",
+    )
     keep_checkpoints: int = _f(3, "committed checkpoints to keep (newest first)")
     keep_best: int = _f(
         0,
@@ -289,6 +295,7 @@ SUPERVISOR_FIELDS = frozenset(
         "mirror_region",
         "mirror_name",
         "epoch",
+        "host_mtbf_s",
     }
 )
 # Hyper-parameters a config file may pass through `args = {...}`: everything but the
@@ -404,6 +411,7 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "max_grad_norm": (0.0, math.inf, False),
     "clip_coef": (0.0, math.inf, False),
     "checkpoint_every_s": (0.0, math.inf, False),
+    "host_mtbf_s": (0.0, math.inf, False),
     "eval_budget_s": (0.0, math.inf, False),
     "learning_rate": (0.0, math.inf, False),
     "seed": (0, 2**63 - 1, True),

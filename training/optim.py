@@ -144,13 +144,50 @@ def never_interrupt() -> bool:
     return False
 
 
+def _eager(method: Any) -> Any:
+    """The function torch wrapped for torch.compile's sake (`functools.wraps` keeps it as
+    `__wrapped__`); the method itself where there is no such wrapper."""
+    return getattr(method, "__wrapped__", method)
+
+
+class EagerAdam(torch.optim.Adam):
+    """torch's Adam, without the import of its compiler on a cold start.
+
+    torch wraps `Optimizer.add_param_group`, `zero_grad`, `state_dict` and `load_state_dict`
+    in `torch._disable_dynamo`, and `Adam.step` in `_use_grad_for_differentiable`; each
+    imports `torch._dynamo` on its first call, so building any torch optimizer costs a worker
+    that never compiles anything about 0.95 s of its boot (benchmarks/boot_breakdown.py: 40 %
+    of kill -> first step). The wrappers only tell torch.compile not to trace into these
+    methods; run eagerly they are the functions they wrap. This class calls those functions
+    (`__wrapped__`, kept by `functools.wraps`), with `step` under `no_grad` as the wrapper sets
+    it (Adam is not `differentiable` here). Same arithmetic and the same state dict, bit for
+    bit (tests/training/test_eager_adam.py); if a torch release drops a wrapper, the method is
+    called as it is. A learner that compiles its step must use `torch.optim.Adam`."""
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _eager(torch.optim.Optimizer.add_param_group)(self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _eager(torch.optim.Optimizer.zero_grad)(self, set_to_none)
+
+    def state_dict(self) -> Any:
+        return _eager(torch.optim.Optimizer.state_dict)(self)
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        _eager(torch.optim.Optimizer.load_state_dict)(self, state_dict)
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        with torch.no_grad():
+            return _eager(torch.optim.Adam.step)(self, closure)
+
+
 def make_adam(params: Any, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
     """Adam with the fused kernel (one call updates every parameter). torch's default on a CPU
     is a Python loop over the parameters, several ops each: for DQN's batch-32 update on the
     Atari CNN that loop was about a quarter of the gradient step. Same arithmetic (fp32 moments,
     the same bias correction); the state dict is the same, so a checkpoint saved by either
-    loads into the other."""
-    return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    loads into the other. `EagerAdam`: no compiler import on a cold start."""
+    return EagerAdam(params, lr=lr, eps=eps, fused=True)
 
 
 def load_adam_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

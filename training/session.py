@@ -44,6 +44,7 @@ from training.metrics import (
 from training.mirroring import Mirror
 from training.progress import ProgressLog
 from training.protocol import (
+    ASSUMED_CHECKPOINT_COST_S,
     CHECKPOINT_DIR,
     EVAL_FILE,
     EVALS_KEPT,
@@ -202,7 +203,12 @@ class TrainingSession:
         learner.interrupt = requests.interrupt
         last_ckpt_t = time.monotonic()
         last_ckpt_step = learner.global_step
-        self.hb.update(checkpoint_interval_s=cfg.checkpoint_every_s)
+        first_interval = self._first_interval()
+        self.hb.update(checkpoint_interval_s=round(first_interval, 3))
+        if first_interval != cfg.checkpoint_every_s:  # the host fails often: said at start
+            self.log.info("checkpoint_interval_adapted", interval_s=round(first_interval, 3),
+                          host_mtbf_s=cfg.host_mtbf_s,
+                          checkpoint_every_s=cfg.checkpoint_every_s)  # fmt: skip
         last_progress_t = 0.0
         next_eval = _next_multiple(learner.global_step, cfg.eval_every_steps)
         longest_iter_s = 0.0
@@ -476,8 +482,28 @@ class TrainingSession:
         """Seconds between checkpoints: the configured interval, paced by the last one's cost."""
         last = checkpointer.last_result
         if last is None:
-            return self.cfg.checkpoint_every_s
-        return checkpoint_interval_s(self.cfg.checkpoint_every_s, last.pause_s, last.seconds)
+            return self._first_interval()
+        return self._interval_after(last)
+
+    def _first_interval(self) -> float:
+        """Before any checkpoint of this process has a measured cost: Young's rule on an
+        assumed one (checkpoint_every_s when the host's MTBF is unknown)."""
+        return checkpoint_interval_s(
+            self.cfg.checkpoint_every_s,
+            cost_s=ASSUMED_CHECKPOINT_COST_S,
+            mtbf_s=self.cfg.host_mtbf_s,
+        )
+
+    def _interval_after(self, result: CheckpointResult) -> float:
+        """The interval after `result`: checkpoint_every_s, shortened by Young's rule on a
+        failing host (what it cost training: the stall and the writer's CPU), then paced."""
+        return checkpoint_interval_s(
+            self.cfg.checkpoint_every_s,
+            result.pause_s,
+            result.seconds,
+            cost_s=result.pause_s + result.cpu_s,
+            mtbf_s=self.cfg.host_mtbf_s,
+        )
 
     def _on_checkpoint(self, result: CheckpointResult) -> None:
         fields = {
@@ -504,11 +530,13 @@ class TrainingSession:
                 checkpoint_sync_fallbacks=self.sync_fallbacks,
                 last_checkpoint_sync_fallback=result.sync_fallback,
             )
-        every = checkpoint_interval_s(self.cfg.checkpoint_every_s, result.pause_s, result.seconds)
+        every = self._interval_after(result)
         before = self.hb.current.checkpoint_interval_s or self.cfg.checkpoint_every_s
-        if every > self.cfg.checkpoint_every_s and not 0.8 < every / before < 1.25:
-            # Paced (or its pace changed by a quarter): said once, not at every checkpoint.
-            self.log.info("checkpoint_paced", interval_s=round(every, 3), **fields)
+        if every != self.cfg.checkpoint_every_s and not 0.8 < every / before < 1.25:
+            # Paced or shortened (or its pace changed by a quarter): said once, not at every
+            # checkpoint.
+            self.log.info("checkpoint_paced", interval_s=round(every, 3),
+                          host_mtbf_s=self.cfg.host_mtbf_s, **fields)  # fmt: skip
         self.hb.update(checkpoint_interval_s=round(every, 3))
         if result.ok:
             self.hb.update(last_checkpoint_step=result.step, last_checkpoint_time=time.time())

@@ -74,7 +74,7 @@ def warm_up(device: str, mirror: bool = False) -> str:
     import checkpoints  # noqa: F401
 
     # envs: envpool's task registry (the workers' families only) and native module
-    from training import dqn, envs, learner, logs, networks, ppo, replay, session  # noqa: F401
+    from training import dqn, envs, learner, logs, networks, optim, ppo, replay, session  # noqa: F401
 
     use_cuda = device != "cpu" and torch.cuda.is_available()
     dev = torch.device("cuda" if use_cuda else "cpu")
@@ -82,7 +82,7 @@ def warm_up(device: str, mirror: bool = False) -> str:
     # on constant tensors (no random number is drawn: the worker seeds its own later).
     weight = torch.zeros(16, 4, 8, 8, device=dev, requires_grad=True)
     head = torch.zeros(16, 2, device=dev, requires_grad=True)
-    opt = torch.optim.Adam([weight, head], lr=1e-3)
+    opt = optim.make_adam([weight, head], lr=1e-3)  # the workers' Adam, fused
     frames = torch.zeros(2, 4, 84, 84, device=dev)
     out = torch.nn.functional.conv2d(frames, weight, stride=4).mean(dim=(2, 3)) @ head
     out.sum().backward()

@@ -108,6 +108,7 @@ SET_FROM = {
     "mirror_region": "[mirror] region",
     "mirror_name": "[mirror]: the game's name",
     "epoch": "the placement on several hosts: its fencing epoch",
+    "host_mtbf_s": "the ledger's MTBF (adaptive_checkpoints = false: none)",
 }
 
 

@@ -154,6 +154,8 @@ class Config:
     gpu_cost_share: float = 0.0  # added key: the part of cost_per_hour that is the GPUs'
     preemption: PreemptionConfig = PreemptionConfig()  # noqa: RUF009 - added table: [preemption]
     tracking: TrackingConfig = TrackingConfig()  # noqa: RUF009 - added table: [tracking]
+    # added key: checkpoints sooner on a host that fails often (training.protocol's Young's rule)
+    adaptive_checkpoints: bool = True
 
     @property
     def logs_dir(self) -> Path:

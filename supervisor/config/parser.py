@@ -47,6 +47,9 @@ _TOP: dict[str, Field] = {
     # training.protocol.DEFAULT_CHECKPOINT_EVERY_S, not imported: `rlsup status` loads this file
     # and stays off the worker contract (tests/supervisor/config/test_config.py: the same).
     "checkpoint_every_s": (NUMBER, 15.0, positive, "seconds > 0"),
+    # On a host that fails often, checkpoints come sooner than checkpoint_every_s: Young's rule
+    # on the ledger's MTBF and each checkpoint's measured cost (training/protocol.py).
+    "adaptive_checkpoints": ((bool,), True, None, "true or false"),
     "stop_grace_s": (NUMBER, 60.0, positive, "seconds > 0"),
     "cost_per_hour": (NUMBER, 0.0, non_negative, "a number >= 0"),
     "gpu_cost_share": (
@@ -187,6 +190,7 @@ def parse_config(
         state_dir=state_dir,
         initial_mode=initial,
         checkpoint_every_s=top["checkpoint_every_s"],
+        adaptive_checkpoints=top["adaptive_checkpoints"],
         stop_grace_s=top["stop_grace_s"],
         cost_per_hour=top["cost_per_hour"],
         gpu_cost_share=top["gpu_cost_share"],

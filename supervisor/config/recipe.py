@@ -19,6 +19,7 @@ def worker_config(
     checkpoint_every_s: float,
     threads: int | None,
     mirror: MirrorConfig | None = None,
+    host_mtbf_s: float | None = None,
 ) -> worker_args.WorkerConfig:
     """The worker's arguments for one game in one mode (validated by the protocol); with a
     mirror, where to restore from when the run dir has no checkpoint. Built-in games only: a
@@ -47,5 +48,6 @@ def worker_config(
         seed=game.seed,
         device=game.device,
         threads=threads,
+        host_mtbf_s=host_mtbf_s,
     )
     return worker_args.validate(worker_args.WorkerConfig(**values))

@@ -223,11 +223,13 @@ def prepare_worker(
     threads: int,
     env: Mapping[str, str] | None = None,
     starts: int = 0,
+    host_mtbf_s: float | None = None,
 ) -> Prepared:
     """A new worker's argv, log (the previous one rotated), run directory (made private, its
     last heartbeat removed: the supervisor must never read a predecessor's) and environment
     (`env`: its GPU; a command game also gets the RLSUP_* contract, `starts`: its earlier
-    starts)."""
+    starts; `host_mtbf_s`: the ledger's MTBF, for the checkpoint interval, None when unknown
+    or `adaptive_checkpoints = false`)."""
     # A matrix run's name has folders (`pong/lr3/s1`): each level is made private too.
     parts = spec.name.split("/")
     run_dir = make_private_dir(cfg.run_dir(parts[0]))
@@ -242,10 +244,14 @@ def prepare_worker(
         (run_dir / HEARTBEAT_FILE).unlink()
     if spec.command is not None:
         extra = {**dict(spec.env), **command_env(cfg, spec, mode, run_dir, threads, starts)}
+        if host_mtbf_s is not None:
+            extra[P.MTBF_ENV] = f"{host_mtbf_s:.1f}"
         extra |= wandb_env(spec.name, spec.group, run_dir, dict(spec.env), os.environ)
         cwd = Path(spec.cwd) if spec.cwd else run_dir
         return Prepared(list(spec.command), log, cwd, {**extra, **(env or {})}, True)
-    wcfg = worker_config(spec, mode, run_dir, cfg.checkpoint_every_s, threads, cfg.mirror)
+    wcfg = worker_config(
+        spec, mode, run_dir, cfg.checkpoint_every_s, threads, cfg.mirror, host_mtbf_s
+    )
     return Prepared(wcfg.to_argv(), log, run_dir, dict(env or {}), False)
 
 

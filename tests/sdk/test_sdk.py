@@ -409,6 +409,35 @@ def test_a_request_made_while_a_checkpoint_is_written_is_owed_another(tmp_path: 
         assert run.should_checkpoint(6)
 
 
+def test_on_a_failing_host_the_interval_shortens_by_youngs_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RLSUP_HOST_MTBF_S (the supervisor's ledger): the script's checkpoints come at Young's
+    interval for what its block cost, at the floor for a cheap one, never above the asked
+    interval; unset, the asked interval."""
+
+    def interval() -> float:
+        hb = json.loads((tmp_path / "run" / P.HEARTBEAT_FILE).read_text())
+        return float(hb["checkpoint_interval_s"])
+
+    monkeypatch.setenv(P.MTBF_ENV, "30")
+    run = _attach(tmp_path / "run", total_steps=100, checkpoint_every_s=60.0, heartbeat=True)
+    with run.checkpoint(1) as d:
+        (d / "model.bin").write_bytes(b"x" * 100)
+    assert P.MIN_ADAPTIVE_INTERVAL_S <= interval() < 5.0
+    with run.checkpoint(2) as d:
+        (d / "model.bin").write_bytes(b"x" * 100)
+        time.sleep(0.1)  # sqrt(2 x 0.1 x 30) = 2.45 s, and pacing says 100 x 0.1 = 10 s
+    assert 9.9 <= interval() < 12.0
+    run.close()
+    monkeypatch.delenv(P.MTBF_ENV)
+    run = _attach(tmp_path / "run", total_steps=100, checkpoint_every_s=60.0, heartbeat=True)
+    with run.checkpoint(3) as d:
+        (d / "model.bin").write_bytes(b"x" * 100)
+    assert interval() == 60.0
+    run.close()
+
+
 def test_a_dear_checkpoint_is_paced_and_a_cheap_one_is_not(tmp_path: Path) -> None:
     """The script's checkpoint block stalls it all: one that took 200 ms is next due 20 s
     later (200 ms is then 1 % of the time between two) whatever `checkpoint_every_s` asks; a

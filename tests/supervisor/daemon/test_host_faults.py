@@ -90,7 +90,7 @@ def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
         games: str, scripts: dict[str, dict[str, Any]] | None = None, **kw: Any
     ) -> Supervisor:
         path = tmp_path / "rlsup.toml"
-        path.write_text(CONFIG.format(games=games))
+        path.write_text(kw.pop("top", "") + CONFIG.format(games=games))
         for name, script in (scripts or {}).items():
             run = tmp_path / "state" / "runs" / name
             run.mkdir(parents=True, exist_ok=True)
@@ -281,6 +281,41 @@ def test_a_start_that_fails_after_a_reboot_still_records_the_reboot_once(make, t
     assert reboots[0].detail["previous_boot_id"] == "boot-1"
     [after] = [e for e in evs(sup, "supervisor_start") if e.detail["boot_id"] == "boot-2"]
     assert after.detail["after"] == "supervisor_crash"
+
+
+def _worker_flag(game_name: str, flag: str) -> str | None:
+    [pid] = fake_workers(game_name)
+    cmd = psutil.Process(pid).cmdline()
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_after_a_reboot_workers_get_the_ledgers_mtbf_for_their_checkpoint_interval(
+    make, tmp_path, adaptive: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """A host that has failed hands its MTBF (the ledger's, `rlsup status`'s) to each worker it
+    starts, which shortens its checkpoint interval by Young's rule (training/protocol.py);
+    `adaptive_checkpoints = false` keeps the interval fixed. Before any failure none is known."""
+    top = "" if adaptive else "adaptive_checkpoints = false\n"
+    first = make(game("a"), top=top)
+    spin(first, lambda: first.games["a"].state is S.RUNNING)
+    assert _worker_flag("a", "--host-mtbf-s") is None  # no failure yet: unknown
+    time.sleep(0.5)  # some up-time in the ledger
+    first.close()  # no clean stop: the power is cut
+    for pid in fake_workers("a"):
+        psutil.Process(pid).kill()
+    (tmp_path / "boot").write_text("boot-2")
+    sup = make(game("a"), top=top)
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING and bool(fake_workers("a")))
+    assert [e.detail["boot_id"] for e in evs(sup, "host_reboot")] == ["boot-2"]
+    assert sup.on.conn is not None
+    mtbf = db.mtbf_s(sup.on.conn, time.time())
+    assert mtbf is not None and mtbf > 0
+    flag = _worker_flag("a", "--host-mtbf-s")
+    if not adaptive:
+        assert flag is None
+    else:
+        assert flag is not None and 0 < float(flag) <= mtbf + 1e-6
 
 
 # ---- files that are not what they seem ------------------------------------------------------

@@ -95,6 +95,12 @@ def test_a_command_game_is_prepared_with_the_contract(
     assert "CUDA_VISIBLE_DEVICES" not in other.env
     builtin = sp.prepare_worker(cfg, cfg.game("cart"), cfg.mode("light"), 1)
     assert not builtin.command and "--run-dir" in builtin.argv and builtin.env == {}
+    assert "--host-mtbf-s" not in builtin.argv and P.MTBF_ENV not in w.env  # none known
+    # A host that has failed: its MTBF, for the checkpoint interval (Young's rule).
+    builtin = sp.prepare_worker(cfg, cfg.game("cart"), cfg.mode("light"), 1, host_mtbf_s=1234.5)
+    assert builtin.argv[builtin.argv.index("--host-mtbf-s") + 1] == "1234.5"
+    again = sp.prepare_worker(cfg, mine, cfg.mode("light"), 2, host_mtbf_s=1234.5)
+    assert again.env[P.MTBF_ENV] == "1234.5"
 
 
 def test_a_death_without_error_json_is_told_by_its_logs_tail(tmp_path: Path) -> None:
