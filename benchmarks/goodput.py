@@ -226,6 +226,9 @@ class Rlsup(Contender):
         every = s.rlsup_interval_s if interval_s is None else interval_s
         cfg = (
             f'state_dir = "state"\ncheckpoint_every_s = {every:g}\nstop_grace_s = 10\n'
+            # The compressed interval stands for the policy's; Young's rule on the real MTBF
+            # is applied in the extrapolation (gm.adaptive_interval).
+            "adaptive_checkpoints = false\n"
             "[modes.light]\nnum_envs = 4\nbatch_size = 128\nn_steps = 64\n"
             f"max_concurrent = {len(games)}\n" + "".join(games.values())
             + "[restart]\nbackoff_base_s = 1\nbackoff_max_s = 10\nbudget = 1000\n"
@@ -499,8 +502,17 @@ def reextrapolate(doc: dict[str, Any], s: Settings) -> None:
         run_every = s.rlsup_interval_s if rlsup else s.interval_s
         own = RLSUP_INTERVAL_S if rlsup else REAL_INTERVAL_S
         steady, source = gm.steady_at_real_interval(windows, compressed, run_every, own)
+        interval = None
+        if r["contender"] == "a" and (adapt := gm.adaptive_interval(windows, own)) is not None:
+            # The default adaptive_checkpoints: the interval Young's rule gives at one failure
+            # per 20 min for the cost the worker logged, and what checkpoints cost at it. The
+            # fixed 15 s beside it, for what the rule buys.
+            r["extrapolated_20min_fixed"] = extrapolation(losses, s, steady, rlsup)
+            interval, steady = adapt
+            source = (f"checkpoint pause + writer CPU by the worker's log, at the adaptive "
+                      f"interval of {interval:.1f} s")  # fmt: skip
         r["steady_extrapolated"] = {"slowdown": round(steady, 4), "source": source}
-        r["extrapolated_20min"] = extrapolation(losses, s, steady, rlsup)
+        r["extrapolated_20min"] = extrapolation(losses, s, steady, rlsup, interval)
         # At 300 s rlsup's checkpoints cost less than at 15 s: kept as at 15 s (an upper bound).
         r["extrapolated_20min_same"] = extrapolation(losses, s, steady, rlsup, SAME_INTERVAL_S)
 
@@ -694,9 +706,14 @@ def render(doc: dict[str, Any], s: Settings) -> str:
         f"({r['contender']}) {r['game']} {100 * r['steady_extrapolated']['slowdown']:.2f}% "
         f"({r['steady_extrapolated']['source']})" for r in doc["rows"]
         if "steady_extrapolated" in r))  # fmt: skip
+    adaptive = sorted({f"{r['extrapolated_20min']['interval_s']:.1f}" for r in doc["rows"]
+                       if "extrapolated_20min_fixed" in r})  # fmt: skip
+    rule = f"Young's rule at 20 min: {', '.join(adaptive)} s" if adaptive else "no cost logged"
     for key, what in (
-        ("extrapolated_20min", f"each contender's default interval (rlsup {RLSUP_INTERVAL_S:g} "
-         f"s, the others {REAL_INTERVAL_S:g} s)"),
+        ("extrapolated_20min", f"each contender's default interval (rlsup's adaptive, {rule}; "
+         f"its script through the SDK {RLSUP_INTERVAL_S:g} s, the others {REAL_INTERVAL_S:g} s)"),
+        ("extrapolated_20min_fixed", f"rlsup's fixed {RLSUP_INTERVAL_S:g} s "
+         "(adaptive_checkpoints = false)"),
         ("extrapolated_20min_same", f"the same {SAME_INTERVAL_S:g} s interval for all"),
     ):  # fmt: skip
         out.append(

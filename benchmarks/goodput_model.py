@@ -271,6 +271,24 @@ def steady_at_real_interval(
     return scaled, "the compressed run's, scaled by the checkpoint rate"
 
 
+def adaptive_interval(
+    windows: list[dict[str, Any]], every_s: float, mtbf_s: float = REAL_MTBF_S
+) -> tuple[float, float] | None:
+    """rlsup's checkpoint interval on a host failing every `mtbf_s` (adaptive_checkpoints, the
+    default: training.protocol's Young's rule on the checkpoint's cost, at most `every_s`) and
+    the steady slowdown at it, from the cost per checkpoint the worker logged in the fault-free
+    windows (pause + the writer's CPU). None when no window has it."""
+    from training.protocol import checkpoint_interval_s  # the worker's own rule
+
+    costs = [w["checkpoint_cost"]["cost_ms_mean"] / 1000 for w in windows
+             if w.get("checkpoint_cost")]  # fmt: skip
+    if not costs:
+        return None
+    cost = sum(costs) / len(costs)
+    interval = checkpoint_interval_s(every_s, cost_s=cost, mtbf_s=mtbf_s)
+    return interval, cost / interval
+
+
 def share_residual(losses: list[FaultLoss], residual_s: float) -> None:
     """`residual_s` seconds of training lost beyond the faults' own losses and the steady
     slowdown, shared equally among the recovered faults as after_s."""

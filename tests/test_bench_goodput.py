@@ -215,6 +215,20 @@ def test_what_checkpoints_cost_is_read_off_the_workers_own_log(gm: ModuleType) -
     assert got == pytest.approx(0.002) and "writer CPU" in source
 
 
+def test_the_adaptive_interval_is_youngs_rule_on_the_logged_cost(gm: ModuleType) -> None:
+    """rlsup's default (adaptive_checkpoints) under one failure per 20 min: sqrt(2 x cost x
+    1200 s) for the mean cost per checkpoint the worker logged, and the steady cost at it."""
+    windows = [{"checkpoint_cost": {"cost_ms_mean": 6.0}}, {"checkpoint_cost": {"cost_ms_mean": 8.0}},
+               {"slowdown": 0.05}]  # fmt: skip
+    interval, steady = gm.adaptive_interval(windows, 15.0)
+    assert interval == pytest.approx((2 * 0.007 * 1200) ** 0.5, abs=1e-3)  # 4.10 s
+    assert steady == pytest.approx(0.007 / interval)
+    # A calm host: the configured interval; a dear checkpoint: never above it either.
+    assert gm.adaptive_interval(windows, 15.0, mtbf_s=7 * 86400)[0] == 15.0
+    assert gm.adaptive_interval([{"checkpoint_cost": {"cost_ms_mean": 500.0}}], 15.0)[0] == 15.0
+    assert gm.adaptive_interval([{"slowdown": 0.01}], 15.0) is None  # nothing logged
+
+
 GLUE_LOG = """\
 resume step=0 pid=41 refill=0 replay=empty
 progress step=1 pid=41 t=100.000
