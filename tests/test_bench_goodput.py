@@ -218,8 +218,11 @@ def test_what_checkpoints_cost_is_read_off_the_workers_own_log(gm: ModuleType) -
 def test_the_adaptive_interval_is_youngs_rule_on_the_logged_cost(gm: ModuleType) -> None:
     """rlsup's default (adaptive_checkpoints) under one failure per 20 min: sqrt(2 x cost x
     1200 s) for the mean cost per checkpoint the worker logged, and the steady cost at it."""
-    windows = [{"checkpoint_cost": {"cost_ms_mean": 6.0}}, {"checkpoint_cost": {"cost_ms_mean": 8.0}},
-               {"slowdown": 0.05}]  # fmt: skip
+    windows = [
+        {"checkpoint_cost": {"cost_ms_mean": 6.0}},
+        {"checkpoint_cost": {"cost_ms_mean": 8.0}},
+        {"slowdown": 0.05},
+    ]
     interval, steady = gm.adaptive_interval(windows, 15.0)
     assert interval == pytest.approx((2 * 0.007 * 1200) ** 0.5, abs=1e-3)  # 4.10 s
     assert steady == pytest.approx(0.007 / interval)
