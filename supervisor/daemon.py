@@ -61,7 +61,7 @@ from supervisor.lifecycle.startup import (
     supervisor_row,
     unrecorded_reports,
 )
-from supervisor.lifecycle.states import ALIVE, WorkerState
+from supervisor.lifecycle.states import WorkerState
 from supervisor.lock import LockHeld, acquire_lock
 from supervisor.participants import Event, HookAlerts, Started, StartFailed, TickView
 from supervisor.sdnotify import Notifier
@@ -483,7 +483,7 @@ class Supervisor:
         self._apply()
         if not gated:
             return
-        threads = thread_share(self.cores, self.games.values(), gated)
+        threads = self.life.thread_share(self.cores, gated)
         began = time.monotonic()
         for i, rt in enumerate(gated):
             if time.monotonic() - began > SPAWN_BUDGET_S:
@@ -596,15 +596,3 @@ class Supervisor:
         self.refresh_modes()
         detail = {"path": str(new.path), "games": list(self.games)}
         self.on.recorder.event("config_reload", None, detail, {"games": list(self.games)})
-
-
-def thread_share(cores: int, games: Iterable[GameRuntime], starting: Sequence[GameRuntime]) -> int:
-    """The cores each game starting now gets (its worker's `--threads`): the host's cores over
-    the games that hold a slot, i.e. alive, waiting out a restart delay (BACKOFF keeps its slot:
-    it is back within seconds), or starting now. Counting only the alive ones gave the first
-    of two games that crashed together both cores, kept for the worker's life: its two
-    OpenMP threads beside the other game's on 2 cores ran 40x slower (100 against 4,000
-    CartPole steps/s: each parallel region waited for a descheduled thread)."""
-    holding = {rt.spec.name for rt in games if rt.state in ALIVE or rt.state is S.BACKOFF}
-    holding |= {rt.spec.name for rt in starting}
-    return max(1, cores // max(1, len(holding)))

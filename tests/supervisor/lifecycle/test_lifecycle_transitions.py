@@ -799,18 +799,16 @@ def test_a_game_waiting_out_its_restart_delay_keeps_its_share_of_the_cores() -> 
     """Two games on 2 cores crash together: the first back must get 1 thread, not 2. With 2 it
     kept both cores for its worker's life, and its two OpenMP threads beside the other game's
     trained 40x slower (benchmarks/goodput.py: 100 against 4,000 CartPole steps/s)."""
-    from supervisor.daemon import thread_share
-
     life = lifecycle("a", "b", "c")
     a, b = running(life, "a", 101), running(life, "b", 102)
-    assert thread_share(2, life.games.values(), [life.games["c"]]) == 1  # 3 on 2 cores: 1 each
+    assert life.thread_share(2, [life.games["c"]]) == 1  # 3 on 2 cores: 1 each
     for rt in (a, b):
         exits(life, rt, exit_of(1, uptime=1.0), now=5.0)
     life.drain()
     assert (a.state, b.state) == (S.BACKOFF, S.BACKOFF)
     # a's delay is over first; b is still waiting out its own and comes back in a moment.
-    assert thread_share(2, life.games.values(), [a]) == 1
-    assert thread_share(4, life.games.values(), [a]) == 2
+    assert life.thread_share(2, [a]) == 1
+    assert life.thread_share(4, [a]) == 2
     life.set(b, S.FATAL, "restart budget spent")  # a game gone for good frees its share
     life.drain()
-    assert thread_share(2, life.games.values(), [a]) == 2
+    assert life.thread_share(2, [a]) == 2
