@@ -527,6 +527,7 @@ class Supervisor:
         name, spec = rt.spec.name, self.on.sweeps.assign(rt.spec)  # a trial's values: drawn once
         conn = self.on.conn
         mtbf = db.mtbf_s(conn, time.time()) if self.cfg.adaptive_checkpoints else None
+        mtbf = mtbf if mtbf else None  # 0: a boot that failed before any up-time was seen
         w = sp.prepare_worker(self.cfg, spec, mode, threads, env, db.starts(conn, name), mtbf)
         proc = self.launcher.spawn(w.argv, w.log, now, cwd=w.cwd, env=w.env, command=w.command)
         try:

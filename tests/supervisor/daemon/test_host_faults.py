@@ -283,6 +283,21 @@ def test_a_start_that_fails_after_a_reboot_still_records_the_reboot_once(make, t
     assert after.detail["after"] == "supervisor_crash"
 
 
+def test_a_reboot_before_any_up_time_was_seen_starts_the_workers(make, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The ledger's MTBF is 0 when the boot before was never seen up (its row's first and last
+    sighting the same): no `--host-mtbf-s 0`, which the worker refuses (exit 78, FATAL)."""
+    first = make(game("a"))
+    first.close()  # the power is cut at once
+    for pid in fake_workers("a"):
+        psutil.Process(pid).kill()
+    (tmp_path / "boot").write_text("boot-2")
+    sup = make(game("a"))
+    assert sup.on.conn is not None
+    spin(sup, lambda: sup.games["a"].state is S.RUNNING and bool(fake_workers("a")))
+    flag = _worker_flag("a", "--host-mtbf-s")
+    assert flag is None or float(flag) > 0
+
+
 def _worker_flag(game_name: str, flag: str) -> str | None:
     [pid] = fake_workers(game_name)
     cmd = psutil.Process(pid).cmdline()
