@@ -245,7 +245,7 @@ def prepare_worker(
     if spec.command is not None:
         extra = {**dict(spec.env), **command_env(cfg, spec, mode, run_dir, threads, starts)}
         if host_mtbf_s is not None:
-            extra[P.MTBF_ENV] = f"{host_mtbf_s:.1f}"
+            extra[P.MTBF_ENV] = repr(host_mtbf_s)  # never "0.0" for a short one: the SDK refuses 0
         extra |= wandb_env(spec.name, spec.group, run_dir, dict(spec.env), os.environ)
         cwd = Path(spec.cwd) if spec.cwd else run_dir
         return Prepared(list(spec.command), log, cwd, {**extra, **(env or {})}, True)

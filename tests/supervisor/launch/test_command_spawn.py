@@ -101,6 +101,10 @@ def test_a_command_game_is_prepared_with_the_contract(
     assert builtin.argv[builtin.argv.index("--host-mtbf-s") + 1] == "1234.5"
     again = sp.prepare_worker(cfg, mine, cfg.mode("light"), 2, host_mtbf_s=1234.5)
     assert again.env[P.MTBF_ENV] == "1234.5"
+    # A host seen up for 40 ms before it failed: a positive number, which the SDK accepts (it
+    # refuses 0 with an error; "0.0" is what one decimal made of it).
+    short = sp.prepare_worker(cfg, mine, cfg.mode("light"), 2, host_mtbf_s=0.04)
+    assert float(short.env[P.MTBF_ENV]) == 0.04
 
 
 def test_a_death_without_error_json_is_told_by_its_logs_tail(tmp_path: Path) -> None:
