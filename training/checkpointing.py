@@ -107,6 +107,10 @@ def serialise_learner(learner: Learner) -> bytes:
 # RLSUP_FAULT_MEM_AVAILABLE=<bytes> stands in for what the kernel says is available.
 MEMORY_MARGIN_BYTES = 64 << 20
 MEM_AVAILABLE_ENV = "RLSUP_FAULT_MEM_AVAILABLE"
+# A seam for tests: RLSUP_FAULT_CHECKPOINT_WRITE_S=<seconds> holds every write that long before
+# it commits, as a slow disk would (whether a checkpoint falls due while one is written must not
+# depend on how fast the test machine's disk is).
+WRITE_DELAY_ENV = "RLSUP_FAULT_CHECKPOINT_WRITE_S"
 
 
 def available_memory() -> int | None:
@@ -253,6 +257,7 @@ class Checkpointer:
         self.log = log
         self.on_result = on_result
         self.fence = fence  # raises PlacementFenced when this placement may no longer commit
+        self.write_delay_s = float(os.environ.get(WRITE_DELAY_ENV) or 0)
         self._thread: threading.Thread | None = None
         self.last_result: CheckpointResult | None = None
         self._copies = HostCopies()
@@ -364,6 +369,8 @@ class Checkpointer:
                 writer.write_json(CONFIG_FILE, self.cfg.to_json())
                 if cap.replay is not None:
                     cap.replay.save(writer, cap.replay_snapshot)
+                if self.write_delay_s > 0:
+                    time.sleep(self.write_delay_s)  # the test seam above: a slow disk
                 if self.fence is not None:
                     self.fence()  # the last moment before the rename: abort, not commit
                 writer.commit()

@@ -30,6 +30,7 @@ from harness.tmpfs import mounted_tmpfs
 from training.args import WorkerConfig, validate
 from training.checkpointing import (
     MEM_AVAILABLE_ENV,
+    WRITE_DELAY_ENV,
     Checkpointer,
     CheckpointResult,
     restore_learner,
@@ -121,10 +122,14 @@ def test_a_kill_while_the_writer_thread_writes_leaves_the_previous_checkpoint(
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-def test_a_checkpoint_due_while_one_is_written_is_taken_once_it_commits(tmp_path: Path) -> None:
+def test_a_checkpoint_due_while_one_is_written_is_taken_once_it_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real worker with a checkpoint due every iteration (32 agent steps of CartPole PPO, a
-    few ms) and writes that take longer (each file and directory fsynced): every refusal is
-    logged, and each is followed by a checkpoint of a later step. None is dropped for good."""
+    few ms) and writes that take longer (held 30 ms before they commit, as on a slow disk: how
+    fast this machine's disk fsyncs must not decide it): every refusal is logged, and each is
+    followed by a checkpoint of a later step. None is dropped for good."""
+    monkeypatch.setenv(WRITE_DELAY_ENV, "0.03")
     run_dir = tmp_path / "run"
     args = [
         "--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--n-steps", "8",
