@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hostinfo import host_facts, host_line
 
 from checkpoints import CheckpointStore
-from training.replay import ReplayBuffer
+from training.replay import ReplayBuffer, is_chunk_file
 
 FRAME = (84, 84)
 FRAME_BYTES = 84 * 84
@@ -197,6 +197,68 @@ def in_fresh_process(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return dict(out)
 
 
+def load_in_fresh_interpreter(root: Path, how: str, nbytes: int) -> dict[str, Any]:
+    """A worker's load, as a restarted worker does it: in a new interpreter (see load_child)."""
+    cmd = [sys.executable, __file__, "--load-child", str(root), "--method", how]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            out = dict(json.loads(line[len("RESULT ") :]))
+            assert out.get("nbytes", nbytes) == nbytes
+            return out
+    raise RuntimeError(f"load ({how}) failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def load_child(root: Path, how: str) -> dict[str, Any]:
+    """one: the worker's load (chunks hashed as they are read: one pass over the disk), then
+    the same bytes hashed again from memory on the same threads (the CPU's share). two: the
+    two passes it replaced (every file hashed, then every chunk read into the arrays).
+    two-evicted: the same with the files dropped from the page cache between the passes, as
+    when the buffer is larger than the memory the page cache has left."""
+    import resource
+
+    from checkpoints import _parallel
+
+    store = CheckpointStore(root, keep=3)
+    start_rss = psutil.Process().memory_info().rss
+    t0 = time.perf_counter()
+    rchar0 = read_bytes_so_far()
+    if how == "one":
+        loaded = store.load_latest(salvage=is_chunk_file, verify_on_read=is_chunk_file)
+    else:
+        loaded = store.load_latest()
+    verify_s = time.perf_counter() - t0
+    assert loaded is not None
+    if how == "two-evicted":  # a buffer larger than the page cache: the verify's pages are gone
+        evict(root)
+    back = ReplayBuffer.load(loaded)
+    load_s = time.perf_counter() - t0
+    assert back.load_damage is None
+    out = {
+        "verify_s": verify_s,
+        "load_s": load_s,
+        "read": read_bytes_so_far() - rchar0,
+        "nbytes": back.nbytes,
+        "peak_extra_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - start_rss,
+    }
+    if how == "one":
+        import hashlib
+
+        frames = back._frames.reshape(-1).view(np.uint8)
+        step = 8 << 20
+        pieces = [frames[i : i + step] for i in range(0, len(frames), step)]
+        t0 = time.perf_counter()
+        list(_parallel.pool().map(lambda a: hashlib.sha256(a).digest(), pieces))
+        out["hash_mem_s"] = time.perf_counter() - t0
+    return out
+
+
+def read_bytes_so_far() -> int:
+    """Bytes this process has read through read(2) (/proc/self/io rchar, cache hits too)."""
+    with open("/proc/self/io", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
 def evict(root: Path) -> None:
     """Drop our own files from the page cache so the next read goes to disk."""
     for dirpath, _, names in os.walk(root):
@@ -281,26 +343,50 @@ def bench_rlsup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     gc.collect()
     evict(work / "ckpt")
 
-    def load() -> dict[str, Any]:
-        t0 = time.perf_counter()
-        loaded = store.load_latest()
-        verify_s = time.perf_counter() - t0
-        assert loaded is not None
-        back = ReplayBuffer.load(loaded)
-        load_s = time.perf_counter() - t0
-        assert back.nbytes == nbytes
-        return {"verify_s": verify_s, "load_s": load_s}
-
-    lres = in_fresh_process(load)
     # The disk's own sequential read of the same files (the newest checkpoint's: its chunks
-    # hard-linked from the older ones included), each from disk, in the same run.
+    # hard-linked from the older ones included), each from disk, in the same run: dd once per
+    # file (a process each), and all of them read by one process (cat), with no process start
+    # between files. The load is compared with the faster of the two.
     newest = max(p for p in (work / "ckpt").iterdir() if p.name.startswith("ckpt-"))
     files = sorted(p for p in newest.rglob("*") if p.is_file())
+
+    def dd_each() -> float:
+        t0 = time.perf_counter()
+        for f in files:
+            subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=16M", "status=none"], check=True)
+        return time.perf_counter() - t0
+
+    def cat_all() -> float:
+        t0 = time.perf_counter()
+        subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+        return time.perf_counter() - t0
+
+    # Interleaved, each from a cold page cache and in a fresh interpreter (as a restarted worker
+    # loads), five times, medians and spreads: this VM's timings wander from run to run, and
+    # the first load after the machine sat idle is seconds slower whichever way it reads.
+    runs: dict[str, list[Any]] = {k: [] for k in ("one", "two", "two-evicted")}
+    runs.update(dd=[], cat=[])
     evict(work / "ckpt")
-    t0 = time.perf_counter()
-    for f in files:
-        subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=16M", "status=none"], check=True)
-    dd_read_s = time.perf_counter() - t0
+    load_in_fresh_interpreter(work / "ckpt", "two", nbytes)  # a warm-up, not counted (below)
+    for _ in range(5):
+        for kind, measure in (
+            ("one", lambda: load_in_fresh_interpreter(work / "ckpt", "one", nbytes)),
+            ("two", lambda: load_in_fresh_interpreter(work / "ckpt", "two", nbytes)),
+            (
+                "two-evicted",
+                lambda: load_in_fresh_interpreter(work / "ckpt", "two-evicted", nbytes),
+            ),
+            ("dd", dd_each),
+            ("cat", cat_all),
+        ):
+            evict(work / "ckpt")
+            runs[kind].append(measure())
+    lres = sorted(runs["one"], key=lambda r: r["load_s"])[2]
+    two = sorted(runs["two"], key=lambda r: r["load_s"])[2]
+    two_evicted = sorted(runs["two-evicted"], key=lambda r: r["load_s"])[2]
+    hash_mem_s = sorted(r["hash_mem_s"] for r in runs["one"])[2]
+    dd_read_s = sorted(runs["dd"])[2]
+    cat_read_s = sorted(runs["cat"])[2]
     read_bytes = sum(f.stat().st_size for f in files)
     return {
         "method": "rlsup",
@@ -327,7 +413,19 @@ def bench_rlsup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "incremental_fraction_written": inc["bytes_written"] / result["stats"]["bytes_written"],
         "load_s": lres["load_s"],
         "load_verify_s": lres["verify_s"],
+        "load_read_bytes": lres["read"],
         "load_extra_rss_mib": (lres["peak_extra_bytes"] - nbytes) / MIB,
+        "two_pass_load_s": two["load_s"],
+        "two_pass_verify_s": two["verify_s"],
+        "two_pass_read_bytes": two["read"],
+        "cat_read_s": cat_read_s,
+        "two_pass_evicted_load_s": two_evicted["load_s"],
+        "two_pass_evicted_runs_s": [r["load_s"] for r in runs["two-evicted"]],
+        "hash_in_memory_s": hash_mem_s,
+        "load_runs_s": [r["load_s"] for r in runs["one"]],
+        "two_pass_runs_s": [r["load_s"] for r in runs["two"]],
+        "dd_runs_s": runs["dd"],
+        "cat_runs_s": runs["cat"],
     }
 
 
@@ -494,7 +592,20 @@ def print_table(res: dict[str, dict[str, Any]], size_gib: float) -> None:
         f"rlsup incremental after 1% new data: {r['incremental_bytes_written'] / MIB:.0f} MiB "
         f"written, {r['incremental_bytes_linked'] / MIB:.0f} MiB hard-linked, "
         f"{r['incremental_fraction_written'] * 100:.2f}% of a full save, "
-        f"{r['incremental_s']:.2f} s; load = verify {r['load_verify_s']:.2f} s + read"
+        f"{r['incremental_s']:.2f} s"
+    )
+    print(
+        f"rlsup load (median of 5, each cold): one pass (chunks hashed as they are read) "
+        f"{r['load_s']:.2f} s, {r['load_read_bytes'] / MIB:.0f} MiB read; two passes (hash "
+        f"every file, then read) {r['two_pass_load_s']:.2f} s = verify "
+        f"{r['two_pass_verify_s']:.2f} s + read, {r['two_pass_read_bytes'] / MIB:.0f} MiB read; "
+        f"two passes when the page cache cannot hold the buffer between them "
+        f"{r['two_pass_evicted_load_s']:.2f} s"
+    )
+    print(
+        f"rlsup load, its parts measured apart (medians): the disk's read of the files (cat) "
+        f"{r['cat_read_s']:.2f} s; SHA-256 of the same bytes from memory on the same threads "
+        f"{r['hash_in_memory_s']:.2f} s"
     )
     ratios = []
     if "rlsup-inline" in res:
@@ -512,11 +623,13 @@ def print_table(res: dict[str, dict[str, Any]], size_gib: float) -> None:
     if "dd" in res:
         ratios.append(f"save throughput {r['gb_per_s'] / res['dd']['gb_per_s'] * 100:.0f}% of dd")
     if r.get("dd_read_s"):
+        disk_s = min(r["dd_read_s"], r["cat_read_s"])
         ratios.append(
             f"load (read + verify every chunk's SHA-256 + into the arrays) {r['load_s']:.2f} s "
-            f"against dd reading the same {r['dd_read_bytes'] / MIB:.0f} MiB from disk "
-            f"{r['dd_read_s']:.2f} s: {r['dd_read_s'] / r['load_s'] * 100:.0f}% of the disk's "
-            "sequential read"
+            f"against the disk's sequential read of the same {r['dd_read_bytes'] / MIB:.0f} "
+            f"MiB (dd per file {r['dd_read_s']:.2f} s, cat of all {r['cat_read_s']:.2f} s; "
+            f"the faster): {disk_s / r['load_s'] * 100:.0f}% of the disk's speed (two passes: "
+            f"{disk_s / r['two_pass_load_s'] * 100:.0f}%)"
         )
     for line in ratios:
         print("ratio: " + line)
@@ -525,7 +638,9 @@ def print_table(res: dict[str, dict[str, Any]], size_gib: float) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-gib", type=float, default=2.0)
-    p.add_argument("--method", choices=[*METHODS, "all"], default="all")
+    p.add_argument(
+        "--method", choices=[*METHODS, "all", "one", "two", "two-evicted"], default="all"
+    )
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: $TMPDIR)")
     p.add_argument("--gzip-level", type=int, default=1)
     p.add_argument(
@@ -533,7 +648,14 @@ def main() -> None:
     )
     p.add_argument("--loop-hz", type=float, default=300.0, help="8 envs/it: 2400 steps/s")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--load-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+
+    if args.load_child is not None:
+        with quiet_logs():
+            res = load_child(args.load_child, args.method)
+        print("RESULT " + json.dumps(res), flush=True)
+        return
 
     if args.child:
         work = Path(tempfile.mkdtemp(prefix=f"{args.method}-", dir=args.dir))

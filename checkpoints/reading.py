@@ -50,6 +50,9 @@ class LoadedCheckpoint:
         quarantined: list[tuple[str, str]] | None = None,
         damaged: Mapping[str, str] | None = None,
         repaired: Mapping[str, str] | None = None,
+        verify_on_read: Callable[[str], bool] | None = None,
+        repair: Callable[[Mapping[str, str]], dict[str, str]] | None = None,
+        log: Logger | None = None,
     ) -> None:
         self.path = path
         self.step = step
@@ -59,9 +62,28 @@ class LoadedCheckpoint:
         self.damaged: dict[str, str] = dict(damaged or {})
         self.repaired: dict[str, str] = dict(repaired or {})
         self._entries = parse_file_entries(manifest["files"])
+        # Files whose size was checked but whose sha256 is checked as they are read (one pass
+        # over the disk instead of two: see CheckpointStore.load_latest's verify_on_read).
+        self.unverified: set[str] = {
+            name
+            for name in self._entries
+            if verify_on_read is not None
+            and verify_on_read(name)
+            and name not in self.damaged
+            and name not in self.repaired
+        }
+        self._repair = repair  # puts damaged files right from a good copy: name -> where from
+        self._log = log
 
     def __repr__(self) -> str:
         return f"LoadedCheckpoint(path={str(self.path)!r}, step={self.step})"
+
+    def repair_with(
+        self, repair: Callable[[Mapping[str, str]], dict[str, str]], log: Logger
+    ) -> None:
+        """How files found damaged as they are read are put right (name -> where the good copy
+        came from) and reported; see CheckpointStore.repairing_on_read."""
+        self._repair, self._log = repair, log
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -80,12 +102,18 @@ class LoadedCheckpoint:
             raise KeyError(f"{name!r} is not listed in the manifest of {self.path}") from None
 
     def read_bytes(self, name: str) -> bytes:
-        expected = self._readable_entry(name).size
+        entry = self._readable_entry(name)
         data = self._read(name, _read_whole)
-        if len(data) != expected:
+        if name in self.unverified:
+            why = _mismatch(name, entry, len(data), hashlib.sha256(data).hexdigest())
+            if why is not None:
+                self._found_damaged({name: why}, raise_it=True)
+                return self.read_bytes(name)  # repaired from a good copy
+            self.unverified.discard(name)
+        if len(data) != entry.size:
             raise CheckpointCorrupt(
                 self.path,
-                {name: f"{name} changed since it was verified: {len(data)} != {expected} bytes"},
+                {name: f"{name} changed since it was verified: {len(data)} != {entry.size} bytes"},
                 self.manifest,
             )
         return data
@@ -107,13 +135,80 @@ class LoadedCheckpoint:
             raise ValueError(f"buffer for {name!r} is read-only")
         if len(view) != expected:
             raise ValueError(f"buffer for {name!r} is {len(view)} bytes, file is {expected}")
-        filled = self._read(name, lambda path: _read_exactly_into(path, view))
-        if filled != expected:
-            raise CheckpointCorrupt(
-                self.path,
-                {name: f"{name} is shorter than its manifest ({filled} < {expected})"},
-                None,
+        why = self._read_one_into(name, view)
+        if why is not None:
+            self._found_damaged({name: why}, raise_it=True)
+            self.read_into(name, view)  # repaired from a good copy
+
+    def read_many_into(self, items: Sequence[tuple[str, memoryview]]) -> dict[str, str]:
+        """`read_into` for many files, side by side (file reads and hashing release the GIL),
+        except that damage is returned, not raised: {name: what is wrong} of the files whose
+        bytes did not match their manifest (hashed as they were read, when not verified
+        before) and could not be repaired from a good copy. Their buffers hold whatever was
+        read: the caller clears them. Each is also in `damaged` from then on. A read error
+        that is not damage raises CheckpointUnreadable, as `read_into` does."""
+        views = []
+        for name, buf in items:
+            view = as_byte_view(buf)
+            expected = self._readable_entry(name).size
+            if view.readonly or len(view) != expected:
+                raise ValueError(f"buffer for {name!r} is read-only or not {expected} bytes")
+            views.append((name, view))
+        total = sum(len(view) for _, view in views)
+        if len(views) > 1 and total >= _parallel.WORTH_IT_BYTES:
+            reasons = list(_parallel.pool().map(lambda item: self._read_one_into(*item), views))
+        else:
+            reasons = [self._read_one_into(name, view) for name, view in views]
+        bad = {name: why for (name, _), why in zip(views, reasons, strict=True) if why}
+        if not bad:
+            return {}
+        repaired = self._found_damaged(bad, raise_it=False)
+        for name, view in views:
+            if name in repaired and self._read_one_into(name, view) is None:
+                del bad[name]
+            elif name in repaired:  # the good copy went bad between its check and this read
+                self.damaged[name] = bad[name]
+        return bad
+
+    def _read_one_into(self, name: str, view: memoryview) -> str | None:
+        """Fill `view` with `name`: None when its bytes are whole, else what is wrong (a file
+        not verified before is hashed as it is read)."""
+        entry = self.entry(name)
+        if name not in self.unverified:
+            filled = self._read(name, lambda path: _read_exactly_into(path, view))
+            if filled != entry.size:
+                return f"{name} is shorter than its manifest ({filled} < {entry.size})"
+            return None
+        try:
+            size, digest = self._read(name, lambda path: _read_and_digest_into(path, view))
+        except CheckpointCorrupt as exc:
+            return exc.bad.get(name) or str(exc)
+        except NotARegularFile:
+            return f"{name} is not a regular file"
+        why = _mismatch(name, entry, size, digest)
+        if why is None:
+            self.unverified.discard(name)
+        return why
+
+    def _found_damaged(self, bad: Mapping[str, str], *, raise_it: bool) -> dict[str, str]:
+        """Files found damaged as they were read: repaired from a good copy when one exists
+        (then verified: they read as any other), else `damaged` from now on, reported, and
+        (raise_it) raised as CheckpointCorrupt. Returns what was repaired (name -> from)."""
+        repaired = dict(self._repair(bad)) if self._repair is not None else {}
+        for name in repaired:
+            self.unverified.discard(name)
+        self.repaired.update(repaired)
+        left = {name: why for name, why in bad.items() if name not in repaired}
+        self.damaged.update(left)
+        for name in left:
+            self.unverified.discard(name)
+        if left and self._log is not None:
+            self._log.warning(
+                "checkpoint_salvaged", path=str(self.path), damaged=sorted(left), when="read"
             )
+        if left and raise_it:
+            raise CheckpointCorrupt(self.path, left, self.manifest)
+        return repaired
 
     def _readable_entry(self, name: str) -> FileEntry:
         entry = self.entry(name)
@@ -150,19 +245,27 @@ def read_manifest(ref: CheckpointRef) -> dict[str, Any]:
         raise CheckpointCorrupt(ref.path, {MANIFEST_NAME: str(exc)}, None) from exc
 
 
-def verify(ref: CheckpointRef) -> LoadedCheckpoint:
-    """`CheckpointStore.verify`'s body: see its docstring."""
+def verify(
+    ref: CheckpointRef, verify_on_read: Callable[[str], bool] | None = None
+) -> LoadedCheckpoint:
+    """`CheckpointStore.verify`'s body: see its docstring. Files for which `verify_on_read` is
+    true get only their type and size checked here; the LoadedCheckpoint hashes them as they
+    are read (`unverified`)."""
     manifest = read_manifest(ref)
     entries = sorted(parse_file_entries(manifest["files"]).items())
-    if len(entries) > 1 and sum(e.size for _, e in entries) >= _parallel.WORTH_IT_BYTES:
+    later = verify_on_read or (lambda _name: False)
+    hashed = [(name, entry) for name, entry in entries if not later(name)]
+    if len(hashed) > 1 and sum(e.size for _, e in hashed) >= _parallel.WORTH_IT_BYTES:
         # Large checkpoints (replay chunks, the SDK's arrays): files side by side.
-        reasons = list(_parallel.pool().map(lambda item: _check_file(ref.path, *item), entries))
+        reasons = list(_parallel.pool().map(lambda item: _check_file(ref.path, *item), hashed))
     else:
-        reasons = [_check_file(ref.path, name, entry) for name, entry in entries]
-    bad = {name: r for (name, _), r in zip(entries, reasons, strict=True) if r is not None}
+        reasons = [_check_file(ref.path, name, entry) for name, entry in hashed]
+    reasons += [_check_file(ref.path, n, e, hash_it=False) for n, e in entries if later(n)]
+    names = [name for name, _ in hashed] + [name for name, _ in entries if later(name)]
+    bad = {name: r for name, r in zip(names, reasons, strict=True) if r is not None}
     if bad:
         raise CheckpointCorrupt(ref.path, bad, manifest)
-    return LoadedCheckpoint(ref.path, ref.step, manifest)
+    return LoadedCheckpoint(ref.path, ref.step, manifest, verify_on_read=verify_on_read)
 
 
 class LoadingStore(Protocol):
@@ -172,7 +275,14 @@ class LoadingStore(Protocol):
     log: Logger
 
     def verify_or_repair(
-        self, ref: CheckpointRef, sources: Sequence[RepairSource] = ()
+        self,
+        ref: CheckpointRef,
+        sources: Sequence[RepairSource] = (),
+        verify_on_read: Callable[[str], bool] | None = None,
+    ) -> LoadedCheckpoint: ...
+
+    def repairing_on_read(
+        self, loaded: LoadedCheckpoint, sources: Sequence[RepairSource]
     ) -> LoadedCheckpoint: ...
 
     def _quarantine(self, ref: CheckpointRef, reason: str) -> None: ...
@@ -189,9 +299,11 @@ class LoadScan:
         salvage: Callable[[str], bool] | None,
         whole_first: bool,
         sources: Sequence[RepairSource],
+        verify_on_read: Callable[[str], bool] | None = None,
     ) -> None:
         self.store, self.refs = store, refs
         self.salvage, self.whole_first, self.sources = salvage, whole_first, sources
+        self.verify_on_read = verify_on_read
         self.quarantined: list[tuple[str, str]] = []
         self.passed: list[tuple[CheckpointRef, str]] = []  # damaged, newest first: (ref, why)
         self.first: LoadedCheckpoint | None = None  # the newest salvageable one
@@ -205,13 +317,14 @@ class LoadScan:
                 self.passed.append((ref, f"shares the damaged {shared} of a newer checkpoint"))
                 continue
             try:
-                loaded = self.store.verify_or_repair(ref, self.sources)
+                loaded = self.store.verify_or_repair(ref, self.sources, self.verify_on_read)
             except CheckpointCorrupt as exc:
                 if self._salvageable(exc):
                     candidate = LoadedCheckpoint(
                         ref.path, ref.step, exc.manifest or {}, damaged=exc.bad,
-                        repaired=exc.repaired,
+                        repaired=exc.repaired, verify_on_read=self.verify_on_read,
                     )  # fmt: skip
+                    self.store.repairing_on_read(candidate, self.sources)
                     if not self.whole_first:
                         return self._salvaged(candidate)
                     self._pass_over(ref, candidate, str(exc))
@@ -262,11 +375,13 @@ class LoadScan:
         self.store._quarantine(ref, reason)
 
 
-def _check_file(directory: Path, name: str, entry: FileEntry) -> str | None:
-    """None when the file matches its entry, else what is wrong with its bytes.
-    CheckpointUnreadable when it cannot be read at all."""
+def _check_file(
+    directory: Path, name: str, entry: FileEntry, *, hash_it: bool = True
+) -> str | None:
+    """None when the file matches its entry (its size only, unless hash_it), else what is
+    wrong with its bytes. CheckpointUnreadable when it cannot be read at all."""
     try:
-        size, digest = _size_and_digest(directory / name, entry.size)
+        size, digest = _size_and_digest(directory / name, entry.size, hash_it)
     except NotARegularFile:
         return f"{name} is not a regular file"
     except FileNotFoundError:
@@ -275,6 +390,12 @@ def _check_file(directory: Path, name: str, entry: FileEntry) -> str | None:
         if _retry.is_damage(exc):
             return f"{name} is not a regular file: {exc.strerror}"
         raise CheckpointUnreadable(directory, name, exc) from exc
+    if not hash_it and size == entry.size:
+        return None
+    return _mismatch(name, entry, size, digest)
+
+
+def _mismatch(name: str, entry: FileEntry, size: int, digest: str) -> str | None:
     if size != entry.size:
         return f"size mismatch for {name}: manifest says {entry.size} bytes, file has {size}"
     if digest != entry.sha256:
@@ -287,14 +408,15 @@ class NotARegularFile(Exception):
 
 
 @_retry.transient_read
-def _size_and_digest(path: Path, expected_size: int) -> tuple[int, str]:
-    """Size and sha256 of a regular file; skips hashing when the size is already wrong."""
+def _size_and_digest(path: Path, expected_size: int, hash_it: bool = True) -> tuple[int, str]:
+    """Size and sha256 of a regular file; skips hashing when the size is already wrong (or
+    when not hash_it: the digest is then "")."""
     fd = _retry.open_read(path)
     with io.FileIO(fd, "rb", closefd=True) as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotARegularFile(path.name)
-        if st.st_size != expected_size:
+        if st.st_size != expected_size or not hash_it:
             return st.st_size, ""
         digest = hashlib.sha256()
         buf = bytearray(_READ_CHUNK)
@@ -332,3 +454,26 @@ def _read_exactly_into(path: Path, view: memoryview) -> int:
                 break
             filled += n
     return filled
+
+
+@_retry.transient_read
+def _read_and_digest_into(path: Path, view: memoryview) -> tuple[int, str]:
+    """Fill `view` from `path` and hash the bytes as they arrive, a piece at a time while the
+    piece is still in the CPU's cache: (the file's size, its sha256), with size != len(view)
+    when the file is shorter or longer. One pass over the disk, no second copy."""
+    fd = _retry.open_read(path)
+    with io.FileIO(fd, "rb", closefd=True) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(path.name)
+        digest = hashlib.sha256()
+        filled = 0
+        while filled < len(view):
+            n = f.readinto(view[filled : filled + _READ_CHUNK])
+            if not n:
+                return filled, ""
+            digest.update(view[filled : filled + n])
+            filled += n
+        if f.read(1):
+            return max(st.st_size, filled + 1), ""
+    return filled, digest.hexdigest()

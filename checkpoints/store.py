@@ -148,6 +148,7 @@ class CheckpointStore:
         before_step: int | None = None,
         whole_first: bool = False,
         sources: Sequence[RepairSource] = (),
+        verify_on_read: Callable[[str], bool] | None = None,
     ) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies, quarantining newer corrupt ones on the way.
 
@@ -164,6 +165,14 @@ class CheckpointStore:
         the newest salvageable one is returned only when none is whole, and an older one
         holding the same damaged inode is known damaged without hashing it again.
 
+        verify_on_read: salvageable files (a replay buffer's chunks) whose size is checked here
+        but whose sha256 is checked as the caller reads them (`read_into`, `read_many_into`):
+        one pass over the disk instead of a hashing pass and a reading pass. A mismatch found
+        then is repaired as above when a good copy exists, else the file joins `damaged` and
+        is reported (`checkpoint_salvaged`, when="read"); its bytes are never handed over as
+        good. Not with whole_first: a file found damaged after the choice was made cannot send
+        the scan to an older checkpoint.
+
         A read error is not corruption: CheckpointUnreadable propagates and nothing is moved.
         None only when there is nothing at all to resume from. Raises NoValidCheckpoint when
         checkpoints exist (or were quarantined earlier) but none verifies: a corrupt store must
@@ -176,7 +185,13 @@ class CheckpointStore:
         if not refs:
             self._refuse_if_only_corrupt()
             return None
-        scan = LoadScan(self, refs, salvage, whole_first, sources)
+        if verify_on_read is not None and (whole_first or salvage is None):
+            raise ValueError("verify_on_read needs salvage and cannot go with whole_first")
+        on_read = None
+        if verify_on_read is not None and salvage is not None:
+            can_lose, later = salvage, verify_on_read
+            on_read = lambda name: can_lose(name) and later(name)  # noqa: E731
+        scan = LoadScan(self, refs, salvage, whole_first, sources, on_read)
         loaded = scan.run()
         if loaded is not None:
             return loaded
@@ -187,12 +202,16 @@ class CheckpointStore:
         )
 
     def verify_or_repair(
-        self, ref: CheckpointRef, sources: Sequence[RepairSource] = ()
+        self,
+        ref: CheckpointRef,
+        sources: Sequence[RepairSource] = (),
+        verify_on_read: Callable[[str], bool] | None = None,
     ) -> LoadedCheckpoint:
         """`verify`, with each damaged file repaired from a good copy when one exists (see
-        load_latest). Raises CheckpointCorrupt naming the files still bad (and `repaired`)."""
+        load_latest). Raises CheckpointCorrupt naming the files still bad (and `repaired`).
+        verify_on_read: see load_latest; the checkpoint repairs such files as it reads them."""
         try:
-            return self.verify(ref)
+            loaded = reading.verify(ref, verify_on_read)
         except CheckpointCorrupt as exc:
             if exc.manifest is None:
                 raise
@@ -200,7 +219,19 @@ class CheckpointStore:
             left = {name: why for name, why in exc.bad.items() if name not in repaired}
             if left:
                 raise CheckpointCorrupt(ref.path, left, exc.manifest, repaired) from exc
-            return LoadedCheckpoint(ref.path, ref.step, exc.manifest, repaired=repaired)
+            loaded = LoadedCheckpoint(
+                ref.path, ref.step, exc.manifest, repaired=repaired, verify_on_read=verify_on_read
+            )
+        return self.repairing_on_read(loaded, sources)
+
+    def repairing_on_read(
+        self, loaded: LoadedCheckpoint, sources: Sequence[RepairSource]
+    ) -> LoadedCheckpoint:
+        """`loaded`, set to repair (from this store's copies, then `sources`) and report the
+        files it finds damaged as it reads them (those not verified before: `unverified`)."""
+        ref = CheckpointRef(path=loaded.path, step=loaded.step)
+        loaded.repair_with(lambda bad: self._repair(ref, loaded.manifest, bad, sources), self.log)
+        return loaded
 
     def _repair(
         self,

@@ -58,6 +58,7 @@ class Resumer:
         self.hb = hb
         self.mirror = mirror
         self._learner: Learner | None = None  # being built; handed over by restore()
+        self._repairs_reported: dict[Path, set[str]] = {}  # checkpoint -> files reported
 
     def load_newest(self, store: CheckpointStore) -> LoadedCheckpoint | None:
         # Before anything is verified or moved: a run is never resumed as another game.
@@ -69,7 +70,11 @@ class Resumer:
             Phase.LOADING, loading_deadline_s(_dir_bytes(latest.path if latest else None))
         )
         try:
-            loaded = store.load_latest(salvage=is_chunk_file, sources=self.mirror.repair_sources())
+            loaded = store.load_latest(
+                salvage=is_chunk_file,
+                sources=self.mirror.repair_sources(),
+                verify_on_read=is_chunk_file,  # hashed as they are read: one pass over the disk
+            )
         except NoValidCheckpoint as exc:
             # Every local checkpoint was damaged (now quarantined): the mirror's may be whole.
             url = None if self.mirror.tried else self.cfg.mirror_url
@@ -94,16 +99,25 @@ class Resumer:
             names = [f"{name} ({reason})" for name, reason in loaded.quarantined]
             self.log.warning("resumed_from_older_checkpoint", step=loaded.step, quarantined=names)
             self.hb.update(quarantined=[*self.hb.current.quarantined, *names])
-        if loaded.repaired:  # rot put right from a good copy: nothing lost, still reported
-            entry = {
-                "checkpoint": loaded.path.name,
-                "when": "load",
-                "files": sorted(loaded.repaired),
-                "repaired": dict(loaded.repaired),
-                "transitions_dropped": 0,
-            }
-            self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
+        self._report_repairs(loaded)
         return loaded
+
+    def _report_repairs(self, loaded: LoadedCheckpoint) -> None:
+        """Rot put right from a good copy, found by the load or later as the replay chunks were
+        read (each reported once): nothing lost, still reported."""
+        reported = self._repairs_reported.get(loaded.path, set())
+        new = {name: where for name, where in loaded.repaired.items() if name not in reported}
+        if not new:
+            return
+        self._repairs_reported[loaded.path] = reported | set(new)
+        entry = {
+            "checkpoint": loaded.path.name,
+            "when": "load",
+            "files": sorted(new),
+            "repaired": new,
+            "transitions_dropped": 0,
+        }
+        self.hb.update(replay_damage=[*self.hb.current.replay_damage, entry])
 
     def _check_same_run(self, store: CheckpointStore, name: str, meta: dict[str, Any]) -> None:
         want = checkpoint_meta(self.cfg)
@@ -175,6 +189,8 @@ class Resumer:
             self._learner = None
 
     def _report_replay_damage(self, loaded: LoadedCheckpoint | None) -> None:
+        if loaded is not None:
+            self._report_repairs(loaded)  # those found as the chunks were read
         damage = getattr(getattr(self._learner, "replay", None), "load_damage", None)
         if loaded is None or not damage:
             return

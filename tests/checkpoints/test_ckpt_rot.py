@@ -251,3 +251,123 @@ def test_a_repair_that_cannot_be_put_in_place_leaves_the_damage_as_it_was(
     assert loaded is not None and loaded.step == 20
     assert list(loaded.damaged) == [name] and loaded.repaired == {}
     assert not list(root.rglob(".repair-*"))
+
+
+# ---- chunks hashed as they are read (verify_on_read: one pass over the disk) ------------------
+
+
+def _buffers() -> dict[str, memoryview]:
+    return {name: memoryview(bytearray(len(CHUNKS[name]))) for name in CHUNKS}
+
+
+def test_chunks_verified_on_read_are_not_hashed_by_the_load_and_read_whole(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20])
+    loaded = store.load_latest(salvage=is_chunk, verify_on_read=is_chunk)
+    assert loaded is not None and loaded.step == 20
+    assert loaded.unverified == set(CHUNKS), "the chunks are left to the read"
+    bufs = _buffers()
+    assert loaded.read_many_into(list(bufs.items())) == {}
+    assert {name: bytes(buf) for name, buf in bufs.items()} == CHUNKS
+    assert loaded.unverified == set() and loaded.damaged == {}
+
+
+def test_rot_found_on_read_is_damage_reported_and_never_handed_over(root: Path) -> None:
+    """A flipped bit the load did not look for: the newest checkpoint is still the one loaded
+    (its learner is exact), the chunk is named damaged as it is read, an event says so, and a
+    later read of it raises instead of handing its bytes over."""
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20, 30])
+    name = "replay/frames-000001.bin"
+    flip_bit(store.path_for(30) / name)  # shared by all three: no older one is whole
+    with structlog.testing.capture_logs() as logs:
+        loaded = store.load_latest(salvage=is_chunk, verify_on_read=is_chunk)
+        assert loaded is not None and loaded.step == 30 and loaded.damaged == {}
+        bufs = _buffers()
+        bad = loaded.read_many_into(list(bufs.items()))
+    assert list(bad) == [name] and "checksum mismatch" in bad[name]
+    assert list(loaded.damaged) == [name] and loaded.repaired == {}
+    for other in set(CHUNKS) - {name}:
+        assert bytes(bufs[other]) == CHUNKS[other]
+    salvaged = [e for e in logs if e["event"] == "checkpoint_salvaged"]
+    assert salvaged and salvaged[-1]["when"] == "read" and salvaged[-1]["damaged"] == [name]
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        loaded.read_into(name, bytearray(len(CHUNKS[name])))
+    assert not list(root.glob(".corrupt-*")), "salvaged, not quarantined"
+
+
+def test_rot_found_by_read_into_and_read_bytes_raises_and_marks_it_damaged(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10])
+    flip_bit(store.path_for(10) / "replay/frames-000000.bin")
+    flip_bit(store.path_for(10) / "replay/frames-000002.bin")
+    loaded = store.load_latest(salvage=is_chunk, verify_on_read=is_chunk)
+    assert loaded is not None and loaded.damaged == {}
+    with pytest.raises(CheckpointCorrupt, match="frames-000000"):
+        loaded.read_into("replay/frames-000000.bin", bytearray(8192))
+    with pytest.raises(CheckpointCorrupt, match="frames-000002"):
+        loaded.read_bytes("replay/frames-000002.bin")
+    assert sorted(loaded.damaged) == ["replay/frames-000000.bin", "replay/frames-000002.bin"]
+    assert loaded.read_bytes("replay/frames-000001.bin") == CHUNKS["replay/frames-000001.bin"]
+
+
+def test_rot_found_on_read_is_repaired_from_a_source_and_read_whole(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20, 30])
+    name = "replay/frames-000001.bin"
+    flip_bit(store.path_for(30) / name)
+    with structlog.testing.capture_logs() as logs:
+        loaded = store.load_latest(
+            salvage=is_chunk, sources=[good_bytes("the mirror", CHUNKS)], verify_on_read=is_chunk
+        )
+        assert loaded is not None and loaded.step == 30 and loaded.repaired == {}
+        bufs = _buffers()
+        assert loaded.read_many_into(list(bufs.items())) == {}
+    assert {n: bytes(b) for n, b in bufs.items()} == CHUNKS, "the repaired bytes were read"
+    assert loaded.repaired == {name: "the mirror"} and loaded.damaged == {}
+    for ref in store.committed():  # one repair served every checkpoint that shared the inode
+        store.verify(ref)
+    assert any(e["event"] == "checkpoint_repaired" for e in logs)
+    assert not any(e["event"] == "checkpoint_salvaged" for e in logs)
+
+
+def test_rot_found_on_read_is_repaired_from_an_identical_local_file(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    zeros = bytes(8192)
+    with store.begin(10, {}) as w:
+        w.write_bytes("learner.pt", LEARNER)
+        for c in range(3):
+            w.write_bytes(f"replay/frames-{c:06d}.bin", zeros)  # three inodes, same bytes
+        w.commit()
+    flip_bit(store.path_for(10) / "replay/frames-000002.bin")
+    loaded = store.load_latest(salvage=is_chunk, verify_on_read=is_chunk)
+    assert loaded is not None
+    buf = bytearray(8192)
+    loaded.read_into("replay/frames-000002.bin", buf)
+    assert bytes(buf) == zeros and list(loaded.repaired) == ["replay/frames-000002.bin"]
+    store.verify(store.committed()[0])
+
+
+def test_a_wrong_size_is_found_by_the_load_itself_and_the_learner_is_always_hashed(
+    root: Path,
+) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10, 20])
+    os.truncate(store.path_for(20) / "replay/frames-000000.bin", 10)
+    loaded = store.load_latest(salvage=is_chunk, verify_on_read=is_chunk)
+    assert loaded is not None and loaded.step == 20
+    assert "size mismatch" in loaded.damaged["replay/frames-000000.bin"]
+    # A learner is never left to the read, whatever the caller asks: rot in it is found by the
+    # load, which passes over to the previous checkpoint.
+    flip_bit(store.path_for(20) / "learner.pt")
+    loaded = store.load_latest(salvage=is_chunk, verify_on_read=lambda _name: True)
+    assert loaded is not None and loaded.step == 10 and "learner.pt" not in loaded.unverified
+
+
+def test_verify_on_read_needs_salvage_and_refuses_whole_first(root: Path) -> None:
+    store = CheckpointStore(root, keep=3)
+    commit_chain(store, [10])
+    with pytest.raises(ValueError, match="verify_on_read"):
+        store.load_latest(verify_on_read=is_chunk)
+    with pytest.raises(ValueError, match="whole_first"):
+        store.load_latest(salvage=is_chunk, whole_first=True, verify_on_read=is_chunk)
