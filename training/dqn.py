@@ -42,6 +42,7 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
+from training.transfer import ActionReadback, Uploader
 
 if TYPE_CHECKING:
     from training.replay import ReplayBuffer
@@ -102,6 +103,9 @@ class DQNLearner:
         self.env_steps_per_iterate = max(1, AGENT_STEPS_PER_ITERATE // cfg.num_envs)
 
         self.rng = np.random.default_rng(cfg.seed)
+        # The loop's host <-> device traffic, without host syncs on a GPU (training/transfer.py).
+        self._upload = Uploader(device)
+        self._readback = ActionReadback(device)
         self.global_step = 0
         self.updates = 0
         self.target_syncs = 0
@@ -159,7 +163,9 @@ class DQNLearner:
         explore = self.rng.random(self.cfg.num_envs) < self.epsilon()
         actions = self.rng.integers(0, self.n_actions, size=self.cfg.num_envs)
         if not explore.all():
-            greedy = self.act_greedy(obs)
+            with torch.inference_mode(), self.precision.autocast():
+                q = self.q(self._upload.put("act_obs", obs))
+            greedy = self._readback.read(q.float().argmax(dim=1))  # the one wait on the device
             actions = np.where(explore, actions, greedy)
         return actions
 
@@ -230,11 +236,12 @@ class DQNLearner:
     def _train_step(self, replay: ReplayBuffer) -> None:
         cfg = self.cfg
         obs, actions, rewards, next_obs, dones = replay.sample(self.batch, self.rng)
-        obs_t = frames_layout(torch.as_tensor(obs, device=self.device))
-        next_t = frames_layout(torch.as_tensor(next_obs, device=self.device))  # used twice
-        actions_t = torch.as_tensor(actions, device=self.device).long().reshape(-1, 1)
-        rewards_t = torch.as_tensor(rewards, device=self.device).float().reshape(-1)
-        dones_t = torch.as_tensor(dones, device=self.device).float().reshape(-1)
+        put = self._upload.put
+        obs_t = frames_layout(put("obs", obs))
+        next_t = frames_layout(put("next_obs", next_obs))  # used twice
+        actions_t = put("actions", actions).long().reshape(-1, 1)
+        rewards_t = put("rewards", rewards).float().reshape(-1)
+        dones_t = put("dones", dones).float().reshape(-1)
         with torch.no_grad(), self.precision.autocast():
             next_target = self.target(next_t).float()
             # --no-double-q: the target network picks and values (its max), one forward less

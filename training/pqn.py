@@ -47,6 +47,7 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
+from training.transfer import ActionReadback, Uploader, device_generator, permutation
 
 # ---- the maths -------------------------------------------------------------------------------
 
@@ -115,6 +116,10 @@ class PQNLearner(RolloutCut):
         self.exploration_fraction = fraction if fraction is not None else (0.1 if atari else 0.5)
 
         self.rng = np.random.default_rng(cfg.seed)
+        # The loop's host <-> device traffic, without host syncs on a GPU (training/transfer.py).
+        self._upload = Uploader(device)
+        self._readback = ActionReadback(device)
+        self._perm_gen = device_generator(device, self.rng)  # minibatch orders, on a GPU
         self.global_step = 0
         self.updates = 0
         self.iterations = 0
@@ -152,7 +157,7 @@ class PQNLearner(RolloutCut):
         return self._to_tensor(obs)
 
     def _to_tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(obs, device=self.device)
+        return self._upload.put("obs", obs)
 
     # ---- training --------------------------------------------------------------------------
     def epsilon(self) -> float:
@@ -182,16 +187,16 @@ class PQNLearner(RolloutCut):
                 with torch.no_grad():
                     best, greedy = self.q(next_obs).float().max(dim=1)
                     self.b_max_q[step] = best
-                    greedy_np = greedy.cpu().numpy()
+                    greedy_np = self._readback.read(greedy)  # the loop's one wait on the device
                 actions = epsilon_greedy(greedy_np, self.epsilon(), self.n_actions, self.rng)
                 t2 = clock()
                 obs, reward, terminated, truncated, info = self.envs.step(actions)
                 t3 = clock()
                 self.tracker.update(reward, terminated, truncated, info)
-                self.b_actions[step] = torch.as_tensor(actions, device=self.device)
-                self.b_rewards[step] = torch.as_tensor(reward, device=self.device)
+                self.b_actions[step] = self._upload.put("actions", actions)
+                self.b_rewards[step] = self._upload.put("reward", reward)
                 next_obs = self._to_tensor(obs)
-                next_done = torch.as_tensor(terminated | truncated, device=self.device).float()
+                next_done = self._upload.put("done", terminated | truncated).float()
                 self.global_step += cfg.num_envs
                 phase["copies"] += (t1 - t0) + (clock() - t3)
                 phase["inference"] += t2 - t1
@@ -229,7 +234,7 @@ class PQNLearner(RolloutCut):
         for _ in range(cfg.epochs):
             if self.interrupted:
                 break
-            order = torch.as_tensor(self.rng.permutation(size), device=self.device)
+            order = permutation(size, self.device, self.rng, self._perm_gen)
             for start in range(0, size, self.minibatch):
                 if taken and self.interrupt():
                     self.interrupted = "update"  # after at least one: the steps count
@@ -289,6 +294,7 @@ class PQNLearner(RolloutCut):
             "iterations": self.iterations,
             "tracker": self.tracker.state_dict(),
             "rng": rng_state(self.rng),
+            **({} if self._perm_gen is None else {"perm_rng": self._perm_gen.get_state()}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -303,6 +309,8 @@ class PQNLearner(RolloutCut):
         self.iterations = int(state["iterations"])
         self.tracker.load_state_dict(state["tracker"])
         restore_rng(self.rng, state["rng"])
+        if self._perm_gen is not None and "perm_rng" in state:
+            self._perm_gen.set_state(state["perm_rng"].cpu())
         self._next_obs = None  # the envs are not part of the state: start fresh episodes
 
     def close(self) -> None:
