@@ -114,7 +114,14 @@ def peer_train(args: argparse.Namespace, algo: str, seed: int, python: Path) -> 
 
 
 def train(
-    game: str, precision: str, seed: int, steps: int, threads: int, out: Path, algo: str = "ppo"
+    game: str,
+    precision: str,
+    seed: int,
+    steps: int,
+    threads: int,
+    out: Path,
+    algo: str = "ppo",
+    device: str = "cpu",
 ) -> dict:
     run_dir = out / f"{game}-{algo}-{precision}-seed{seed}"
     cmd = [
@@ -122,7 +129,7 @@ def train(
         "--run-dir", str(run_dir), *ALGO_ARGS[algo], "--total-steps", str(steps),
         "--seed", str(seed), "--threads", str(threads), "--precision", PATHS[precision],
         "--checkpoint-every-s", "600", "--eval-episodes", "10", "--eval-budget-s", "60",
-        "--no-tensorboard",
+        "--no-tensorboard", "--device", device,
     ]  # fmt: skip
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
@@ -134,6 +141,7 @@ def train(
     train_s = wall - float(ev.get("seconds") or 0.0)
     return {
         "algo": algo,
+        "device": hb.get("device") or device,
         "path": precision,
         "precision": hb.get("precision"),
         "seed": seed,
@@ -161,6 +169,10 @@ def main() -> None:
     parser.add_argument("--paths", default="fp32,fast", help="paths to run: fp32, fast or both")
     parser.add_argument("--algos", default="", help="the learning table: e.g. ppo,dqn,pqn")
     parser.add_argument("--ledger", default=None, help="the learning table's JSONL ledger")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu",
+        help="rlsup's runs of the learning table (--algos) on this device; its own ledger",
+    )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="print the table; run nothing")
     parser.add_argument("--peer", action="store_true", help="run CleanRL's side of the table")
     parser.add_argument("--peer-dir", default=None, help="a CleanRL checkout (for pqn)")
@@ -240,7 +252,8 @@ def ledger_path(args: argparse.Namespace) -> Path:
     the table can be completed across sessions (a 2-core machine cannot run 9 runs in one)."""
     if args.ledger is not None:
         return Path(args.ledger)
-    return REPO / "benchmarks" / "results" / f"learning-{args.game}-{args.steps}.jsonl"
+    where = "" if args.device == "cpu" else f"-{args.device}"  # a GPU's table is its own
+    return REPO / "benchmarks" / "results" / f"learning-{args.game}-{args.steps}{where}.jsonl"
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
@@ -286,7 +299,9 @@ def table(args: argparse.Namespace, algos: list[str], seeds: list[int]) -> None:
                 if python is not None:
                     r = peer_train(args, algo, seed, python)
                 else:
-                    r = train(args.game, "fast", seed, args.steps, args.threads, out, algo)
+                    r = train(
+                        args.game, "fast", seed, args.steps, args.threads, out, algo, args.device
+                    )
                 r.update(game=args.game, host=host_facts(), finished=time.strftime("%Y-%m-%d"))
                 with path.open("a") as f:
                     f.write(json.dumps(r) + "\n")

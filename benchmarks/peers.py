@@ -584,7 +584,8 @@ def main() -> None:
         python = venv_python(venv)
         peers_from = f"{CLEANRL} from PyPI in {venv}"
     else:
-        python = args.peer_python
+        python = args.peer_python.absolute()  # the peers run from a scratch cwd (not resolve():
+        # a venv's python is a link that must stay one)
         peers_from = f"the packages of {python}"
     versions = peer_versions(python)
     worker = Worker.ask(args.rlsup_dir.resolve())

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One lease of a GPU host, prepared: run it there from the repository root, with `.gpu/` made
+# here by `python benchmarks/gpu_pack.py [--cleanrl-checkout DIR]` and carried along.
+#
+#   bash benchmarks/gpu_session.sh [STAGE...]        STAGE: tests peers learn (default: tests peers)
+#
+# - tests: `pytest tests/gpu` (each learner trains and resumes on cuda:0, the no-sync check under
+#   CUDA's sync checker, OOM, the memory gate under a real `rlsup run`);
+# - peers: benchmarks/peers.py --device cuda against CleanRL's scripts at their settings
+#   (PEER_STEPS agent steps a side, default 61,440 for PPO/PQN and 15,000 for DQN);
+# - learn: the learning table on the GPU (benchmarks/learning.py --algos LEARN_ALGOS --device
+#   cuda, LEARN_STEPS, default 500,000: minutes for PPO/PQN, too long for DQN in one lease).
+#
+# Everything lands in $OUT (the device tool's return folder) or benchmarks/results: the host
+# (nvidia-smi, torch's build), each stage's log and JSON. Each stage runs even if one before it
+# failed; the exit status is the first failure's. Sized for a 15-minute lease: tests about 4
+# minutes, peers about 6 (DQN's two sides are most of it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+STAMP=$(date -u +%Y-%m-%d)
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(tests peers)
+status=0
+
+if [ ! -d .gpu/site ]; then
+  echo "no .gpu/site: run python benchmarks/gpu_pack.py here first, and carry .gpu" >&2
+  exit 2
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c 'import torch, json; print(json.dumps({"torch": torch.__version__,
+    "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+    "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))'
+} > "$OUT/gpu-host-$STAMP.txt" 2>&1
+cat "$OUT/gpu-host-$STAMP.txt"
+
+for stage in "${stages[@]}"; do
+  echo "== $stage ($(date -u +%T))"
+  case $stage in
+    tests)
+      python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-$STAMP.log"
+      rc=${PIPESTATUS[0]}
+      ;;
+    peers)
+      peer_dir=()
+      [ -d .gpu/pqnpeer ] && peer_dir=(--peer-dir "$PWD/.gpu/pqnpeer")
+      steps=()
+      [ -n "${PEER_STEPS:-}" ] && steps=(--steps "$PEER_STEPS")
+      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
+        "${peer_dir[@]}" "${steps[@]}" 2>&1 | tee "$OUT/peers-cuda-$STAMP.log"
+      rc=${PIPESTATUS[0]}
+      tail -n 1 "$OUT/peers-cuda-$STAMP.log" > "$OUT/peers-cuda-$STAMP.json"
+      ;;
+    learn)
+      python3 benchmarks/learning.py --device cuda --algos "${LEARN_ALGOS:-ppo,pqn}" \
+        --seeds "${LEARN_SEEDS:-1}" --steps "${LEARN_STEPS:-500000}" --threads 4 --parallel 1 \
+        --ledger "$OUT/learning-cuda-$STAMP.jsonl" 2>&1 | tee "$OUT/learning-cuda-$STAMP.log"
+      rc=${PIPESTATUS[0]}
+      ;;
+    *)
+      echo "unknown stage $stage (tests, peers, learn)" >&2
+      rc=2
+      ;;
+  esac
+  echo "== $stage: exit $rc ($(date -u +%T))"
+  [ "$status" -eq 0 ] && status=$rc
+done
+exit "$status"
