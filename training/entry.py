@@ -158,12 +158,12 @@ class Worker:
         except MemoryError as exc:
             return self._error_exit(ExitCode.OOM, "host_oom", f"host out of memory: {exc}")
         except Exception as exc:
-            from training.device import is_out_of_memory
+            from training.oom import oom_kind
 
-            if is_out_of_memory(exc):
-                cuda = "CUDA" in str(exc) or "cuda" in type(exc).__module__
-                kind, where = ("cuda_oom", "CUDA") if cuda else ("host_oom", "host")
-                return self._error_exit(ExitCode.OOM, kind, f"{where} out of memory: {exc}")
+            oom = oom_kind(exc)  # the same reading as the SDK's (cuDNN's words name no CUDA)
+            if oom is not None:
+                where = "CUDA" if oom == "cuda_oom" else "host"
+                return self._error_exit(ExitCode.OOM, oom, f"{where} out of memory: {exc}")
             kind = getattr(exc, "kind", "crash")
             # Several hosts: placed elsewhere since (errors.PlacementFencedError): exit 77.
             code = ExitCode.FENCED if kind == "fenced" else 1

@@ -126,21 +126,27 @@ def test_a_run_dir_trained_for_another_game_is_refused_naming_both(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "oom",
+    ("oom", "kind"),
     [
-        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-        RuntimeError(
-            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
-            "memory: you tried to allocate 8589934592 bytes. Error code 12"
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "cuda_oom"),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                "memory: you tried to allocate 8589934592 bytes. Error code 12"
+            ),
+            "host_oom",
         ),
+        # cuDNN's own words name no "CUDA": the GPU's all the same (was reported host_oom).
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), "cuda_oom"),
     ],
-    ids=["cuda", "cpu-allocator"],
+    ids=["cuda", "cpu-allocator", "cudnn"],
 )
 def test_out_of_memory_while_restoring_exits_76(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, oom: Exception
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, oom: Exception, kind: str
 ) -> None:
     """In-process, with torch.load raising what an allocator raises: exit 76 (the policy steps
-    down), not 78 (a configuration error that would make the game FATAL)."""
+    down), not 78 (a configuration error that would make the game FATAL), with error.json's
+    kind naming the memory that ran out."""
     from training import checkpointing
     from training.entry import StopRequested, Worker
 
@@ -156,5 +162,5 @@ def test_out_of_memory_while_restoring_exits_76(
     monkeypatch.setattr(checkpointing.torch, "load", failing_load)
     code = Worker(cfg, run_dir, StopRequested()).run()
     assert code == 76
-    assert error_json(run_dir)["kind"] in ("cuda_oom", "host_oom")
+    assert error_json(run_dir)["kind"] == kind
     assert not list((run_dir / "checkpoints").glob(".corrupt-*"))
