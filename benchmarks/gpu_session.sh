@@ -2,12 +2,14 @@
 # One lease of a GPU host, prepared: run it there from the repository root, with `.gpu/` made
 # here by `python benchmarks/gpu_pack.py [--cleanrl-checkout DIR]` and carried along.
 #
-#   bash benchmarks/gpu_session.sh [STAGE...]        STAGE: tests peers learn (default: tests peers)
+#   bash benchmarks/gpu_session.sh [STAGE...]   STAGE: tests peers compile learn (default: tests peers)
 #
 # - tests: `pytest tests/gpu` (each learner trains and resumes on cuda:0, the no-sync check under
 #   CUDA's sync checker, OOM, the memory gate under a real `rlsup run`);
 # - peers: benchmarks/peers.py --device cuda against CleanRL's scripts at their settings
 #   (PEER_STEPS agent steps a side, default 61,440 for PPO/PQN and 15,000 for DQN);
+# - compile: the peers' PPO and PQN rows again with rlsup's networks compiled (`--compile`,
+#   COMPILE_MODES, default reduce-overhead then default), to keep what wins;
 # - learn: the learning table on the GPU (benchmarks/learning.py --algos LEARN_ALGOS --device
 #   cuda, LEARN_STEPS, default 500,000: minutes for PPO/PQN, too long for DQN in one lease).
 #
@@ -54,6 +56,16 @@ for stage in "${stages[@]}"; do
       rc=${PIPESTATUS[0]}
       tail -n 1 "$OUT/peers-cuda-$STAMP.log" > "$OUT/peers-cuda-$STAMP.json"
       ;;
+    compile)
+      # rlsup's side again with its networks compiled (CUDA graphs included): keep what wins.
+      for mode in ${COMPILE_MODES:-reduce-overhead default}; do
+        python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
+          --algos "${COMPILE_ALGOS:-ppo,pqn}" --rlsup-args "--compile $mode" \
+          2>&1 | tee "$OUT/peers-cuda-compile-$mode-$STAMP.log"
+        rc=${PIPESTATUS[0]}
+        tail -n 1 "$OUT/peers-cuda-compile-$mode-$STAMP.log" > "$OUT/peers-cuda-compile-$mode-$STAMP.json"
+      done
+      ;;
     learn)
       python3 benchmarks/learning.py --device cuda --algos "${LEARN_ALGOS:-ppo,pqn}" \
         --seeds "${LEARN_SEEDS:-1}" --steps "${LEARN_STEPS:-500000}" --threads 4 --parallel 1 \
@@ -61,7 +73,7 @@ for stage in "${stages[@]}"; do
       rc=${PIPESTATUS[0]}
       ;;
     *)
-      echo "unknown stage $stage (tests, peers, learn)" >&2
+      echo "unknown stage $stage (tests, peers, compile, learn)" >&2
       rc=2
       ;;
   esac

@@ -65,6 +65,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -467,7 +468,13 @@ def run_peer(row: Row, seed: int, python: Path, threads: int, timeout_s: float) 
 
 
 def run_rlsup(
-    row: Row, seed: int, tree: Path, threads: int, timeout_s: float, device: str = "cpu"
+    row: Row,
+    seed: int,
+    tree: Path,
+    threads: int,
+    timeout_s: float,
+    device: str = "cpu",
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     assert row.rlsup_argv is not None
     with tempfile.TemporaryDirectory(prefix="rlsup-peers-") as tmp:
@@ -476,7 +483,7 @@ def run_rlsup(
             sys.executable, "-m", "training.worker", *row.rlsup_argv,
             "--run-dir", str(run_dir), "--total-steps", str(row.steps), "--seed", str(seed),
             "--threads", str(threads), "--device", device, "--checkpoint-every-s", "600",
-            "--eval-episodes", "0",
+            "--eval-episodes", "0", *extra,
         ]  # fmt: skip
         t0 = time.monotonic()
         try:  # run() kills the worker on the timeout (and on any exception) before it raises
@@ -563,6 +570,10 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="both sides")
     parser.add_argument(
+        "--rlsup-args", default="",
+        help="more flags for rlsup's worker, e.g. '--compile reduce-overhead' (in the JSON)",
+    )  # fmt: skip
+    parser.add_argument(
         "--peer-python", type=Path, default=None,
         help="an interpreter that holds the peers' packages (no scratch venv is made)",
     )  # fmt: skip
@@ -619,8 +630,9 @@ def main() -> None:
                         run[side] = run_peer(row, seed, python, args.threads, args.timeout_s)
                     elif row.rlsup_argv is not None:
                         run[side] = run_rlsup(
-                            row, seed, worker.tree, args.threads, args.timeout_s, args.device
-                        )
+                            row, seed, worker.tree, args.threads, args.timeout_s, args.device,
+                            shlex.split(args.rlsup_args),
+                        )  # fmt: skip
                     else:
                         continue
                     r = run[side]
@@ -668,6 +680,7 @@ def main() -> None:
                 "benchmark": "peers",
                 "threads": args.threads,
                 "device": args.device,
+                "rlsup_args": args.rlsup_args,
                 "seeds": seeds,
                 "repeats": max(1, args.repeats),
                 "peer_venv": str(venv) if args.peer_python is None else None,

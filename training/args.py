@@ -26,6 +26,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # elsewhere; "fp32" = plain fp32 everywhere; "bf16" = bf16 autocast wherever it runs. The
 # weights and the optimizer stay fp32 in every mode, so checkpoints move between them.
 PRECISIONS = ("auto", "fp32", "bf16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 LR_SCHEDULERS = ("none", "cosine", "step", "linear")
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     # From the GPU-heavy training guide: envs, steps per env, minibatch, epochs, network.
@@ -109,6 +110,13 @@ class WorkerConfig:
         "auto | fp32 | bf16: network arithmetic (auto: bf16 autocast on CUDA and on CPUs with "
         "native bf16 for Atari, fp32 elsewhere; weights stay fp32)",
         choices=PRECISIONS,
+    )
+    compile: str = _f(
+        "off",
+        "off | default | reduce-overhead | max-autotune: torch.compile the networks (forward "
+        "and backward; reduce-overhead also replays them as CUDA graphs on a GPU). The first "
+        "iterations compile (seconds to a minute, on every start); off until measured faster",
+        choices=COMPILE_MODES,
     )
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
     eval_episodes: int = _f(
@@ -440,6 +448,7 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_choice("algo", cfg.algo, ALGOS)
     _check_choice("device", cfg.device, DEVICES)
     _check_choice("precision", cfg.precision, PRECISIONS)
+    _check_choice("compile", cfg.compile, COMPILE_MODES)
     if cfg.lr_scheduler is not None:
         _check_choice("lr-scheduler", cfg.lr_scheduler, LR_SCHEDULERS)
     if cfg.preset is not None:

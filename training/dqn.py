@@ -30,7 +30,7 @@ from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
 from training.metrics import Means
-from training.networks import QNetwork, frames_layout
+from training.networks import QNetwork, compile_networks, frames_layout
 from training.optim import (
     LRSchedule,
     Precision,
@@ -88,6 +88,7 @@ class DQNLearner:
 
         self.q = QNetwork(self.obs_shape, self.n_actions, cfg.mlp_sizes(), cfg.dueling).to(device)
         self.target = copy.deepcopy(self.q)
+        compile_networks(cfg.compile, self.q, self.target)
         self.target.requires_grad_(False)
         self.lr = default_lr(cfg, 1e-4, 2.5e-4)
         self.optimizer = make_adam(self.q.parameters(), lr=self.lr)

@@ -26,7 +26,7 @@ from training.envs import EpisodeTracker, make_env
 from training.learner import RolloutCut
 from training.masking import masked_mean
 from training.metrics import Means, explained_variance
-from training.networks import ActorCritic, rollout_frames
+from training.networks import ActorCritic, compile_networks, rollout_frames
 from training.optim import (
     LRSchedule,
     Precision,
@@ -134,6 +134,7 @@ class PPOLearner(RolloutCut):
         n_actions = int(self.envs.action_space.n)
 
         self.net = ActorCritic(self.obs_shape, n_actions, cfg.mlp_sizes()).to(device)
+        compile_networks(cfg.compile, self.net)
         self.lr = default_lr(cfg, 2.5e-4, 2.5e-4)
         self.optimizer = make_adam(self.net.parameters(), lr=self.lr, eps=1e-5)
         self.minibatch = cfg.minibatch_size()

@@ -36,7 +36,7 @@ from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
 from training.learner import RolloutCut
 from training.masking import masked_mean
 from training.metrics import Means
-from training.networks import PQNetwork, rollout_frames
+from training.networks import PQNetwork, compile_networks, rollout_frames
 from training.optim import (
     LRSchedule,
     Precision,
@@ -99,6 +99,7 @@ class PQNLearner(RolloutCut):
         self.n_actions = int(self.envs.action_space.n)
 
         self.q = PQNetwork(self.obs_shape, self.n_actions, cfg.mlp_sizes()).to(device)
+        compile_networks(cfg.compile, self.q)
         self.lr = default_lr(cfg, 2.5e-4, 2.5e-4)
         # foreach: one kernel per op over all parameters, not a Python loop (torch CPU default)
         self.optimizer = torch.optim.RAdam(self.q.parameters(), lr=self.lr, foreach=True)

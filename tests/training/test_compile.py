@@ -1,0 +1,62 @@
+"""`--compile`: the networks compiled in place train as the eager ones do, and their state is
+the eager one's (a checkpoint of either loads into the other). On the CPU, where CI runs (the
+GPU's modes, CUDA graphs included, are measured where one is lent: docs/gpus.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from training import rng
+from training.args import ConfigError, WorkerConfig, validate
+from training.registry import make_learner
+
+
+def _learner(algo: str, compile_mode: str) -> Any:
+    cfg = validate(
+        WorkerConfig(
+            game="CartPole-v1",
+            algo=algo,
+            num_envs=4,
+            n_steps=16,
+            batch_size=32,
+            threads=1,
+            eval_episodes=0,
+            total_steps=10**6,
+            compile=compile_mode,
+            seed=3,
+        )
+    )
+    torch.set_num_threads(1)
+    rng.seed_everything(3)
+    return make_learner(cfg, torch.device("cpu"), 7)
+
+
+@pytest.mark.e2e  # inductor runs the C++ compiler
+@pytest.mark.timeout(300)
+def test_a_compiled_ppo_learner_trains_as_the_eager_one() -> None:
+    eager, compiled = _learner("ppo", "off"), _learner("ppo", "default")
+    try:
+        assert compiled.net._compiled_call_impl is not None, "compiled in place"
+        assert eager.net._compiled_call_impl is None
+        assert eager.state_dict()["net"].keys() == compiled.state_dict()["net"].keys()
+        compiled.load_state_dict(eager.state_dict())  # the same start, exactly
+        for learner in (eager, compiled):
+            rng.seed_everything(11)
+            learner.iterate()
+        assert eager.global_step == compiled.global_step
+        for (name, a), b in zip(
+            eager.net.state_dict().items(), compiled.net.state_dict().values(), strict=True
+        ):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=name)
+        assert eager.take_metrics().keys() == compiled.take_metrics().keys()
+    finally:
+        eager.close()
+        compiled.close()
+
+
+def test_an_unknown_compile_mode_is_refused_naming_the_flag() -> None:
+    with pytest.raises(ConfigError, match="compile"):
+        validate(WorkerConfig(compile="fast"))
