@@ -83,6 +83,21 @@ def test_each_algorithm_trains_and_resumes_on_the_gpu(tmp_path: Path, algo: str)
     assert hb2["global_step"] >= 2 * STEPS and hb2["device"] == "cuda:0"
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "default"])
+def test_a_compiled_learner_trains_and_resumes_on_the_gpu(tmp_path: Path, mode: str) -> None:
+    """`--compile` on the GPU (CUDA graphs with reduce-overhead): it trains, its checkpoint is
+    the eager layout, and the next start resumes from it compiled again."""
+    run_dir = tmp_path / mode
+    first = run_worker(run_dir, *worker_args("ppo", STEPS, "--compile", mode))
+    assert first.returncode == 0, first.stderr[-3000:]
+    hb = hb_of(run_dir)
+    assert hb["global_step"] >= STEPS and hb["last_checkpoint_step"] == hb["global_step"]
+    again = run_worker(run_dir, *worker_args("ppo", 2 * STEPS, "--compile", mode))
+    assert again.returncode == 0, again.stderr[-3000:]
+    hb2 = hb_of(run_dir)
+    assert hb2["resumed_from_step"] == hb["global_step"] and hb2["global_step"] >= 2 * STEPS
+
+
 def test_fp16_with_a_grad_scaler_where_the_gpu_has_no_bf16(monkeypatch) -> None:
     """`--precision auto` on a GPU without bf16 in hardware (a T4, a V100) is fp16 with a
     GradScaler: this GPU has bf16, so the check that decides is answered no."""
