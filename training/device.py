@@ -7,6 +7,8 @@ Torch at import, so not torchbuild.py's neighbour there: `rlsup status` imports 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,6 +52,21 @@ def _no_cuda_reason(driver: str | None) -> str:
     if driver is None:
         return "no CUDA device is available: no NVIDIA driver on this host (use auto or cpu)"
     return "no CUDA device is available (use auto or cpu; `rlsup doctor` tells why)"
+
+
+COMPILE_CACHE = "compile-cache"  # under the run directory: what --compile built, kept
+
+
+def keep_compiled(run_dir: Path) -> Path:
+    """`--compile`'s kernels and graphs cached in the game's run directory (private to its
+    owner), so that a restart, after a crash or a reboot, loads them instead of compiling again
+    (torch's default, a folder under /tmp, is gone after a reboot and shared by every user).
+    Set whatever the environment held: torch writes its default into it on first use, so a
+    value found there may be torch's own from an earlier compile in the parent process."""
+    cache = run_dir / COMPILE_CACHE
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return cache
 
 
 def setup_torch(device: torch.device, threads: int) -> None:

@@ -22,7 +22,7 @@ from training import rng, torchbuild
 from training.args import WorkerConfig
 from training.checkpoint_request import CheckpointRequestWatch
 from training.checkpointing import Checkpointer, CheckpointResult
-from training.device import pick_device, setup_torch, torch_build
+from training.device import keep_compiled, pick_device, setup_torch, torch_build
 from training.errors import (
     CheckpointUnreadableError,
     EvalWriteFailed,
@@ -119,6 +119,8 @@ class TrainingSession:
     def run(self, stop: Any) -> int:
         device = pick_device(self.cfg.device)
         setup_torch(device, self.threads)
+        if self.cfg.compile != "off":
+            keep_compiled(self.run_dir)  # before the learner compiles anything
         # "cpu" or "cuda:N" (the GPU it trains on, which `rlsup status` shows).
         index = torch.cuda.current_device() if device.type == "cuda" else None
         build = torch_build(torchbuild.driver_version())

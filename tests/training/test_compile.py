@@ -4,13 +4,17 @@ GPU's modes, CUDA graphs included, are measured where one is lent: docs/gpus.md)
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from workerutil import heartbeat, run
 
 from training import rng
 from training.args import ConfigError, WorkerConfig, validate
+from training.device import COMPILE_CACHE
 from training.registry import make_learner
 
 
@@ -60,3 +64,22 @@ def test_a_compiled_ppo_learner_trains_as_the_eager_one() -> None:
 def test_an_unknown_compile_mode_is_refused_naming_the_flag() -> None:
     with pytest.raises(ConfigError, match="compile"):
         validate(WorkerConfig(compile="fast"))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_compiled_worker_keeps_its_compiled_code_in_its_run_dir(tmp_path: Path) -> None:
+    """What --compile built stays in `<run_dir>/compile-cache` (private), so the next start,
+    after a crash or a reboot, loads it instead of compiling again; the checkpoint resumes."""
+    run_dir = tmp_path / "run"
+    args = ("--game", "CartPole-v1", "--algo", "ppo", "--num-envs", "4", "--threads", "1",
+            "--eval-episodes", "0", "--compile", "default")  # fmt: skip
+    first = run(run_dir, *args, "--total-steps", "1024")
+    assert first.returncode == 0, first.stderr[-3000:]
+    cache = run_dir / COMPILE_CACHE
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    built = {p.relative_to(cache) for p in cache.rglob("*") if p.is_file()}
+    assert built, "nothing was cached"
+    again = run(run_dir, *args, "--total-steps", "2048")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert heartbeat(run_dir)["resumed_from_step"] == 1024
