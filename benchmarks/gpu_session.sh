@@ -2,7 +2,8 @@
 # One lease of a GPU host, prepared: run it there from the repository root, with `.gpu/` made
 # here by `python benchmarks/gpu_pack.py [--cleanrl-checkout DIR]` and carried along.
 #
-#   bash benchmarks/gpu_session.sh [STAGE...]   STAGE: tests peers compile learn (default: tests peers)
+#   bash benchmarks/gpu_session.sh [STAGE...]  STAGE: tests peers compile precision learn
+#                                              (default: tests peers)
 #
 # - tests: `pytest tests/gpu` (each learner trains and resumes on cuda:0, the no-sync check under
 #   CUDA's sync checker, OOM, the memory gate under a real `rlsup run`);
@@ -10,19 +11,23 @@
 #   (PEER_STEPS agent steps a side, default 61,440 for PPO/PQN and 15,000 for DQN);
 # - compile: the peers' PPO and PQN rows again with rlsup's networks compiled (`--compile`,
 #   COMPILE_MODES, default reduce-overhead then default), to keep what wins;
+# - precision: the peers' rows again with rlsup in fp32 + TF32 (`--precision fp32`) against
+#   the default bf16 autocast, to choose per device;
 # - learn: the learning table on the GPU (benchmarks/learning.py --algos LEARN_ALGOS --device
 #   cuda, LEARN_STEPS, default 500,000: minutes for PPO/PQN, too long for DQN in one lease).
 #
-# Everything lands in $OUT (the device tool's return folder) or benchmarks/results: the host
+# Everything lands in benchmarks/results/gpu-session-DATE/ (and $OUT's archive): the host
 # (nvidia-smi, torch's build), each stage's log and JSON. Each stage runs even if one before it
 # failed; the exit status is the first failure's. Sized for a 15-minute lease: tests about 4
 # minutes, peers about 6 (DQN's two sides are most of it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results}
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Everything is written to one folder; on the device tool's machine (OUT set there, and at
+# most 8 files come back) it is also packed into $OUT/gpu-session-DATE.tgz.
 STAMP=$(date -u +%Y-%m-%d)
+RES="benchmarks/results/gpu-session-$STAMP"
+mkdir -p "$RES"
+export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(tests peers)
 status=0
@@ -36,14 +41,14 @@ fi
   python3 -c 'import torch, json; print(json.dumps({"torch": torch.__version__,
     "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))'
-} > "$OUT/gpu-host-$STAMP.txt" 2>&1
-cat "$OUT/gpu-host-$STAMP.txt"
+} > "$RES/gpu-host-$STAMP.txt" 2>&1
+cat "$RES/gpu-host-$STAMP.txt"
 
 for stage in "${stages[@]}"; do
   echo "== $stage ($(date -u +%T))"
   case $stage in
     tests)
-      python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu-tests-$STAMP.log"
+      python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$RES/gpu-tests-$STAMP.log"
       rc=${PIPESTATUS[0]}
       ;;
     peers)
@@ -52,32 +57,44 @@ for stage in "${stages[@]}"; do
       steps=()
       [ -n "${PEER_STEPS:-}" ] && steps=(--steps "$PEER_STEPS")
       python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        "${peer_dir[@]}" "${steps[@]}" 2>&1 | tee "$OUT/peers-cuda-$STAMP.log"
+        "${peer_dir[@]}" "${steps[@]}" 2>&1 | tee "$RES/peers-cuda-$STAMP.log"
       rc=${PIPESTATUS[0]}
-      tail -n 1 "$OUT/peers-cuda-$STAMP.log" > "$OUT/peers-cuda-$STAMP.json"
+      tail -n 1 "$RES/peers-cuda-$STAMP.log" > "$RES/peers-cuda-$STAMP.json"
       ;;
     compile)
       # rlsup's side again with its networks compiled (CUDA graphs included): keep what wins.
       for mode in ${COMPILE_MODES:-reduce-overhead default}; do
         python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
           --algos "${COMPILE_ALGOS:-ppo,pqn}" --rlsup-args "--compile $mode" \
-          2>&1 | tee "$OUT/peers-cuda-compile-$mode-$STAMP.log"
+          2>&1 | tee "$RES/peers-cuda-compile-$mode-$STAMP.log"
         rc=${PIPESTATUS[0]}
-        tail -n 1 "$OUT/peers-cuda-compile-$mode-$STAMP.log" > "$OUT/peers-cuda-compile-$mode-$STAMP.json"
+        tail -n 1 "$RES/peers-cuda-compile-$mode-$STAMP.log" > "$RES/peers-cuda-compile-$mode-$STAMP.json"
       done
+      ;;
+    precision)
+      # fp32 with TF32 against the default (bf16 autocast) at these batch sizes: keep the faster.
+      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
+        --algos "${PRECISION_ALGOS:-ppo,dqn,pqn}" --rlsup-args "--precision fp32" \
+        2>&1 | tee "$RES/peers-cuda-fp32-$STAMP.log"
+      rc=${PIPESTATUS[0]}
+      tail -n 1 "$RES/peers-cuda-fp32-$STAMP.log" > "$RES/peers-cuda-fp32-$STAMP.json"
       ;;
     learn)
       python3 benchmarks/learning.py --device cuda --algos "${LEARN_ALGOS:-ppo,pqn}" \
         --seeds "${LEARN_SEEDS:-1}" --steps "${LEARN_STEPS:-500000}" --threads 4 --parallel 1 \
-        --ledger "$OUT/learning-cuda-$STAMP.jsonl" 2>&1 | tee "$OUT/learning-cuda-$STAMP.log"
+        --ledger "$RES/learning-cuda-$STAMP.jsonl" 2>&1 | tee "$RES/learning-cuda-$STAMP.log"
       rc=${PIPESTATUS[0]}
       ;;
     *)
-      echo "unknown stage $stage (tests, peers, compile, learn)" >&2
+      echo "unknown stage $stage (tests, peers, compile, precision, learn)" >&2
       rc=2
       ;;
   esac
   echo "== $stage: exit $rc ($(date -u +%T))"
   [ "$status" -eq 0 ] && status=$rc
 done
+if [ -n "${OUT:-}" ] && [ "$OUT" != "$RES" ]; then
+  tar czf "$OUT/gpu-session-$STAMP.tgz" -C "$RES" . && echo "packed into $OUT/gpu-session-$STAMP.tgz"
+fi
+for f in "$RES"/*.json; do [ -s "$f" ] && { echo "== $f"; cat "$f"; }; done
 exit "$status"
