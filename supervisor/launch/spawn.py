@@ -151,6 +151,34 @@ def find_leftover(
         return None
 
 
+def unrecorded_workers(runs_root: Path, known: set[int]) -> list[psutil.Process]:
+    """Workers of this state directory's games that the database does not name: started (a
+    cold spawn, or the spare handed a game) just before the supervisor died, while their row
+    was still to be written (a database that is locked keeps writes in memory a while). A
+    worker module whose `--run-dir` lies under `runs_root`, or a process a supervisor started
+    whose run dir (its environment) does; a spare still on standby ends on its own."""
+    root = runs_root.resolve()
+    found: list[psutil.Process] = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        if proc.pid == os.getpid() or proc.pid in known:
+            continue
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            argv = process_argv(proc.info["cmdline"] or [])
+            run_dir: str | None = None
+            if WORKER_MODULE in argv and "--standby" not in argv:
+                at = [i for i, part in enumerate(argv[:-1]) if part == "--run-dir"]
+                run_dir = argv[at[-1] + 1] if at else None
+            elif _started_by_rlsup(proc.pid):
+                run_dir = proc.environ().get(P.RUN_DIR_ENV)
+            if run_dir and Path(run_dir).resolve().is_relative_to(root):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 def _command_game(proc: psutil.Process) -> bool:
     """Was it started as a command game (its environment names its game and run dir)?"""
     try:

@@ -15,7 +15,12 @@ import structlog
 from checkpoints.names import newest_step
 from supervisor.config import Config
 from supervisor.launch.process import start_ticks
-from supervisor.launch.spawn import find_leftover, orphaned_remains, stop_leftovers
+from supervisor.launch.spawn import (
+    find_leftover,
+    orphaned_remains,
+    stop_leftovers,
+    unrecorded_workers,
+)
 from supervisor.ledger import db
 from supervisor.ledger.db import BootOutcome
 from supervisor.lifecycle.liveness import REPORT_KINDS, new_reports, reported_from_events
@@ -97,8 +102,10 @@ def start_event(
 
 def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Notifier) -> list[int]:
     """Same boot, new supervisor: stop the workers of the database's rows still alive (same
-    pid and start time), and what is left of the sessions of those that are gone (a wrapper's
-    children, a forked child still holding the run-dir lock), BEFORE any worker is started.
+    pid and start time), what is left of the sessions of those that are gone (a wrapper's
+    children, a forked child still holding the run-dir lock), and the workers of this state
+    directory's games that no row names (started an instant before the last supervisor died),
+    BEFORE any worker is started.
     Draining them can outlast systemd's start timeout: ask it for the time. Returns the pids
     stopped."""
     procs: list[psutil.Process] = []
@@ -109,11 +116,19 @@ def stop_leftover_workers(rows: list[dict[str, Any]], cfg: Config, notifier: Not
             procs.append(p)
         elif remains := orphaned_remains(row["pid"], ticks):
             orphaned[row["pid"]] = remains
-    if not procs and not orphaned:
+    # Those no row names: started just before the last supervisor died, their row unwritten.
+    known = {p.pid for p in procs} | {pid for pids in orphaned.values() for pid in pids}
+    unrecorded = unrecorded_workers(cfg.state_dir / "runs", known)
+    if not procs and not orphaned and not unrecorded:
         return []
     notifier.extend_timeout(cfg.stop_grace_s + 30, "stopping leftover workers")
-    log.warning("leftover_workers", pids=[p.pid for p in procs], orphaned=orphaned)
-    return stop_leftovers(procs, cfg.stop_grace_s, orphaned)
+    log.warning(
+        "leftover_workers",
+        pids=[p.pid for p in procs],
+        orphaned=orphaned,
+        unrecorded=[p.pid for p in unrecorded],
+    )
+    return stop_leftovers([*procs, *unrecorded], cfg.stop_grace_s, orphaned)
 
 
 _CATCH_UP_WINDOW = 500  # report events of a game searched for a worker's pid

@@ -4,12 +4,22 @@ recorded (it died between the heartbeat and the event): real SQLite, real heartb
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
+import pytest
+
+from supervisor.config import Config
 from supervisor.ledger import db
 from supervisor.lifecycle.liveness import Reported, new_reports, reported_from_events
-from supervisor.lifecycle.startup import unrecorded_reports
-from training.protocol import HEARTBEAT_FILE, Heartbeat
+from supervisor.lifecycle.startup import stop_leftover_workers, unrecorded_reports
+from supervisor.sdnotify import Notifier
+from training.protocol import HEARTBEAT_FILE, PARENT_PID_ENV, RUN_DIR_ENV, Heartbeat
 
 DAMAGE = {
     "checkpoint": "ckpt-000000005120",
@@ -97,3 +107,43 @@ def test_every_evaluation_between_two_reads_of_the_heartbeat_is_an_event() -> No
     assert new_reports(reported_from_events(41, got), hb)[0][1]["step"] == 2048
     # The heartbeat round-trips the list (the worker writes it, the supervisor reads it).
     assert Heartbeat.from_json(hb.to_json()).evals == hb.evals
+
+
+# ---- workers no row names -------------------------------------------------------------------
+
+
+def _sleeper(argv_tail: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A real process whose command line (or environment) is a worker's; it only sleeps."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", *argv_tail],
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+
+
+@pytest.mark.e2e
+def test_a_worker_started_just_before_the_supervisor_died_is_stopped_though_no_row_names_it(
+    tmp_path: Path,
+) -> None:
+    """The spare handed a game (or a cold spawn) an instant before the supervisor was killed,
+    its row still waiting for a locked database: the next supervisor found no row, started the
+    game again, and two workers of one game ran at once (the soak saw it). Now every process
+    that is a worker of this state directory's games is stopped before anything starts, and
+    nothing else is."""
+    state = tmp_path / "state"
+    runs = state / "runs"
+    worker = _sleeper(["-m", "training.worker", "--run-dir", str(runs / "dqn")])
+    command = _sleeper([], {PARENT_PID_ENV: "1", RUN_DIR_ENV: str(runs / "byo")})
+    stranger = _sleeper(["-m", "training.worker", "--run-dir", str(tmp_path / "other" / "g")])
+    standby = _sleeper(["-m", "training.worker", "--standby"])
+    try:
+        time.sleep(0.3)  # the interpreters are up, their command lines as given
+        cfg = cast(Config, SimpleNamespace(state_dir=state, stop_grace_s=5.0))
+        stopped = stop_leftover_workers([], cfg, Notifier({}))
+        assert sorted(stopped) == sorted([worker.pid, command.pid])
+        assert worker.wait(10) is not None and command.wait(10) is not None
+        assert stranger.poll() is None and standby.poll() is None, "not ours: left alone"
+    finally:
+        for p in (worker, command, stranger, standby):
+            p.kill()
+            p.wait()
