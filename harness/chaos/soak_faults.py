@@ -41,6 +41,7 @@ from harness.chaos.soak_services import (
     scrape,
 )
 from harness.fake_metadata import FakeMetadata
+from supervisor.launch.spawn import process_argv
 from supervisor.observe.hooks import RUNS_PER_HOOK
 from training.protocol import read_heartbeat
 
@@ -793,6 +794,52 @@ class Injector:
             os.kill(spare, signal.SIGKILL)
         fault.spare_pid = spare
         fault.note = f"spare pid {spare} killed {'as it took over' if took else '(never handed)'}"
+        return fault
+
+    def _f_handover_supervisor_kill(self) -> Fault | None:
+        """The state database locked (an operator's sqlite3 shell) and a worker SIGKILLed with
+        a ready spare: the spare takes the game while its row cannot be written, and then the
+        supervisor is SIGKILLed, the lock released, a new supervisor started. It must stop the
+        spare turned worker, which no row names, before it starts the game again."""
+        self.wait_disk()
+        self.wait_all_healthy(40)
+        spare = self._ready_spare(30)
+        game = self.pick_game(builtin=True)
+        if spare is None or game is None:
+            return None
+        assert self.sup is not None
+        fault = Fault("handover_supervisor_kill", [game], time.monotonic())
+        run_dir = str(self.monitor.run_dir(game))
+
+        def became() -> bool:
+            try:
+                argv = process_argv(psutil.Process(spare).cmdline())
+            except psutil.Error:
+                return False
+            return "--standby" not in argv and run_dir in argv
+
+        locker = sqlite3.connect(self.state / "rlsup.db", isolation_level=None, timeout=30)
+        took = False
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            pid = self._kill_worker(game, fault=fault)
+            if not pid:
+                return None
+            fault.victims[game] = pid
+            took = bool(self._wait_for(became, 20))
+            os.kill(self.sup.pid, signal.SIGKILL)
+            self._mark_killed(self.sup)
+            self.sup.wait(10)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                locker.execute("COMMIT")
+            locker.close()
+        self.start_supervisor()
+        fault.spare_pid = spare if took else None
+        fault.note = (
+            f"spare pid {spare} {'took the game' if took else 'never took it'}, then the "
+            "supervisor was killed with the database locked"
+        )
         return fault
 
     def _step_clock(self, delta_s: float) -> bool:

@@ -66,6 +66,17 @@ def _clock_step(ev: EventLog) -> list[tuple[str, bool]]:
         "supervisor_start", None, found_them))]  # fmt: skip
 
 
+def _stopped_unrecorded(ev: EventLog) -> list[tuple[str, bool]]:
+    """The spare that took a game before the supervisor died is stopped by the next one."""
+    spare = ev.fault.spare_pid
+    if spare is None:  # it never took the game: it ended with its supervisor
+        return []
+    return [("supervisor_start stopping the spare no row names", ev.has(
+        "supervisor_start", None,
+        lambda e: spare in (e["detail"].get("leftover_workers_stopped") or []),
+    ))]  # fmt: skip
+
+
 def _of_spare(ev: EventLog) -> Callable[[dict[str, Any]], bool]:
     return lambda e: e["detail"].get("pid") == ev.fault.spare_pid
 
@@ -246,6 +257,12 @@ KINDS: dict[str, FaultKind] = {
     # A worker SIGKILLed and the spare handed its game SIGKILLed mid hand-over.
     "spare_assign_kill": FaultKind(
         Injector._f_spare_assign_kill, lambda ev: [_crash(ev)], filler=1
+    ),
+    # The spare handed a game while the state database is locked, then the supervisor
+    # SIGKILLed: the next one stops that worker (no row names it) before it starts the game.
+    "handover_supervisor_kill": FaultKind(
+        Injector._f_handover_supervisor_kill,
+        lambda ev: [_after_crash(ev), *_stopped_unrecorded(ev)],
     ),
     # A burst of idle connections to the metrics endpoint (more than a service has descriptors)
     # and a worker SIGKILLed while they are held: replaced, scraped, descriptors bounded.
