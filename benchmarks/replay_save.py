@@ -43,6 +43,7 @@ from hostinfo import host_facts, host_line
 
 from checkpoints import CheckpointStore
 from training.replay import ReplayBuffer, is_chunk_file
+from training.replay_load import load_buffer
 
 FRAME = (84, 84)
 FRAME_BYTES = 84 * 84
@@ -231,7 +232,7 @@ def load_child(root: Path, how: str) -> dict[str, Any]:
     assert loaded is not None
     if how == "two-evicted":  # a buffer larger than the page cache: the verify's pages are gone
         evict(root)
-    back = ReplayBuffer.load(loaded)
+    back = load_buffer(loaded)
     load_s = time.perf_counter() - t0
     assert back.load_damage is None
     out = {

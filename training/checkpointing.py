@@ -228,16 +228,16 @@ def restore_learner(
     """Load learner state + RNGs (weights only: no code runs) and return the saved counters.
 
     Replay chunks listed in `loaded.damaged` are left out of the buffer (see
-    ReplayBuffer.load); everything else is restored exactly."""
+    training/replay_load.py); everything else is restored exactly."""
     with loaded.open(LEARNER_FILE) as f:
         blob = torch.load(f, map_location=device, weights_only=True)
     learner.load_state_dict(blob["learner"])
     rng.restore(blob["rng"])
     counters: dict[str, Any] = loaded.read_json(STATE_FILE)
     if REPLAY_META in loaded.files():
-        from training.replay import ReplayBuffer
+        from training.replay_load import load_buffer
 
-        learner.replay = ReplayBuffer.load(loaded)
+        learner.replay = load_buffer(loaded)
     return counters
 
 

@@ -10,32 +10,16 @@ from typing import Any
 
 import pytest
 import torch
-from workerutil import heartbeat, run
+from workerutil import heartbeat, run, small_learner
 
 from training import rng
 from training.args import ConfigError, WorkerConfig, validate
 from training.device import COMPILE_CACHE
-from training.registry import make_learner
 
 
 def _learner(algo: str, compile_mode: str) -> Any:
-    cfg = validate(
-        WorkerConfig(
-            game="CartPole-v1",
-            algo=algo,
-            num_envs=4,
-            n_steps=16,
-            batch_size=32,
-            threads=1,
-            eval_episodes=0,
-            total_steps=10**6,
-            compile=compile_mode,
-            seed=3,
-        )
-    )
-    torch.set_num_threads(1)
     rng.seed_everything(3)
-    return make_learner(cfg, torch.device("cpu"), 7)
+    return small_learner(algo, 7, compile=compile_mode, seed=3)
 
 
 @pytest.mark.e2e  # inductor runs the C++ compiler

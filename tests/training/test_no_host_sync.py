@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-
-from training.args import WorkerConfig, validate
-from training.registry import make_learner
+from workerutil import small_learner
 
 READBACKS = {
     torch.Tensor.item,
@@ -64,21 +62,7 @@ def test_an_iteration_reads_back_only_the_actions(algo: str) -> None:
     extra: dict[str, Any] = {}
     if algo == "dqn":  # updates from the start, and mostly greedy actions (the readback's path)
         extra = {"learning_starts": 64, "buffer_size": 4096, "start_e": 0.05, "end_e": 0.05}
-    cfg = validate(
-        WorkerConfig(
-            game="CartPole-v1",
-            algo=algo,
-            num_envs=4,
-            n_steps=16,
-            batch_size=32,
-            threads=1,
-            eval_episodes=0,
-            total_steps=10**6,
-            **extra,
-        )
-    )
-    torch.set_num_threads(1)
-    learner = make_learner(cfg, torch.device("cpu"), 1)
+    learner = small_learner(algo, **extra)
     try:
         learner.iterate()  # the first one builds what later ones reuse
         watch = ReadbackWatch()

@@ -16,6 +16,7 @@ import pytest
 
 from checkpoints import CheckpointStore
 from training.replay import ReplayBuffer, ReplayError, ReplaySnapshot, chunk_file
+from training.replay_load import load_buffer
 
 # ---- a naive reference: every transition stored with its full stacks ---------------------
 
@@ -234,7 +235,7 @@ def test_save_load_round_trip_byte_identical(tmp_path: Path, n_calls: int) -> No
         assert stats.files_written == 1 + 2 * -(-buf.cursor // buf.chunk_slots)
     loaded = store.load_latest()
     assert loaded is not None
-    back = ReplayBuffer.load(loaded)
+    back = load_buffer(loaded)
     assert_state_equal(back, expected)
     assert (back.capacity, back.obs_shape, back.chunk_slots) == (
         buf.capacity,
@@ -256,7 +257,7 @@ def test_after_load_every_env_must_reset_and_env_count_may_change(tmp_path: Path
     checkpoint(store, buf, 5)
     loaded = store.load_latest()
     assert loaded is not None
-    back = ReplayBuffer.load(loaded)
+    back = load_buffer(loaded)
     assert len(back) == len(buf)
     obs = np.zeros((1, *back.obs_shape), np.uint8)
     with pytest.raises(ReplayError, match=r"env\(s\) \[0\] with no open episode.*add_reset"):
@@ -321,7 +322,7 @@ def test_background_save_is_consistent_while_loop_keeps_writing(
     assert not snap.active and buf._active == ()
     loaded = store.load_latest()
     assert loaded is not None and loaded.step == 2
-    assert_state_equal(ReplayBuffer.load(loaded), expected)
+    assert_state_equal(load_buffer(loaded), expected)
 
 
 def test_incremental_save_writes_only_dirty_chunks(tmp_path: Path) -> None:
@@ -348,7 +349,7 @@ def test_incremental_save_writes_only_dirty_chunks(tmp_path: Path) -> None:
         assert nlink == (1 if c in dirty else 2), c
     loaded = store.load_latest()
     assert loaded is not None
-    assert_state_equal(ReplayBuffer.load(loaded), expected)
+    assert_state_equal(load_buffer(loaded), expected)
 
 
 class FailingWriter(SlowWriter):
@@ -388,7 +389,7 @@ def test_failed_checkpoint_keeps_dirty_state(tmp_path: Path) -> None:
     assert stats.files_written == 1 + 2 * len(dirty)
     loaded = store.load_latest()
     assert loaded is not None and loaded.step == 3
-    assert_state_equal(ReplayBuffer.load(loaded), expected)
+    assert_state_equal(load_buffer(loaded), expected)
 
 
 def test_released_snapshot_stops_copy_on_write() -> None:
@@ -444,5 +445,5 @@ def test_save_and_load_extra_memory_is_about_one_chunk(tmp_path: Path) -> None:
     loaded = store.load_latest()
     assert loaded is not None
     holder: list[ReplayBuffer] = []
-    start, peak = _peak_rss_during(lambda: holder.append(ReplayBuffer.load(loaded)))
+    start, peak = _peak_rss_during(lambda: holder.append(load_buffer(loaded)))
     assert peak - start - nbytes < 24 << 20, (peak - start - nbytes) >> 20

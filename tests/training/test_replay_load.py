@@ -1,4 +1,4 @@
-"""How a worker loads its replay buffer back (training/resuming.py, then ReplayBuffer.load):
+"""How a worker loads its replay buffer back (training/resuming.py, then training/replay_load.py):
 one pass over the disk, the chunks hashed as they are read, and rot found on that pass costs
 only the damaged chunk's transitions, which never reach a sample."""
 
@@ -15,6 +15,7 @@ from training.checkpointing import checkpoint_meta
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
 from training.mirroring import Mirror
 from training.replay import ReplayBuffer, chunk_file
+from training.replay_load import load_buffer
 from training.resuming import Resumer
 
 FRAME = (84, 84)
@@ -69,7 +70,7 @@ def test_a_worker_reads_its_replay_buffer_from_disk_once(tmp_path: Path) -> None
     before = _rchar()
     loaded = resumer.load_newest(store)
     assert loaded is not None
-    back = ReplayBuffer.load(loaded)
+    back = load_buffer(loaded)
     read = _rchar() - before
     assert back.nbytes == buf.nbytes and back.load_damage is None
     assert read < 1.2 * buf.nbytes, f"read {read} bytes for a {buf.nbytes}-byte buffer"
@@ -94,7 +95,7 @@ def test_rot_found_while_the_worker_reads_drops_that_chunk_and_nothing_else(
         f.write(bytes([byte ^ 1]))
     loaded = resumer.load_newest(store)
     assert loaded is not None and loaded.damaged == {}, "the load itself did not hash it"
-    back = ReplayBuffer.load(loaded)
+    back = load_buffer(loaded)
     assert back.load_damage is not None
     assert back.load_damage["chunks"] == [chunk]
     assert back.load_damage["files"] == [chunk_file("frames", chunk)]

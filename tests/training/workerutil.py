@@ -72,3 +72,20 @@ def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> str:
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     return out
+
+
+def small_learner(algo: str, env_seed: int = 1, **settings: Any) -> Any:
+    """An in-process learner of CartPole-v1 on the CPU, one thread, small rollouts (4 envs x
+    16 steps, minibatch 32), no evaluation; `settings` override or add WorkerConfig fields."""
+    import torch
+
+    from training.args import WorkerConfig, validate
+    from training.registry import make_learner
+
+    fields: dict[str, Any] = {
+        "game": "CartPole-v1", "algo": algo, "num_envs": 4, "n_steps": 16, "batch_size": 32,
+        "threads": 1, "eval_episodes": 0, "total_steps": 10**6,
+    }  # fmt: skip
+    cfg = validate(WorkerConfig(**{**fields, **settings}))
+    torch.set_num_threads(1)
+    return make_learner(cfg, torch.device("cpu"), env_seed)
