@@ -2,13 +2,15 @@
 # One lease of a GPU host, prepared: run it there from the repository root, with `.gpu/` made
 # here by `python benchmarks/gpu_pack.py [--cleanrl-checkout DIR]` and carried along.
 #
-#   bash benchmarks/gpu_session.sh [STAGE...]  STAGE: tests peers compile precision learn
+#   bash benchmarks/gpu_session.sh [STAGE...]  STAGE: tests peers graphs compile precision learn
 #                                              (default: tests peers)
 #
 # - tests: `pytest tests/gpu` (each learner trains and resumes on cuda:0, the no-sync check under
 #   CUDA's sync checker, OOM, the memory gate under a real `rlsup run`);
 # - peers: benchmarks/peers.py --device cuda against CleanRL's scripts at their settings
 #   (PEER_STEPS agent steps a side, default 61,440 for PPO/PQN and 15,000 for DQN);
+# - graphs: the peers' rows again with each gradient step and acting forward as a CUDA graph
+#   (`--cuda-graphs on`, GRAPH_ALGOS, default ppo,pqn,dqn), against the peers stage's rlsup rows;
 # - compile: the peers' PPO and PQN rows again with rlsup's networks compiled (`--compile`,
 #   COMPILE_MODES, default reduce-overhead then default), to keep what wins;
 # - precision: the peers' rows again with rlsup in fp32 + TF32 (`--precision fp32`) against
@@ -61,6 +63,14 @@ for stage in "${stages[@]}"; do
       rc=${PIPESTATUS[0]}
       tail -n 1 "$RES/peers-cuda-$STAMP.log" > "$RES/peers-cuda-$STAMP.json"
       ;;
+    graphs)
+      # rlsup's side again with its steps replayed as CUDA graphs: keep what wins.
+      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
+        --algos "${GRAPH_ALGOS:-ppo,pqn,dqn}" --rlsup-args "--cuda-graphs on ${GRAPH_ARGS:-}" \
+        2>&1 | tee "$RES/peers-cuda-graphs-$STAMP.log"
+      rc=${PIPESTATUS[0]}
+      tail -n 1 "$RES/peers-cuda-graphs-$STAMP.log" > "$RES/peers-cuda-graphs-$STAMP.json"
+      ;;
     compile)
       # rlsup's side again with its networks compiled (CUDA graphs included): keep what wins.
       for mode in ${COMPILE_MODES:-reduce-overhead default}; do
@@ -86,7 +96,7 @@ for stage in "${stages[@]}"; do
       rc=${PIPESTATUS[0]}
       ;;
     *)
-      echo "unknown stage $stage (tests, peers, compile, precision, learn)" >&2
+      echo "unknown stage $stage (tests, peers, graphs, compile, precision, learn)" >&2
       rc=2
       ;;
   esac

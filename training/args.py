@@ -27,6 +27,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # weights and the optimizer stay fp32 in every mode, so checkpoints move between them.
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+CUDA_GRAPHS = ("off", "on")
 LR_SCHEDULERS = ("none", "cosine", "step", "linear")
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     # From the GPU-heavy training guide: envs, steps per env, minibatch, epochs, network.
@@ -117,6 +118,13 @@ class WorkerConfig:
         "and backward; reduce-overhead also replays them as CUDA graphs on a GPU). The first "
         "iterations compile (seconds to a minute, on every start); off until measured faster",
         choices=COMPILE_MODES,
+    )
+    cuda_graphs: str = _f(
+        "off",
+        "off | on: each gradient step (forward, loss, backward, clipping, a capturable Adam) "
+        "and the acting forward replayed as one CUDA graph on a GPU (not with fp16's grad "
+        "scaler); on the CPU the same static step runs uncaptured. Off until measured faster",
+        choices=CUDA_GRAPHS,
     )
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
     eval_episodes: int = _f(
@@ -449,6 +457,12 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_choice("device", cfg.device, DEVICES)
     _check_choice("precision", cfg.precision, PRECISIONS)
     _check_choice("compile", cfg.compile, COMPILE_MODES)
+    _check_choice("cuda-graphs", cfg.cuda_graphs, CUDA_GRAPHS)
+    if cfg.cuda_graphs == "on" and cfg.compile in ("reduce-overhead", "max-autotune"):
+        raise ConfigError(
+            f"--cuda-graphs on with --compile {cfg.compile}: that mode captures CUDA graphs "
+            "of its own; use --compile default (or off) with --cuda-graphs on"
+        )
     if cfg.lr_scheduler is not None:
         _check_choice("lr-scheduler", cfg.lr_scheduler, LR_SCHEDULERS)
     if cfg.preset is not None:

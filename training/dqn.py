@@ -29,13 +29,14 @@ import torch.nn.functional as F
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
+from training.graphs import StepGraph, capturable_optimizer, graphs_usable
 from training.metrics import Means
 from training.networks import QNetwork, compile_networks, frames_layout
 from training.optim import (
     LRSchedule,
     Precision,
     default_lr,
-    load_adam_state,
+    load_optimizer_state,
     make_adam,
     never_interrupt,
     restore_rng,
@@ -91,11 +92,22 @@ class DQNLearner:
         compile_networks(cfg.compile, self.q, self.target)
         self.target.requires_grad_(False)
         self.lr = default_lr(cfg, 1e-4, 2.5e-4)
-        self.optimizer = make_adam(self.q.parameters(), lr=self.lr)
+        graphs = cfg.cuda_graphs == "on"
+        self.optimizer = make_adam(
+            self.q.parameters(), lr=self.lr, capturable=graphs and capturable_optimizer(device)
+        )
+        self._params = list(self.q.parameters())
         total_updates = self._updates_due(cfg.total_steps)
         self.schedule = LRSchedule(cfg, self.optimizer, total_updates)
         self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.max_grad_norm = cfg.max_grad_norm or 10.0
+        # --cuda-graphs on: the gradient step and the acting forward as CUDA graphs
+        # (training/graphs.py).
+        usable = graphs_usable(cfg, self.precision)
+        self._update_graph = (
+            StepGraph(device, self._captured_step, self._params, self.optimizer) if usable else None
+        )
+        self._act_graph = StepGraph(device, self._captured_act) if usable else None
         self.batch = cfg.train_batch_size()
         self.end_e = 0.05 if cfg.end_e is None else cfg.end_e
         self.exploration_fraction = (
@@ -164,9 +176,8 @@ class DQNLearner:
         explore = self.rng.random(self.cfg.num_envs) < self.epsilon()
         actions = self.rng.integers(0, self.n_actions, size=self.cfg.num_envs)
         if not explore.all():
-            with torch.inference_mode(), self.precision.autocast():
-                q = self.q(self._upload.put("act_obs", obs))
-            greedy = self._readback.read(q.float().argmax(dim=1))  # the one wait on the device
+            q = self._q_values(self._upload.put("act_obs", obs))
+            greedy = self._readback.read(q.argmax(dim=1))  # the one wait on the device
             actions = np.where(explore, actions, greedy)
         return actions
 
@@ -234,29 +245,58 @@ class DQNLearner:
             target = list(self.target.parameters())
             torch._foreach_lerp_(target, list(self.q.parameters()), self.cfg.tau)
 
+    def _q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(obs) in fp32, for acting (no autograd)."""
+        if self._act_graph is not None:
+            self._act_graph.feed(obs=obs)
+            return self._act_graph()
+        with torch.inference_mode(), self.precision.autocast():
+            return self.q(obs).float()
+
+    def _captured_act(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad(), self.precision.autocast(cache=False):
+            return self.q(static["obs"]).float()
+
     def _train_step(self, replay: ReplayBuffer) -> None:
-        cfg = self.cfg
         obs, actions, rewards, next_obs, dones = replay.sample(self.batch, self.rng)
         put = self._upload.put
-        obs_t = frames_layout(put("obs", obs))
-        next_t = frames_layout(put("next_obs", next_obs))  # used twice
-        actions_t = put("actions", actions).long().reshape(-1, 1)
-        rewards_t = put("rewards", rewards).float().reshape(-1)
-        dones_t = put("dones", dones).float().reshape(-1)
-        with torch.no_grad(), self.precision.autocast():
+        batch = {
+            "obs": frames_layout(put("obs", obs)),
+            "next_obs": frames_layout(put("next_obs", next_obs)),  # used twice
+            "actions": put("actions", actions).long().reshape(-1, 1),
+            "rewards": put("rewards", rewards).float().reshape(-1),
+            "dones": put("dones", dones).float().reshape(-1),
+        }
+        if self._update_graph is not None:
+            self._update_graph.feed(**batch)
+            self._losses.add_vector(self._update_graph())
+        else:
+            self._losses.add(*self._gradient_step(batch))
+        self.updates += 1
+        self.schedule.after_update()
+
+    def _gradient_step(
+        self, batch: dict[str, torch.Tensor], cache: bool = True
+    ) -> tuple[torch.Tensor, ...]:
+        """One gradient step on a sampled batch; its diagnostics, tensors on the device."""
+        cfg = self.cfg
+        next_t = batch["next_obs"]
+        with torch.no_grad(), self.precision.autocast(cache):
             next_target = self.target(next_t).float()
             # --no-double-q: the target network picks and values (its max), one forward less
             next_online = self.q(next_t).float() if cfg.double_q else next_target
-        target = double_dqn_target(rewards_t, dones_t, cfg.gamma, next_online, next_target)
-        with self.precision.autocast():
-            q_taken = self.q(obs_t).float().gather(1, actions_t).squeeze(1)
-        loss = td_loss(q_taken, target)
-        grad_norm = self.precision.step(
-            loss, self.optimizer, self.q.parameters(), self.max_grad_norm
+        target = double_dqn_target(
+            batch["rewards"], batch["dones"], cfg.gamma, next_online, next_target
         )
-        self._losses.add(loss, q_taken.mean(), grad_norm)
-        self.updates += 1
-        self.schedule.after_update()
+        with self.precision.autocast(cache):
+            q_taken = self.q(batch["obs"]).float().gather(1, batch["actions"]).squeeze(1)
+        loss = td_loss(q_taken, target)
+        grad_norm = self.precision.step(loss, self.optimizer, self._params, self.max_grad_norm)
+        return loss, q_taken.mean(), grad_norm
+
+    def _captured_step(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The step a CUDA graph captures (training/graphs.py): static inputs, one output."""
+        return torch.stack([m.detach().float() for m in self._gradient_step(static, False)])
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync; the loss entries
@@ -312,7 +352,9 @@ class DQNLearner:
             raise ValueError(f"not a DQN learner state (algo={state.get('algo')!r})")
         self.q.load_state_dict(state["q"])
         self.target.load_state_dict(state["target"])
-        load_adam_state(self.optimizer, state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])  # new state tensors:
+        if self._update_graph is not None:
+            self._update_graph.reset()  # the graph captured the old ones
         self.schedule.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["scaler"])
         self.global_step = int(state["global_step"])

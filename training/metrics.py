@@ -95,6 +95,13 @@ class Means:
         self._sum = stacked if self._sum is None else self._sum + stacked
         self.count += 1
 
+    def add_vector(self, values: torch.Tensor) -> None:
+        """`add` of values already stacked in `names`' order (a CUDA graph's output, which
+        the next replay overwrites: copied here)."""
+        stacked = values.detach().float()
+        self._sum = stacked.clone() if self._sum is None else self._sum + stacked
+        self.count += 1
+
     def take(self) -> dict[str, float]:
         """The means since the last take (one sync), or {} when nothing was added."""
         if self._sum is None or self.count == 0:

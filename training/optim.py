@@ -51,12 +51,20 @@ class Precision:
             return "fp32"
         return "bf16" if self.dtype == torch.bfloat16 else "fp16"
 
+    @property
+    def graphable(self) -> bool:
+        """Whether a step in this arithmetic can be a CUDA graph (training/graphs.py): not
+        fp16's GradScaler, which reads its overflow check back to the host."""
+        return self.scaler is None
+
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self, cache: bool = True) -> Iterator[None]:
+        """`cache=False`: without autocast's cache of the weights' casts (a CUDA graph's
+        captured step must cast them itself: the cache lives outside the graph)."""
         if self.dtype is None:
             yield
             return
-        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
+        with torch.autocast(device_type=self.device.type, dtype=self.dtype, cache_enabled=cache):
             yield
 
     def step(
@@ -181,21 +189,31 @@ class EagerAdam(torch.optim.Adam):
             return _eager(torch.optim.Adam.step)(self, closure)
 
 
-def make_adam(params: Any, lr: float, eps: float = 1e-8) -> torch.optim.Adam:
+def make_adam(
+    params: Any, lr: float, eps: float = 1e-8, capturable: bool = False
+) -> torch.optim.Adam:
     """Adam with the fused kernel (one call updates every parameter). torch's default on a CPU
     is a Python loop over the parameters, several ops each: for DQN's batch-32 update on the
     Atari CNN that loop was about a quarter of the gradient step. Same arithmetic (fp32 moments,
     the same bias correction); the state dict is the same, so a checkpoint saved by either
-    loads into the other. `EagerAdam`: no compiler import on a cold start."""
-    return EagerAdam(params, lr=lr, eps=eps, fused=True)
+    loads into the other. `EagerAdam`: no compiler import on a cold start. `capturable`: its
+    step counter on the device, for a step captured in a CUDA graph (training/graphs.py)."""
+    return EagerAdam(params, lr=lr, eps=eps, fused=True, capturable=capturable)
 
 
-def load_adam_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Load a checkpoint's optimizer state and keep the fused kernel: torch takes a group's
-    settings from the saved state, and one saved before it was fused says fused=None."""
+# An optimizer group's settings that choose how it runs, not what it computes: a checkpoint's
+# are not this process's to take.
+KERNEL_SETTINGS = ("foreach", "fused", "capturable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a checkpoint's optimizer state and keep this optimizer's own kernel settings: torch
+    takes a group's settings from the saved state (one saved before it was fused says
+    fused=None; one saved by a CUDA-graphed learner says capturable=True)."""
+    own = [{k: g[k] for k in KERNEL_SETTINGS if k in g} for g in optimizer.param_groups]
     optimizer.load_state_dict(state)
-    for group in optimizer.param_groups:
-        group["foreach"], group["fused"] = None, True
+    for group, settings in zip(optimizer.param_groups, own, strict=True):
+        group.update(settings)
 
 
 def warmup_adam(

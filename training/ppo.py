@@ -23,6 +23,7 @@ from torch.distributions import Categorical
 
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
+from training.graphs import StepGraph, capturable_optimizer, graphs_usable
 from training.learner import RolloutCut
 from training.masking import masked_mean
 from training.metrics import Means, explained_variance
@@ -32,7 +33,7 @@ from training.optim import (
     Precision,
     default_lr,
     iterations_for,
-    load_adam_state,
+    load_optimizer_state,
     make_adam,
     never_interrupt,
     restore_rng,
@@ -136,7 +137,14 @@ class PPOLearner(RolloutCut):
         self.net = ActorCritic(self.obs_shape, n_actions, cfg.mlp_sizes()).to(device)
         compile_networks(cfg.compile, self.net)
         self.lr = default_lr(cfg, 2.5e-4, 2.5e-4)
-        self.optimizer = make_adam(self.net.parameters(), lr=self.lr, eps=1e-5)
+        graphs = cfg.cuda_graphs == "on"
+        self.optimizer = make_adam(
+            self.net.parameters(),
+            lr=self.lr,
+            eps=1e-5,
+            capturable=graphs and capturable_optimizer(device),
+        )
+        self._params = list(self.net.parameters())
         self.minibatch = cfg.minibatch_size()
         self.n_minibatches = cfg.rollout_size() // self.minibatch
         total_updates = (
@@ -146,6 +154,13 @@ class PPOLearner(RolloutCut):
         self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.clip_coef = cfg.clip_coef or (0.1 if cfg.is_atari else 0.2)
         self.max_grad_norm = cfg.max_grad_norm or 0.5
+        # --cuda-graphs on: the gradient step as one CUDA graph (training/graphs.py).
+        self._scaled = False
+        usable = graphs_usable(cfg, self.precision)
+        self._update_graph = (
+            StepGraph(device, self._captured_step, self._params, self.optimizer) if usable else None
+        )
+        self._act_graph = StepGraph(device, self._captured_act) if usable else None
 
         self.rng = np.random.default_rng(cfg.seed)
         # The loop's host <-> device traffic, without host syncs on a GPU (training/transfer.py).
@@ -222,7 +237,7 @@ class PPOLearner(RolloutCut):
                 self.b_dones[step] = next_done
                 t1 = clock()
                 with torch.no_grad():
-                    logits, value = self.net(next_obs)
+                    logits, value = self._act(next_obs)
                     dist = Categorical(logits=logits.float(), validate_args=False)
                     action = dist.sample()
                     self.b_actions[step] = action
@@ -260,17 +275,78 @@ class PPOLearner(RolloutCut):
         self.iterations += 1
         self.schedule.after_steps(self.global_step, self.updates)
 
+    def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's logits and the values of a batch of observations (under no_grad)."""
+        if self._act_graph is None:
+            return self.net(obs)  # type: ignore[no-any-return]
+        self._act_graph.feed(obs=obs)
+        out = self._act_graph()
+        return out[:, :-1], out[:, -1]
+
+    def _captured_act(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The acting forward a CUDA graph captures: logits and value side by side."""
+        with torch.no_grad(), self.precision.autocast(cache=False):
+            logits, value = self.net(static["obs"])
+        return torch.cat([logits.float(), value.float().reshape(-1, 1)], dim=1)
+
+    def _rollout_batch(
+        self, advantages: torch.Tensor, returns: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The rollout as the update reads it: flat over (step, env), dead steps masked."""
+        obs = self.b_obs.reshape((-1, *self.obs_shape))
+        obs, self._scaled = rollout_frames(obs, self.precision.dtype)  # cast once for all epochs
+        return {
+            "obs": obs,
+            "actions": self.b_actions.reshape(-1),
+            "logprobs": self.b_logprobs.reshape(-1),
+            "values": self.b_values.reshape(-1),
+            "adv": advantages.reshape(-1),
+            "ret": returns.reshape(-1),
+            "valid": 1.0 - self.b_dones.reshape(-1),  # dead steps out
+        }
+
+    def _minibatch_loss(
+        self, r: dict[str, torch.Tensor], mb: torch.Tensor, cache: bool = True
+    ) -> tuple[torch.Tensor, PPOLoss]:
+        cfg = self.cfg
+        with self.precision.autocast(cache):
+            logits, new_value = self.net(r["obs"][mb], self._scaled)
+        dist = Categorical(logits=logits.float(), validate_args=False)
+        valid = r["valid"][mb]
+        loss = ppo_loss(
+            dist.log_prob(r["actions"][mb]),
+            r["logprobs"][mb],
+            normalize_advantages(r["adv"][mb], valid),
+            new_value.float(),
+            r["values"][mb],
+            r["ret"][mb],
+            dist.entropy(),
+            self.clip_coef,
+            valid,
+        )
+        return loss.total(cfg.vf_coef, cfg.ent_coef), loss
+
+    def _gradient_step(
+        self, r: dict[str, torch.Tensor], mb: torch.Tensor, cache: bool = True
+    ) -> tuple[torch.Tensor, ...]:
+        """One minibatch's step; its diagnostics, tensors on the device."""
+        total, loss = self._minibatch_loss(r, mb, cache)
+        grad_norm = self.precision.step(total, self.optimizer, self._params, self.max_grad_norm)
+        assert loss.clipfrac is not None
+        return (loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clipfrac, grad_norm)
+
+    def _captured_step(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The step a CUDA graph captures (training/graphs.py): static inputs, one output."""
+        metrics = self._gradient_step(static, static["mb"], cache=False)
+        return torch.stack([m.detach().float() for m in metrics])
+
     def _optimize(self, advantages: torch.Tensor, returns: torch.Tensor) -> None:
         cfg = self.cfg
-        obs = self.b_obs.reshape((-1, *self.obs_shape))
-        actions = self.b_actions.reshape(-1)
-        logprobs = self.b_logprobs.reshape(-1)
-        values = self.b_values.reshape(-1)
-        adv = advantages.reshape(-1)
-        ret = returns.reshape(-1)
-        valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
+        r = self._rollout_batch(advantages, returns)
+        graph = self._update_graph
+        if graph is not None:
+            graph.feed(**r)
         size = cfg.rollout_size()
-        obs, scaled = rollout_frames(obs, self.precision.dtype)  # cast once for all epochs
         taken = 0
         for _ in range(cfg.epochs):
             if self.interrupted:
@@ -282,32 +358,15 @@ class PPOLearner(RolloutCut):
                     break
                 taken += 1
                 mb = order[start : start + self.minibatch]
-                with self.precision.autocast():
-                    logits, new_value = self.net(obs[mb], scaled)
-                dist = Categorical(logits=logits.float(), validate_args=False)
-                loss = ppo_loss(
-                    dist.log_prob(actions[mb]),
-                    logprobs[mb],
-                    normalize_advantages(adv[mb], valid[mb]),
-                    new_value.float(),
-                    values[mb],
-                    ret[mb],
-                    dist.entropy(),
-                    self.clip_coef,
-                    valid[mb],
-                )
-                total = loss.total(cfg.vf_coef, cfg.ent_coef)
-                grad_norm = self.precision.step(
-                    total, self.optimizer, self.net.parameters(), self.max_grad_norm
-                )
-                assert loss.clipfrac is not None
-                self._losses.add(
-                    loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clipfrac, grad_norm
-                )
+                if graph is not None:
+                    graph.feed(mb=mb)
+                    self._losses.add_vector(graph())
+                else:
+                    self._losses.add(*self._gradient_step(r, mb))
                 self.updates += 1
                 self.schedule.after_update()
         # How much of the returns' variance the rollout's value estimates explained.
-        self._explained.add(explained_variance(values, ret, valid))
+        self._explained.add(explained_variance(r["values"], r["ret"], r["valid"]))
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync), and the current
@@ -357,7 +416,9 @@ class PPOLearner(RolloutCut):
         if state.get("algo") != "ppo":
             raise ValueError(f"not a PPO learner state (algo={state.get('algo')!r})")
         self.net.load_state_dict(state["net"])
-        load_adam_state(self.optimizer, state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])  # new state tensors:
+        if self._update_graph is not None:
+            self._update_graph.reset()  # the graph captured the old ones
         self.schedule.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["scaler"])
         self.global_step = int(state["global_step"])

@@ -33,6 +33,7 @@ import torch
 from training.args import WorkerConfig
 from training.envs import EpisodeTracker, make_env
 from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
+from training.graphs import StepGraph, capturable_optimizer, graphs_usable
 from training.learner import RolloutCut
 from training.masking import masked_mean
 from training.metrics import Means
@@ -42,6 +43,7 @@ from training.optim import (
     Precision,
     default_lr,
     iterations_for,
+    load_optimizer_state,
     never_interrupt,
     restore_rng,
     rng_state,
@@ -102,7 +104,14 @@ class PQNLearner(RolloutCut):
         compile_networks(cfg.compile, self.q)
         self.lr = default_lr(cfg, 2.5e-4, 2.5e-4)
         # foreach: one kernel per op over all parameters, not a Python loop (torch CPU default)
-        self.optimizer = torch.optim.RAdam(self.q.parameters(), lr=self.lr, foreach=True)
+        graphs = cfg.cuda_graphs == "on"
+        self.optimizer = torch.optim.RAdam(
+            self.q.parameters(),
+            lr=self.lr,
+            foreach=True,
+            capturable=graphs and capturable_optimizer(device),
+        )
+        self._params = list(self.q.parameters())
         self.minibatch = cfg.minibatch_size()
         self.n_minibatches = cfg.rollout_size() // self.minibatch
         total_updates = (
@@ -111,6 +120,14 @@ class PQNLearner(RolloutCut):
         self.schedule = LRSchedule(cfg, self.optimizer, total_updates, default="linear")
         self.precision = Precision(device, cfg.precision, conv=cfg.is_atari)
         self.max_grad_norm = cfg.max_grad_norm or 10.0
+        # --cuda-graphs on: the gradient step and the acting forward as CUDA graphs
+        # (training/graphs.py).
+        self._scaled = False
+        usable = graphs_usable(cfg, self.precision)
+        self._update_graph = (
+            StepGraph(device, self._captured_step, self._params, self.optimizer) if usable else None
+        )
+        self._act_graph = StepGraph(device, self._captured_act) if usable else None
         atari = cfg.is_atari
         self.end_e = cfg.end_e if cfg.end_e is not None else (0.01 if atari else 0.05)
         fraction = cfg.exploration_fraction
@@ -186,7 +203,7 @@ class PQNLearner(RolloutCut):
                 self.b_dones[step] = next_done
                 t1 = clock()
                 with torch.no_grad():
-                    best, greedy = self.q(next_obs).float().max(dim=1)
+                    best, greedy = self._q_values(next_obs).max(dim=1)
                     self.b_max_q[step] = best
                     greedy_np = self._readback.read(greedy)  # the loop's one wait on the device
                 actions = epsilon_greedy(greedy_np, self.epsilon(), self.n_actions, self.rng)
@@ -223,13 +240,51 @@ class PQNLearner(RolloutCut):
         self.iterations += 1
         self.schedule.after_steps(self.global_step, self.updates)
 
+    def _q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q(obs) in fp32, for acting (under no_grad)."""
+        if self._act_graph is None:
+            return self.q(obs).float()  # type: ignore[no-any-return]
+        self._act_graph.feed(obs=obs)
+        return self._act_graph()
+
+    def _captured_act(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad(), self.precision.autocast(cache=False):
+            return self.q(static["obs"]).float()  # type: ignore[no-any-return]
+
+    def _rollout_batch(self, returns: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rollout as the update reads it: flat over (step, env), dead steps masked."""
+        obs = self.b_obs.reshape((-1, *self.obs_shape))
+        obs, self._scaled = rollout_frames(obs, self.precision.dtype)  # cast once for all epochs
+        return {
+            "obs": obs,
+            "actions": self.b_actions.reshape(-1, 1),
+            "ret": returns.reshape(-1),
+            "valid": 1.0 - self.b_dones.reshape(-1),  # dead steps out
+        }
+
+    def _gradient_step(
+        self, r: dict[str, torch.Tensor], mb: torch.Tensor, cache: bool = True
+    ) -> tuple[torch.Tensor, ...]:
+        """One minibatch's step; its diagnostics, tensors on the device."""
+        with self.precision.autocast(cache):
+            q = self.q(r["obs"][mb], self._scaled)
+        q_taken = q.float().gather(1, r["actions"][mb]).squeeze(1)
+        valid = r["valid"][mb]
+        loss = q_loss(q_taken, r["ret"][mb], valid)
+        grad_norm = self.precision.step(loss, self.optimizer, self._params, self.max_grad_norm)
+        return loss, masked_mean(q_taken.detach(), valid), grad_norm
+
+    def _captured_step(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The step a CUDA graph captures (training/graphs.py): static inputs, one output."""
+        metrics = self._gradient_step(static, static["mb"], cache=False)
+        return torch.stack([m.detach().float() for m in metrics])
+
     def _optimize(self, returns: torch.Tensor) -> None:
         cfg = self.cfg
-        obs = self.b_obs.reshape((-1, *self.obs_shape))
-        actions = self.b_actions.reshape(-1, 1)
-        ret = returns.reshape(-1)
-        valid = 1.0 - self.b_dones.reshape(-1)  # dead steps out
-        obs, scaled = rollout_frames(obs, self.precision.dtype)  # cast once for all epochs
+        r = self._rollout_batch(returns)
+        graph = self._update_graph
+        if graph is not None:
+            graph.feed(**r)
         size = cfg.rollout_size()
         taken = 0
         for _ in range(cfg.epochs):
@@ -242,14 +297,11 @@ class PQNLearner(RolloutCut):
                     break
                 taken += 1
                 mb = order[start : start + self.minibatch]
-                with self.precision.autocast():
-                    q = self.q(obs[mb], scaled)
-                q_taken = q.float().gather(1, actions[mb]).squeeze(1)
-                loss = q_loss(q_taken, ret[mb], valid[mb])
-                grad_norm = self.precision.step(
-                    loss, self.optimizer, self.q.parameters(), self.max_grad_norm
-                )
-                self._losses.add(loss, masked_mean(q_taken.detach(), valid[mb]), grad_norm)
+                if graph is not None:
+                    graph.feed(mb=mb)
+                    self._losses.add_vector(graph())
+                else:
+                    self._losses.add(*self._gradient_step(r, mb))
                 self.updates += 1
                 self.schedule.after_update()
 
@@ -302,7 +354,9 @@ class PQNLearner(RolloutCut):
         if state.get("algo") != "pqn":
             raise ValueError(f"not a PQN learner state (algo={state.get('algo')!r})")
         self.q.load_state_dict(state["q"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])  # new state tensors:
+        if self._update_graph is not None:
+            self._update_graph.reset()  # the graph captured the old ones
         self.schedule.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["scaler"])
         self.global_step = int(state["global_step"])

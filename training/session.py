@@ -29,6 +29,7 @@ from training.errors import (
     FinalCheckpointFailed,
     PlacementFencedError,
 )
+from training.graphs import graphs_state
 from training.heartbeat import HeartbeatWriter, initial_heartbeat
 from training.metrics import (
     EPISODIC_RETURN_TAG,
@@ -162,6 +163,9 @@ class TrainingSession:
             return ExitCode.DONE
         self.learner, loaded, counters = self.resumer.restore(device, store, loaded)
         self.step = self.learner.global_step
+        if self.cfg.cuda_graphs != "off":
+            state = graphs_state(self.cfg, device, self.learner.precision)
+            self.log.info("cuda_graphs", state=state)
         self._mark_start("loaded")
         fence = self.mirror.check_fence if self.cfg.epoch and self.cfg.mirror_url else None
         checkpointer = Checkpointer(store, self.cfg, self.log, self._on_checkpoint, fence)

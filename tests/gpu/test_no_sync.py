@@ -35,8 +35,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("graphs", ["off", "on"])
 @pytest.mark.parametrize("algo", ["ppo", "pqn", "dqn"])
-def test_an_iteration_on_the_gpu_syncs_only_for_the_actions(algo: str) -> None:
+def test_an_iteration_on_the_gpu_syncs_only_for_the_actions(algo: str, graphs: str) -> None:
     cfg = validate(
         WorkerConfig(
             game="Breakout-v5",
@@ -45,6 +46,7 @@ def test_an_iteration_on_the_gpu_syncs_only_for_the_actions(algo: str) -> None:
             threads=4,
             eval_episodes=0,
             total_steps=10**6,
+            cuda_graphs=graphs,  # on: captured at the first iterations, replayed under the check
             **SETTINGS[algo],
         )
     )

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from workerutil import REPO, committed_steps, worker_cmd
 
-from training.optim import EagerAdam, load_adam_state, make_adam
+from training.optim import EagerAdam, load_optimizer_state, make_adam
 
 CARTPOLE_PPO = ("--game", "CartPole-v1", "--algo", "ppo", "--threads", "1", "--eval-episodes", "0")
 
@@ -56,7 +56,7 @@ def test_state_dicts_load_across_and_training_goes_on_identically() -> None:
     a = make_adam(net_a.parameters(), lr=3e-4, eps=1e-5)
     b = torch.optim.Adam(net_b.parameters(), lr=3e-4, eps=1e-5, fused=True)
     # Copies: torch loads a state's tensors without copying them when dtype and device match.
-    load_adam_state(a, copy.deepcopy(theirs.state_dict()))
+    load_optimizer_state(a, copy.deepcopy(theirs.state_dict()))
     b.load_state_dict(copy.deepcopy(theirs.state_dict()))
     x = torch.rand(8, 4, 84, 84, generator=torch.Generator().manual_seed(2))
     for net, opt in ((net_a, a), (net_b, b)):
