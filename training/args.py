@@ -28,6 +28,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 CUDA_GRAPHS = ("off", "on")
+ENV_OVERLAP = ("off", "on")
 LR_SCHEDULERS = ("none", "cosine", "step", "linear")
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     # From the GPU-heavy training guide: envs, steps per env, minibatch, epochs, network.
@@ -125,6 +126,13 @@ class WorkerConfig:
         "and the acting forward replayed as one CUDA graph on a GPU (not with fp16's grad "
         "scaler); on the CPU the same static step runs uncaptured. Off until measured faster",
         choices=CUDA_GRAPHS,
+    )
+    env_overlap: str = _f(
+        "off",
+        "off | on: PPO's envs as two envpool pools stepped in turn, one half stepping while the "
+        "other half's actions are computed (asynchronous send/recv); with an odd --num-envs "
+        "the envs step together as with off. Off until measured faster",
+        choices=ENV_OVERLAP,
     )
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
     eval_episodes: int = _f(
@@ -458,6 +466,9 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_choice("precision", cfg.precision, PRECISIONS)
     _check_choice("compile", cfg.compile, COMPILE_MODES)
     _check_choice("cuda-graphs", cfg.cuda_graphs, CUDA_GRAPHS)
+    _check_choice("env-overlap", cfg.env_overlap, ENV_OVERLAP)
+    if cfg.env_overlap == "on" and cfg.algo != "ppo":
+        raise ConfigError(f"--env-overlap on: PPO only (not --algo {cfg.algo})")
     if cfg.cuda_graphs == "on" and cfg.compile in ("reduce-overhead", "max-autotune"):
         raise ConfigError(
             f"--cuda-graphs on with --compile {cfg.compile}: that mode captures CUDA graphs "

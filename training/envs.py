@@ -106,16 +106,19 @@ class EpisodeTracker:
         terminated: np.ndarray,
         truncated: np.ndarray,
         info: dict[str, Any],
+        envs: slice = slice(None),
     ) -> None:
+        """One step of the envs `envs` (all by default; a half of them under --env-overlap)."""
+        running = self._running[envs]
         if self.atari:
-            self._running += info["reward"]
+            running += info["reward"]
             ended = np.asarray(info["terminated"], dtype=bool) | truncated
         else:
-            self._running += rewards
+            running += rewards
             ended = terminated | truncated
         for i in np.flatnonzero(ended):
-            self.recent.append(float(self._running[i]))
-            self._running[i] = 0.0
+            self.recent.append(float(running[i]))
+            running[i] = 0.0
             self.episodes += 1
 
     def mean_return(self) -> float | None:

@@ -40,6 +40,7 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
+from training.overlap import HalvedEnvs
 from training.transfer import ActionReadback, Uploader, device_generator, permutation
 
 # ---- the maths -------------------------------------------------------------------------------
@@ -129,7 +130,9 @@ class PPOLearner(RolloutCut):
         self.device = device
         self.replay = None
         self.env_seed = env_seed
-        self.envs = make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        # --env-overlap on (an even number of envs): two pools stepped in turn (training/overlap.py)
+        self.overlap = cfg.env_overlap == "on" and cfg.num_envs % 2 == 0
+        self.envs = self._make_envs(env_seed)
         self.obs_shape: tuple[int, ...] = tuple(self.envs.observation_space.shape)
         self.obs_dtype = torch.uint8 if cfg.is_atari else torch.float32
         n_actions = int(self.envs.action_space.n)
@@ -201,8 +204,14 @@ class PPOLearner(RolloutCut):
         if env_seed is not None:
             self.envs.close()
             self.env_seed = env_seed
-            self.envs = make_env(self.cfg.game, self.cfg.num_envs, env_seed, self.cfg.threads)
+            self.envs = self._make_envs(env_seed)
         self._next_obs = None
+
+    def _make_envs(self, env_seed: int) -> Any:
+        cfg = self.cfg
+        if self.overlap:
+            return HalvedEnvs(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        return make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
 
     def _reset_envs(self) -> torch.Tensor:
         obs, _ = self.envs.reset()
@@ -215,23 +224,43 @@ class PPOLearner(RolloutCut):
 
     # ---- training --------------------------------------------------------------------------
     def iterate(self) -> None:
-        cfg = self.cfg
         self.interrupted = None
         next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
         next_done = self._next_done
         # Where an abandoned rollout goes back to (training/learner.py: cut short).
         start_step, tracker_state = self.global_step, self.tracker.state_dict()
+        if self.overlap:
+            rolled = self._rollout_in_halves(next_obs, next_done, start_step, tracker_state)
+            if rolled is None:
+                return
+            next_obs, next_done = rolled
+        else:
+            next_obs, next_done = self._rollout(next_obs, next_done, start_step, tracker_state)
+            if self.interrupted:
+                return
+        self._next_obs, self._next_done = next_obs, next_done
+        self._update(next_obs, next_done)
 
-        # Rollout. One autocast region for all of it: its cache casts the weights to the low
-        # precision once per rollout instead of on every step (they change only in updates).
-        # No autograd while acting: no_grad, not inference mode, which bypasses autocast's
-        # weight cache (every step cast all 1.7M weights again: 0.6 ms for the fc layer alone).
+    def _rollout(
+        self,
+        next_obs: torch.Tensor,
+        next_done: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rollout, every env stepped at once; cut short: `interrupted` set.
+
+        One autocast region for all of it: its cache casts the weights to the low precision
+        once per rollout instead of on every step (they change only in updates). No autograd
+        while acting: no_grad, not inference mode, which bypasses autocast's weight cache
+        (every step cast all 1.7M weights again: 0.6 ms for the fc layer alone)."""
+        cfg = self.cfg
         clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
                 if self.interrupt():
                     self._abandon_rollout(step, next_obs, start_step, tracker_state)
-                    return
+                    return next_obs, next_done
                 t0 = clock()
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
@@ -255,8 +284,74 @@ class PPOLearner(RolloutCut):
                 phase["copies"] += (t1 - t0) + (clock() - t3)
                 phase["inference"] += t2 - t1
                 phase["env"] += t3 - t2
-        self._next_obs, self._next_done = next_obs, next_done
+        return next_obs, next_done
 
+    def _rollout_in_halves(
+        self,
+        next_obs: torch.Tensor,
+        next_done: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rollout with --env-overlap on: each half acts and sends, then the other half's
+        step is received (training/overlap.py). Both halves are received before it returns;
+        None when cut short."""
+        cfg, envs = self.cfg, self.envs
+        clock, phase = time.perf_counter, self.phase_s
+        next_obs, next_done = next_obs.clone(), next_done.clone()  # written a half at a time
+        pending: list[int | None] = [None, None]  # the step whose result a half awaits
+
+        def receive(half: int) -> None:
+            step, cols = pending[half], envs.cols[half]
+            assert step is not None
+            t0 = clock()
+            obs, reward, terminated, truncated, info = envs.recv(half)
+            t1 = clock()
+            self.tracker.update(reward, terminated, truncated, info, cols)
+            self.b_rewards[step, cols] = self._upload.put(f"reward{half}", reward)
+            next_obs[cols] = self._upload.put(f"obs{half}", obs)
+            done = self._upload.put(f"done{half}", terminated | truncated)
+            next_done[cols] = done.float()
+            pending[half] = None
+            phase["env"] += t1 - t0
+            phase["copies"] += clock() - t1
+
+        with self.precision.autocast():
+            for step in range(cfg.n_steps):
+                if self.interrupt():
+                    for half in (0, 1):
+                        if pending[half] is not None:
+                            receive(half)  # no step left in flight
+                    self._abandon_rollout(step, next_obs, start_step, tracker_state)
+                    return None
+                for half, cols in enumerate(envs.cols):
+                    t0 = clock()
+                    self.b_obs[step, cols] = next_obs[cols]
+                    self.b_dones[step, cols] = next_done[cols]
+                    t1 = clock()
+                    with torch.no_grad():
+                        logits, value = self._act(next_obs[cols])
+                        dist = Categorical(logits=logits.float(), validate_args=False)
+                        action = dist.sample()
+                        self.b_actions[step, cols] = action
+                        self.b_logprobs[step, cols] = dist.log_prob(action)
+                        self.b_values[step, cols] = value.float()
+                        actions = self._readback.read(action)
+                    envs.send(half, actions)
+                    pending[half] = step
+                    phase["copies"] += t1 - t0
+                    phase["inference"] += clock() - t1
+                    if pending[1 - half] is not None:
+                        receive(1 - half)  # it stepped while this half acted
+                self.global_step += cfg.num_envs
+            for half in (0, 1):
+                if pending[half] is not None:
+                    receive(half)
+        return next_obs, next_done
+
+    def _update(self, next_obs: torch.Tensor, next_done: torch.Tensor) -> None:
+        """Advantages, then the epochs of minibatch updates over the rollout."""
+        cfg, clock, phase = self.cfg, time.perf_counter, self.phase_s
         t_update = clock()
         # Advantages
         with torch.inference_mode(), self.precision.autocast():

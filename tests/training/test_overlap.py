@@ -1,0 +1,78 @@
+"""`--env-overlap on` (training/overlap.py): PPO's envs as two envpool pools stepped in turn.
+The two pools are the one pool's envs column for column (envpool seeds env i with seed + i),
+so a rollout in halves holds what a synchronous rollout holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.training.workerutil import small_learner
+from training.args import ConfigError, WorkerConfig, validate
+from training.overlap import HalvedEnvs
+
+ATARI = {"game": "Breakout-v5", "num_envs": 4, "n_steps": 16, "batch_size": 32,
+         "precision": "fp32"}  # fmt: skip
+
+
+def _trained(overlap: str, iterations: int, **settings: Any) -> Any:
+    torch.manual_seed(0)
+    learner = small_learner("ppo", env_overlap=overlap, **settings)
+    learner.warmup_optimizer()
+    for _ in range(iterations):
+        learner.iterate()
+    return learner
+
+
+@pytest.mark.parametrize("settings", [{}, ATARI], ids=["cartpole", "breakout"])
+def test_a_rollout_in_halves_is_the_synchronous_rollout(settings: dict[str, Any]) -> None:
+    sync = _trained("off", 3, **settings)
+    halves = _trained("on", 3, **settings)
+    try:
+        assert halves.overlap and isinstance(halves.envs, HalvedEnvs) and not sync.overlap
+        assert halves.global_step == sync.global_step
+        for name in ("b_obs", "b_rewards", "b_dones", "b_actions"):
+            assert torch.equal(getattr(halves, name), getattr(sync, name)), name
+        # The same data; the network acted on batches half as large, whose sums round
+        # differently (a conv's float order): the updates agree to that rounding.
+        for a, b in zip(sync.net.parameters(), halves.net.parameters(), strict=True):
+            torch.testing.assert_close(b, a, rtol=2e-3, atol=1e-5)
+        assert halves.tracker.episodes == sync.tracker.episodes
+        assert sorted(halves.tracker.recent) == sorted(sync.tracker.recent)
+    finally:
+        sync.close()
+        halves.close()
+
+
+def test_a_rollout_in_halves_cut_short_leaves_no_step_in_flight() -> None:
+    learner = _trained("on", 1)
+    try:
+        asked = iter([False] * 5 + [True])
+        learner.interrupt = lambda: next(asked, False)
+        start = learner.global_step
+        learner.iterate()
+        assert learner.interrupted == "rollout" and learner.global_step == start
+        learner.interrupt = lambda: False
+        learner.iterate()  # the envs reset cleanly: nothing left to receive
+        assert learner.interrupted is None
+        assert learner.global_step == start + learner.cfg.rollout_size()
+    finally:
+        learner.close()
+
+
+def test_an_odd_number_of_envs_steps_them_together() -> None:
+    learner = small_learner("ppo", env_overlap="on", num_envs=3, n_steps=16, batch_size=16)
+    try:
+        assert not learner.overlap
+        learner.iterate()
+    finally:
+        learner.close()
+
+
+def test_env_overlap_is_ppos_only() -> None:
+    with pytest.raises(ConfigError, match="--env-overlap on: PPO only"):
+        validate(WorkerConfig(game="CartPole-v1", algo="dqn", env_overlap="on"))
+    with pytest.raises(ConfigError, match="--env-overlap 'yes'"):
+        validate(WorkerConfig(game="CartPole-v1", env_overlap="yes"))
