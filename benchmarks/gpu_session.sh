@@ -2,8 +2,8 @@
 # One lease of a GPU host, prepared: run it there from the repository root, with `.gpu/` made
 # here by `python benchmarks/gpu_pack.py [--cleanrl-checkout DIR]` and carried along.
 #
-#   bash benchmarks/gpu_session.sh [STAGE...]  STAGE: tests peers graphs overlap compile precision
-#                                              learn
+#   bash benchmarks/gpu_session.sh [STAGE...]  STAGE: tests peers graphs overlap restart compile
+#                                              precision learn
 #                                              (default: tests peers)
 #
 # - tests: `pytest tests/gpu` (each learner trains and resumes on cuda:0, the no-sync check under
@@ -12,8 +12,11 @@
 #   (PEER_STEPS agent steps a side, default 61,440 for PPO/PQN and 15,000 for DQN);
 # - graphs: the peers' rows again with each gradient step and acting forward as a CUDA graph
 #   (`--cuda-graphs on`, GRAPH_ALGOS, default ppo,pqn,dqn), against the peers stage's rlsup rows;
-# - overlap: the peers' PPO row again with its envs in two halves stepped in turn
+# - overlap: the peers' PPO and PQN rows again with their envs in two halves stepped in turn
 #   (`--env-overlap on`, with OVERLAP_ARGS, e.g. "--cuda-graphs on");
+# - restart: kill -> first training step of a PPO worker on the GPU, eager against --cuda-graphs
+#   on and --compile default / reduce-overhead, cold and restarted from its checkpoint and
+#   compile cache (benchmarks/gpu_restart.py, RESTART_ALGO);
 # - compile: the peers' PPO and PQN rows again with rlsup's networks compiled (`--compile`,
 #   COMPILE_MODES, default reduce-overhead then default), to keep what wins;
 # - precision: the peers' rows again with rlsup in fp32 + TF32 (`--precision fp32`) against
@@ -75,12 +78,18 @@ for stage in "${stages[@]}"; do
       tail -n 1 "$RES/peers-cuda-graphs-$STAMP.log" > "$RES/peers-cuda-graphs-$STAMP.json"
       ;;
     overlap)
-      # PPO's envs in two halves, one stepping while the other's actions are computed.
+      # The envs in two halves, one stepping while the other's actions are computed.
       python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        --algos ppo --rlsup-args "--env-overlap on ${OVERLAP_ARGS:-}" \
+        --algos "${OVERLAP_ALGOS:-ppo,pqn}" --rlsup-args "--env-overlap on ${OVERLAP_ARGS:-}" \
         2>&1 | tee "$RES/peers-cuda-overlap-$STAMP.log"
       rc=${PIPESTATUS[0]}
       tail -n 1 "$RES/peers-cuda-overlap-$STAMP.log" > "$RES/peers-cuda-overlap-$STAMP.json"
+      ;;
+    restart)
+      python3 benchmarks/gpu_restart.py --device cuda --algo "${RESTART_ALGO:-ppo}" \
+        2>&1 | tee "$RES/gpu-restart-$STAMP.log"
+      rc=${PIPESTATUS[0]}
+      tail -n 1 "$RES/gpu-restart-$STAMP.log" > "$RES/gpu-restart-$STAMP.json"
       ;;
     compile)
       # rlsup's side again with its networks compiled (CUDA graphs included): keep what wins.
@@ -107,7 +116,7 @@ for stage in "${stages[@]}"; do
       rc=${PIPESTATUS[0]}
       ;;
     *)
-      echo "unknown stage $stage (tests, peers, graphs, overlap, compile, precision, learn)" >&2
+      echo "unknown stage $stage (tests, peers, graphs, overlap, restart, compile, precision, learn)" >&2
       rc=2
       ;;
   esac

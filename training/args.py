@@ -129,9 +129,9 @@ class WorkerConfig:
     )
     env_overlap: str = _f(
         "off",
-        "off | on: PPO's envs as two envpool pools stepped in turn, one half stepping while the "
-        "other half's actions are computed (asynchronous send/recv); with an odd --num-envs "
-        "the envs step together as with off. Off until measured faster",
+        "off | on: PPO's and PQN's envs as two envpool pools stepped in turn, one half stepping "
+        "while the other half's actions are computed (asynchronous send/recv); with an odd "
+        "--num-envs the envs step together as with off. Off until measured faster",
         choices=ENV_OVERLAP,
     )
     eval_every_steps: int | None = _f(None, "also evaluate every this many agent steps")
@@ -467,8 +467,11 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
     _check_choice("compile", cfg.compile, COMPILE_MODES)
     _check_choice("cuda-graphs", cfg.cuda_graphs, CUDA_GRAPHS)
     _check_choice("env-overlap", cfg.env_overlap, ENV_OVERLAP)
-    if cfg.env_overlap == "on" and cfg.algo != "ppo":
-        raise ConfigError(f"--env-overlap on: PPO only (not --algo {cfg.algo})")
+    if cfg.env_overlap == "on" and cfg.algo not in ROLLOUT_ALGOS:
+        raise ConfigError(
+            f"--env-overlap on: for the rollout learners ({', '.join(ROLLOUT_ALGOS)}), "
+            f"not --algo {cfg.algo}"
+        )
     if cfg.cuda_graphs == "on" and cfg.compile in ("reduce-overhead", "max-autotune"):
         raise ConfigError(
             f"--cuda-graphs on with --compile {cfg.compile}: that mode captures CUDA graphs "

@@ -40,7 +40,7 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.overlap import HalvedEnvs
+from training.overlap import HalvedEnvs, rollout_in_halves
 from training.transfer import ActionReadback, Uploader, device_generator, permutation
 
 # ---- the maths -------------------------------------------------------------------------------
@@ -293,61 +293,22 @@ class PPOLearner(RolloutCut):
         start_step: int,
         tracker_state: dict[str, Any],
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The rollout with --env-overlap on: each half acts and sends, then the other half's
-        step is received (training/overlap.py). Both halves are received before it returns;
-        None when cut short."""
-        cfg, envs = self.cfg, self.envs
-        clock, phase = time.perf_counter, self.phase_s
-        next_obs, next_done = next_obs.clone(), next_done.clone()  # written a half at a time
-        pending: list[int | None] = [None, None]  # the step whose result a half awaits
+        """The rollout with --env-overlap on (training/overlap.py); None when cut short."""
+        envs = self.envs
 
-        def receive(half: int) -> None:
-            step, cols = pending[half], envs.cols[half]
-            assert step is not None
-            t0 = clock()
-            obs, reward, terminated, truncated, info = envs.recv(half)
-            t1 = clock()
-            self.tracker.update(reward, terminated, truncated, info, cols)
-            self.b_rewards[step, cols] = self._upload.put(f"reward{half}", reward)
-            next_obs[cols] = self._upload.put(f"obs{half}", obs)
-            done = self._upload.put(f"done{half}", terminated | truncated)
-            next_done[cols] = done.float()
-            pending[half] = None
-            phase["env"] += t1 - t0
-            phase["copies"] += clock() - t1
+        def act(step: int, half: int, obs: torch.Tensor) -> np.ndarray:
+            cols = envs.cols[half]
+            with torch.no_grad():
+                logits, value = self._act(obs)
+                dist = Categorical(logits=logits.float(), validate_args=False)
+                action = dist.sample()
+                self.b_actions[step, cols] = action
+                self.b_logprobs[step, cols] = dist.log_prob(action)
+                self.b_values[step, cols] = value.float()
+                return self._readback.read(action)
 
         with self.precision.autocast():
-            for step in range(cfg.n_steps):
-                if self.interrupt():
-                    for half in (0, 1):
-                        if pending[half] is not None:
-                            receive(half)  # no step left in flight
-                    self._abandon_rollout(step, next_obs, start_step, tracker_state)
-                    return None
-                for half, cols in enumerate(envs.cols):
-                    t0 = clock()
-                    self.b_obs[step, cols] = next_obs[cols]
-                    self.b_dones[step, cols] = next_done[cols]
-                    t1 = clock()
-                    with torch.no_grad():
-                        logits, value = self._act(next_obs[cols])
-                        dist = Categorical(logits=logits.float(), validate_args=False)
-                        action = dist.sample()
-                        self.b_actions[step, cols] = action
-                        self.b_logprobs[step, cols] = dist.log_prob(action)
-                        self.b_values[step, cols] = value.float()
-                        actions = self._readback.read(action)
-                    envs.send(half, actions)
-                    pending[half] = step
-                    phase["copies"] += t1 - t0
-                    phase["inference"] += clock() - t1
-                    if pending[1 - half] is not None:
-                        receive(1 - half)  # it stepped while this half acted
-                self.global_step += cfg.num_envs
-            for half in (0, 1):
-                if pending[half] is not None:
-                    receive(half)
-        return next_obs, next_done
+            return rollout_in_halves(self, next_obs, next_done, start_step, tracker_state, act)
 
     def _update(self, next_obs: torch.Tensor, next_done: torch.Tensor) -> None:
         """Advantages, then the epochs of minibatch updates over the rollout."""

@@ -49,6 +49,7 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
+from training.overlap import HalvedEnvs, rollout_in_halves
 from training.transfer import ActionReadback, Uploader, device_generator, permutation
 
 # ---- the maths -------------------------------------------------------------------------------
@@ -95,7 +96,9 @@ class PQNLearner(RolloutCut):
         self.device = device
         self.replay = None
         self.env_seed = env_seed
-        self.envs = make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        # --env-overlap on (an even number of envs): two pools stepped in turn (training/overlap.py)
+        self.overlap = cfg.env_overlap == "on" and cfg.num_envs % 2 == 0
+        self.envs = self._make_envs(env_seed)
         self.obs_shape: tuple[int, ...] = tuple(self.envs.observation_space.shape)
         self.obs_dtype = torch.uint8 if cfg.is_atari else torch.float32
         self.n_actions = int(self.envs.action_space.n)
@@ -165,8 +168,14 @@ class PQNLearner(RolloutCut):
         if env_seed is not None:
             self.envs.close()
             self.env_seed = env_seed
-            self.envs = make_env(self.cfg.game, self.cfg.num_envs, env_seed, self.cfg.threads)
+            self.envs = self._make_envs(env_seed)
         self._next_obs = None
+
+    def _make_envs(self, env_seed: int) -> Any:
+        cfg = self.cfg
+        if self.overlap:
+            return HalvedEnvs(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        return make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
 
     def _reset_envs(self) -> torch.Tensor:
         obs, _ = self.envs.reset()
@@ -183,21 +192,42 @@ class PQNLearner(RolloutCut):
         return linear_epsilon(self.cfg.start_e, self.end_e, duration, self.global_step)
 
     def iterate(self) -> None:
-        cfg = self.cfg
         self.interrupted = None
         next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
         next_done = self._next_done
         # Where an abandoned rollout goes back to (training/learner.py: cut short).
         start_step, tracker_state = self.global_step, self.tracker.state_dict()
 
-        # Rollout: epsilon-greedy on the current Q, one autocast region (weights cast once: its
-        # cache works under no_grad, not under inference mode).
+        if self.overlap:
+            rolled = self._rollout_in_halves(next_obs, next_done, start_step, tracker_state)
+            if rolled is None:
+                return
+            next_obs, next_done = rolled
+        else:
+            next_obs, next_done = self._rollout(next_obs, next_done, start_step, tracker_state)
+            if self.interrupted:
+                return
+        self._next_obs, self._next_done = next_obs, next_done
+        self._update(next_obs, next_done)
+
+    def _rollout(
+        self,
+        next_obs: torch.Tensor,
+        next_done: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rollout, every env stepped at once; cut short: `interrupted` set.
+
+        Epsilon-greedy on the current Q, one autocast region (weights cast once: its cache
+        works under no_grad, not under inference mode)."""
+        cfg = self.cfg
         clock, phase = time.perf_counter, self.phase_s
         with self.precision.autocast():
             for step in range(cfg.n_steps):
                 if self.interrupt():
                     self._abandon_rollout(step, next_obs, start_step, tracker_state)
-                    return
+                    return next_obs, next_done
                 t0 = clock()
                 self.b_obs[step] = next_obs
                 self.b_dones[step] = next_done
@@ -219,8 +249,41 @@ class PQNLearner(RolloutCut):
                 phase["copies"] += (t1 - t0) + (clock() - t3)
                 phase["inference"] += t2 - t1
                 phase["env"] += t3 - t2
-        self._next_obs, self._next_done = next_obs, next_done
+        return next_obs, next_done
 
+    def _rollout_in_halves(
+        self,
+        next_obs: torch.Tensor,
+        next_done: torch.Tensor,
+        start_step: int,
+        tracker_state: dict[str, Any],
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rollout with --env-overlap on (training/overlap.py); None when cut short. The
+        exploration of all envs is drawn once a step, before half 0 acts, as the synchronous
+        path draws it: the same generator stream, the same actions."""
+        envs, n = self.envs, self.cfg.num_envs
+        explore = np.zeros(n, dtype=bool)
+        uniform = np.zeros(n, dtype=np.int64)
+
+        def act(step: int, half: int, obs: torch.Tensor) -> np.ndarray:
+            cols = envs.cols[half]
+            if half == 0:
+                explore[:] = self.rng.random(n) < self.epsilon()
+                uniform[:] = self.rng.integers(0, self.n_actions, size=n)
+            with torch.no_grad():
+                best, greedy = self._q_values(obs).max(dim=1)
+                self.b_max_q[step, cols] = best
+                greedy_np = self._readback.read(greedy)
+            actions = np.where(explore[cols], uniform[cols], greedy_np)
+            self.b_actions[step, cols] = self._upload.put(f"actions{half}", actions)
+            return actions
+
+        with self.precision.autocast():
+            return rollout_in_halves(self, next_obs, next_done, start_step, tracker_state, act)
+
+    def _update(self, next_obs: torch.Tensor, next_done: torch.Tensor) -> None:
+        """Q(lambda) returns, then the epochs of minibatch updates over the rollout."""
+        cfg, clock, phase = self.cfg, time.perf_counter, self.phase_s
         t_update = clock()
         # Q(lambda) returns
         with torch.inference_mode(), self.precision.autocast():

@@ -1,4 +1,5 @@
-"""`--env-overlap on` (training/overlap.py): PPO's envs as two envpool pools stepped in turn.
+"""`--env-overlap on` (training/overlap.py): PPO's and PQN's envs as two envpool pools stepped
+in turn.
 The two pools are the one pool's envs column for column (envpool seeds env i with seed + i),
 so a rollout in halves holds what a synchronous rollout holds."""
 
@@ -17,19 +18,22 @@ ATARI = {"game": "Breakout-v5", "num_envs": 4, "n_steps": 16, "batch_size": 32,
          "precision": "fp32"}  # fmt: skip
 
 
-def _trained(overlap: str, iterations: int, **settings: Any) -> Any:
+def _trained(overlap: str, iterations: int, algo: str = "ppo", **settings: Any) -> Any:
     torch.manual_seed(0)
-    learner = small_learner("ppo", env_overlap=overlap, **settings)
+    learner = small_learner(algo, env_overlap=overlap, **settings)
     learner.warmup_optimizer()
     for _ in range(iterations):
         learner.iterate()
     return learner
 
 
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
 @pytest.mark.parametrize("settings", [{}, ATARI], ids=["cartpole", "breakout"])
-def test_a_rollout_in_halves_is_the_synchronous_rollout(settings: dict[str, Any]) -> None:
-    sync = _trained("off", 3, **settings)
-    halves = _trained("on", 3, **settings)
+def test_a_rollout_in_halves_is_the_synchronous_rollout(
+    algo: str, settings: dict[str, Any]
+) -> None:
+    sync = _trained("off", 3, algo, **settings)
+    halves = _trained("on", 3, algo, **settings)
     try:
         assert halves.overlap and isinstance(halves.envs, HalvedEnvs) and not sync.overlap
         assert halves.global_step == sync.global_step
@@ -37,7 +41,9 @@ def test_a_rollout_in_halves_is_the_synchronous_rollout(settings: dict[str, Any]
             assert torch.equal(getattr(halves, name), getattr(sync, name)), name
         # The same data; the network acted on batches half as large, whose sums round
         # differently (a conv's float order): the updates agree to that rounding.
-        for a, b in zip(sync.net.parameters(), halves.net.parameters(), strict=True):
+        net = "net" if algo == "ppo" else "q"
+        mine, theirs = getattr(sync, net).parameters(), getattr(halves, net).parameters()
+        for a, b in zip(mine, theirs, strict=True):
             torch.testing.assert_close(b, a, rtol=2e-3, atol=1e-5)
         assert halves.tracker.episodes == sync.tracker.episodes
         assert sorted(halves.tracker.recent) == sorted(sync.tracker.recent)
@@ -46,8 +52,9 @@ def test_a_rollout_in_halves_is_the_synchronous_rollout(settings: dict[str, Any]
         halves.close()
 
 
-def test_a_rollout_in_halves_cut_short_leaves_no_step_in_flight() -> None:
-    learner = _trained("on", 1)
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_a_rollout_in_halves_cut_short_leaves_no_step_in_flight(algo: str) -> None:
+    learner = _trained("on", 1, algo)
     try:
         asked = iter([False] * 5 + [True])
         learner.interrupt = lambda: next(asked, False)
@@ -71,8 +78,22 @@ def test_an_odd_number_of_envs_steps_them_together() -> None:
         learner.close()
 
 
-def test_env_overlap_is_ppos_only() -> None:
-    with pytest.raises(ConfigError, match="--env-overlap on: PPO only"):
+def test_env_overlap_is_for_the_rollout_learners() -> None:
+    with pytest.raises(ConfigError, match="--env-overlap on: for the rollout learners"):
         validate(WorkerConfig(game="CartPole-v1", algo="dqn", env_overlap="on"))
     with pytest.raises(ConfigError, match="--env-overlap 'yes'"):
         validate(WorkerConfig(game="CartPole-v1", env_overlap="yes"))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_halves_and_the_graphed_path_together_roll_out_the_same(algo: str) -> None:
+    """The acting forward's graph is fed half batches (one shape for both halves)."""
+    sync = _trained("off", 2, algo)
+    both = _trained("on", 2, algo, cuda_graphs="on")
+    try:
+        assert both.overlap and both._act_graph is not None
+        for name in ("b_obs", "b_rewards", "b_dones", "b_actions"):
+            assert torch.equal(getattr(both, name), getattr(sync, name)), name
+    finally:
+        sync.close()
+        both.close()
