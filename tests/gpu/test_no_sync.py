@@ -35,9 +35,15 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("graphs", ["off", "on"])
+@pytest.mark.parametrize(
+    ("graphs", "overlap"), [("off", "off"), ("on", "off"), ("on", "on")], ids=str
+)
 @pytest.mark.parametrize("algo", ["ppo", "pqn", "dqn"])
-def test_an_iteration_on_the_gpu_syncs_only_for_the_actions(algo: str, graphs: str) -> None:
+def test_an_iteration_on_the_gpu_syncs_only_for_the_actions(
+    algo: str, graphs: str, overlap: str
+) -> None:
+    if overlap == "on" and algo == "dqn":
+        pytest.skip("--env-overlap is for the rollout learners")
     cfg = validate(
         WorkerConfig(
             game="Breakout-v5",
@@ -47,6 +53,7 @@ def test_an_iteration_on_the_gpu_syncs_only_for_the_actions(algo: str, graphs: s
             eval_episodes=0,
             total_steps=10**6,
             cuda_graphs=graphs,  # on: captured at the first iterations, replayed under the check
+            env_overlap=overlap,  # on: two readbacks a step, one per half
             **SETTINGS[algo],
         )
     )
