@@ -26,8 +26,10 @@
 #
 # Everything lands in benchmarks/results/gpu-session-DATE/ (and $OUT's archive): the host
 # (nvidia-smi, torch's build), each stage's log and JSON. Each stage runs even if one before it
-# failed; the exit status is the first failure's. Sized for a 15-minute lease: tests about 4
-# minutes, peers about 6 (DQN's two sides are most of it).
+# failed; the exit status is the first failure's. Sized for a 15-minute lease: tests about 5
+# minutes, peers about 6 (DQN's two sides are most of it); after peers, each variant stage runs
+# rlsup's side only (about 3 minutes for three rows). A lease: `tests peers graphs`, the next
+# one `peers overlap restart precision` (peers again: a new lease is a new host).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Everything is written to one folder; on the device tool's machine (OUT set there, and at
@@ -52,6 +54,13 @@ fi
 } > "$RES/gpu-host-$STAMP.txt" 2>&1
 cat "$RES/gpu-host-$STAMP.txt"
 
+# The variant stages (graphs, overlap, compile, precision) reuse the peers stage's CleanRL runs
+# where it ran first in this session (peers.py --peer-from): each costs its own side only.
+peer_from() {
+  local earlier="$RES/peers-cuda-$STAMP.json"
+  [ -s "$earlier" ] && echo "--peer-from $earlier"
+}
+
 for stage in "${stages[@]}"; do
   echo "== $stage ($(date -u +%T))"
   case $stage in
@@ -72,7 +81,7 @@ for stage in "${stages[@]}"; do
     graphs)
       # rlsup's side again with its steps replayed as CUDA graphs: keep what wins.
       python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        --algos "${GRAPH_ALGOS:-ppo,pqn,dqn}" --rlsup-args "--cuda-graphs on ${GRAPH_ARGS:-}" \
+        $(peer_from) --algos "${GRAPH_ALGOS:-ppo,pqn,dqn}" --rlsup-args "--cuda-graphs on ${GRAPH_ARGS:-}" \
         2>&1 | tee "$RES/peers-cuda-graphs-$STAMP.log"
       rc=${PIPESTATUS[0]}
       tail -n 1 "$RES/peers-cuda-graphs-$STAMP.log" > "$RES/peers-cuda-graphs-$STAMP.json"
@@ -80,7 +89,7 @@ for stage in "${stages[@]}"; do
     overlap)
       # The envs in two halves, one stepping while the other's actions are computed.
       python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        --algos "${OVERLAP_ALGOS:-ppo,pqn}" --rlsup-args "--env-overlap on ${OVERLAP_ARGS:-}" \
+        $(peer_from) --algos "${OVERLAP_ALGOS:-ppo,pqn}" --rlsup-args "--env-overlap on ${OVERLAP_ARGS:-}" \
         2>&1 | tee "$RES/peers-cuda-overlap-$STAMP.log"
       rc=${PIPESTATUS[0]}
       tail -n 1 "$RES/peers-cuda-overlap-$STAMP.log" > "$RES/peers-cuda-overlap-$STAMP.json"
@@ -95,7 +104,7 @@ for stage in "${stages[@]}"; do
       # rlsup's side again with its networks compiled (CUDA graphs included): keep what wins.
       for mode in ${COMPILE_MODES:-reduce-overhead default}; do
         python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-          --algos "${COMPILE_ALGOS:-ppo,pqn}" --rlsup-args "--compile $mode" \
+          $(peer_from) --algos "${COMPILE_ALGOS:-ppo,pqn}" --rlsup-args "--compile $mode" \
           2>&1 | tee "$RES/peers-cuda-compile-$mode-$STAMP.log"
         rc=${PIPESTATUS[0]}
         tail -n 1 "$RES/peers-cuda-compile-$mode-$STAMP.log" > "$RES/peers-cuda-compile-$mode-$STAMP.json"
@@ -104,7 +113,7 @@ for stage in "${stages[@]}"; do
     precision)
       # fp32 with TF32 against the default (bf16 autocast) at these batch sizes: keep the faster.
       python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        --algos "${PRECISION_ALGOS:-ppo,dqn,pqn}" --rlsup-args "--precision fp32" \
+        $(peer_from) --algos "${PRECISION_ALGOS:-ppo,dqn,pqn}" --rlsup-args "--precision fp32" \
         2>&1 | tee "$RES/peers-cuda-fp32-$STAMP.log"
       rc=${PIPESTATUS[0]}
       tail -n 1 "$RES/peers-cuda-fp32-$STAMP.log" > "$RES/peers-cuda-fp32-$STAMP.json"

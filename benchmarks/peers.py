@@ -2,7 +2,7 @@
 
     python benchmarks/peers.py [--algos ppo,dqn,pqn] [--steps N] [--peer-dir PATH]
         [--seeds 1] [--threads N] [--repeats 1] [--venv DIR] [--buffer-size 100000]
-        [--device cpu|cuda] [--peer-python PATH]
+        [--device cpu|cuda] [--peer-python PATH] [--rlsup-args FLAGS] [--peer-from JSON]
 
 Per algorithm, for each seed and `--repeats` times (the order alternated, so that drifting load
 hits both alike), back to back on this machine's CPU with `--threads` each:
@@ -36,6 +36,11 @@ Settings (CPU, `--seed`, Breakout):
   minibatch 256, 2 epochs (CleanRL's default is 4), q_lambda 0.65, RAdam lr 2.5e-4, grad norm
   10, epsilon 1 -> 0.01 over 10 % of the budget, lr annealed as for ppo. Where rlsup's build
   has no `pqn` algorithm, its side says so and the peer is still measured.
+
+`--peer-from JSON` takes the peers' runs from an earlier run's JSON line (same host, same
+rows' steps, the same seeds and repeats) instead of running them again: a variant of rlsup's
+side (`--rlsup-args`) on a short GPU lease costs its own runs only. A row it has no run for
+runs its peer as usual.
 
 `--rlsup-dir` runs the worker of another rlsup tree (a branch's `git archive`, say) with this
 venv; its algorithms and flags are asked of that tree.
@@ -553,6 +558,34 @@ def summarize(row: Row) -> dict[str, Any]:
     return out
 
 
+def read_earlier(path: Path) -> dict[str, Any]:
+    """The JSON line an earlier run ended with (the file may hold its whole log)."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"--peer-from {path}: no JSON line in it")
+    data = json.loads(lines[-1])
+    if data.get("benchmark") != "peers":
+        raise SystemExit(f"--peer-from {path}: not a peers run's JSON")
+    return dict(data)
+
+
+def earlier_peer_run(
+    earlier: dict[str, Any] | None, row: Row, seed: int, repeat: int
+) -> dict[str, Any] | None:
+    """The earlier run's peer run for this row, seed and repeat, where its row measured the
+    same number of steps; None to run it."""
+    if earlier is None:
+        return None
+    old = earlier.get("rows", {}).get(row.algo, {})
+    if old.get("steps") != row.steps or "peer" not in old:
+        return None
+    for run in old["peer"].get("runs", []):
+        if run.get("seed") == seed and run.get("repeat") == repeat and "error" not in run:
+            found = {k: v for k, v in run.items() if k not in ("seed", "repeat")}
+            return {**found, "tail": "", "reused": True}
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="ppo,dqn,pqn")
@@ -576,6 +609,10 @@ def main() -> None:
     parser.add_argument(
         "--peer-python", type=Path, default=None,
         help="an interpreter that holds the peers' packages (no scratch venv is made)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peer-from", type=Path, default=None,
+        help="an earlier run's JSON line (or a file ending in one): its peer runs are reused",
     )  # fmt: skip
     parser.add_argument(
         "--rlsup-dir", type=Path, default=REPO,
@@ -615,6 +652,9 @@ def main() -> None:
         "pqn": lambda: pqn_row(args, worker),
     }
     rows = [builders[a]() for a in algos]
+    earlier = read_earlier(args.peer_from) if args.peer_from else None
+    if args.peer_from:
+        print(f"peers: runs reused from {args.peer_from} where it has them")
     for row in rows:
         if row.skipped:
             print(f"{row.algo}: {row.skipped}", flush=True)
@@ -626,7 +666,10 @@ def main() -> None:
                 sides = ["peer", "rlsup"] if rep % 2 == 0 else ["rlsup", "peer"]
                 run: dict[str, Any] = {"seed": seed, "repeat": rep}
                 for side in sides:
-                    if side == "peer":
+                    reused = earlier_peer_run(earlier, row, seed, rep) if side == "peer" else None
+                    if reused is not None:
+                        run[side] = reused
+                    elif side == "peer":
                         run[side] = run_peer(row, seed, python, args.threads, args.timeout_s)
                     elif row.rlsup_argv is not None:
                         run[side] = run_rlsup(
@@ -681,6 +724,7 @@ def main() -> None:
                 "threads": args.threads,
                 "device": args.device,
                 "rlsup_args": args.rlsup_args,
+                "peer_from": str(args.peer_from) if args.peer_from else None,
                 "seeds": seeds,
                 "repeats": max(1, args.repeats),
                 "peer_venv": str(venv) if args.peer_python is None else None,

@@ -132,3 +132,37 @@ def test_the_peer_runs_the_learning_rate_schedule_of_rlsups_row(
     args = learning.PEER_ARGS[algo]
     peer_anneals = not any(args[i : i + len(peer_off)] == peer_off for i in range(len(args)))
     assert rlsup_anneals == peer_anneals, (algo, learner.schedule.kind, args)
+
+
+def test_a_variants_run_reuses_the_earlier_peer_runs_of_the_same_rows(
+    peers: ModuleType, tmp_path: Path
+) -> None:
+    """`--peer-from`: a variant of rlsup's side on a short GPU lease runs only its own side;
+    a row measured over other steps, or a run that failed, is run again."""
+    import json
+
+    earlier = {
+        "benchmark": "peers",
+        "rows": {
+            "ppo": {"steps": 61440, "peer": {"sps": 1700.0, "runs": [
+                {"seed": 1, "repeat": 0, "sps": 1697.2, "mean_last_100": 2.0, "episodes": 40,
+                 "steps": 61440, "wall_s": 40.1},
+                {"seed": 2, "repeat": 0, "error": "peer exited 1", "wall_s": 3.0},
+            ]}},
+        },
+    }  # fmt: skip
+    log = tmp_path / "peers.log"
+    log.write_text("ppo seed 1 #0 peer: 1697 steps/s\n" + json.dumps(earlier) + "\n")
+    loaded = peers.read_earlier(log)
+
+    def row(steps: int) -> object:
+        return peers.Row("ppo", steps, 0, None, [], lambda s: s, [], "settings")
+
+    reused = peers.earlier_peer_run(loaded, row(61440), 1, 0)
+    assert reused is not None and reused["sps"] == 1697.2 and reused["reused"] is True
+    assert peers.earlier_peer_run(loaded, row(61440), 2, 0) is None  # it failed: run it
+    assert peers.earlier_peer_run(loaded, row(61440), 1, 1) is None  # no such repeat
+    assert peers.earlier_peer_run(loaded, row(30720), 1, 0) is None  # other steps
+    (tmp_path / "other.json").write_text('{"benchmark": "goodput"}\n')
+    with pytest.raises(SystemExit, match="not a peers run"):
+        peers.read_earlier(tmp_path / "other.json")
