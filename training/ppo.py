@@ -164,6 +164,7 @@ class PPOLearner(RolloutCut):
             StepGraph(device, self._captured_step, self._params, self.optimizer) if usable else None
         )
         self._act_graph = StepGraph(device, self._captured_act) if usable else None
+        self._returns_graph = StepGraph(device, self._captured_advantages) if usable else None
 
         self.rng = np.random.default_rng(cfg.seed)
         # The loop's host <-> device traffic, without host syncs on a GPU (training/transfer.py).
@@ -312,12 +313,26 @@ class PPOLearner(RolloutCut):
 
     def _update(self, next_obs: torch.Tensor, next_done: torch.Tensor) -> None:
         """Advantages, then the epochs of minibatch updates over the rollout."""
-        cfg, clock, phase = self.cfg, time.perf_counter, self.phase_s
+        clock, phase = time.perf_counter, self.phase_s
         t_update = clock()
         # Advantages
         with torch.inference_mode(), self.precision.autocast():
             next_value = self.net.value(next_obs).float()
-        advantages, returns = gae(
+        if self._returns_graph is not None:  # 128 steps of GAE: hundreds of small kernels
+            self._returns_graph.feed(next_value=next_value, next_done=next_done)
+            advantages, returns = self._returns_graph().unbind(0)
+        else:
+            advantages, returns = self._advantages(next_value, next_done)
+        self._optimize(advantages, returns)
+        phase["update"] += clock() - t_update
+        self.iterations += 1
+        self.schedule.after_steps(self.global_step, self.updates)
+
+    def _advantages(
+        self, next_value: torch.Tensor, next_done: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        return gae(
             self.b_rewards,
             self.b_values,
             self.b_dones,
@@ -326,10 +341,11 @@ class PPOLearner(RolloutCut):
             cfg.gamma,
             cfg.gae_lambda,
         )
-        self._optimize(advantages, returns)
-        phase["update"] += clock() - t_update
-        self.iterations += 1
-        self.schedule.after_steps(self.global_step, self.updates)
+
+    def _captured_advantages(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        """GAE as a CUDA graph captures it: the rollout buffers (the learner's own, never
+        reallocated) and the fed bootstrap; advantages and returns stacked."""
+        return torch.stack(self._advantages(static["next_value"], static["next_done"]))
 
     def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's logits and the values of a batch of observations (under no_grad)."""

@@ -131,6 +131,7 @@ class PQNLearner(RolloutCut):
             StepGraph(device, self._captured_step, self._params, self.optimizer) if usable else None
         )
         self._act_graph = StepGraph(device, self._captured_act) if usable else None
+        self._returns_graph = StepGraph(device, self._captured_returns) if usable else None
         atari = cfg.is_atari
         self.end_e = cfg.end_e if cfg.end_e is not None else (0.01 if atari else 0.05)
         fraction = cfg.exploration_fraction
@@ -283,25 +284,39 @@ class PQNLearner(RolloutCut):
 
     def _update(self, next_obs: torch.Tensor, next_done: torch.Tensor) -> None:
         """Q(lambda) returns, then the epochs of minibatch updates over the rollout."""
-        cfg, clock, phase = self.cfg, time.perf_counter, self.phase_s
+        clock, phase = time.perf_counter, self.phase_s
         t_update = clock()
         # Q(lambda) returns
         with torch.inference_mode(), self.precision.autocast():
             next_max_q = self.q(next_obs).float().max(dim=1).values
         with torch.no_grad():
-            returns = q_lambda_returns(
-                self.b_rewards,
-                self.b_max_q,
-                self.b_dones,
-                next_max_q.clone(),
-                next_done,
-                cfg.gamma,
-                cfg.q_lambda,
-            )
+            if self._returns_graph is not None:  # 128 steps of Q(lambda): many small kernels
+                self._returns_graph.feed(next_max_q=next_max_q, next_done=next_done)
+                returns = self._returns_graph()
+            else:
+                returns = self._returns(next_max_q.clone(), next_done)
         self._optimize(returns)
         phase["update"] += clock() - t_update
         self.iterations += 1
         self.schedule.after_steps(self.global_step, self.updates)
+
+    def _returns(self, next_max_q: torch.Tensor, next_done: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        return q_lambda_returns(
+            self.b_rewards,
+            self.b_max_q,
+            self.b_dones,
+            next_max_q,
+            next_done,
+            cfg.gamma,
+            cfg.q_lambda,
+        )
+
+    def _captured_returns(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Q(lambda) as a CUDA graph captures it: the rollout buffers (the learner's own, never
+        reallocated) and the fed bootstrap."""
+        with torch.no_grad():
+            return self._returns(static["next_max_q"], static["next_done"])
 
     def _q_values(self, obs: torch.Tensor) -> torch.Tensor:
         """Q(obs) in fp32, for acting (under no_grad)."""
