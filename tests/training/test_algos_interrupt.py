@@ -25,6 +25,12 @@ DQN = {
 }
 
 
+# The paths a cut must hold on: eager, the graphed step (uncaptured on the CPU) and, for the
+# rollout learners, the envs in halves.
+MODES = [{}, {"cuda_graphs": "on"}, {"env_overlap": "on"}]
+MODE_IDS = ["eager", "graphs", "halves"]
+
+
 def after_asks(n: int) -> Callable[[], bool]:
     """An `interrupt` that says yes from its (n+1)-th question on."""
     asked = [0]
@@ -47,9 +53,12 @@ def _resumes(lrn: Any, cfg: Any) -> None:
     fresh.close()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("layout", [PPO, PQN], ids=["ppo", "pqn"])
-def test_a_rollout_cut_short_is_forgotten_as_if_it_never_began(layout: dict[str, Any]) -> None:
-    cfg = config(**layout)
+def test_a_rollout_cut_short_is_forgotten_as_if_it_never_began(
+    layout: dict[str, Any], mode: dict[str, str]
+) -> None:
+    cfg = config(**layout, **mode)
     lrn = learner(cfg)
     lrn.iterate()
     step, tracker, updates = lrn.global_step, lrn.tracker.state_dict(), lrn.updates
@@ -65,11 +74,12 @@ def test_a_rollout_cut_short_is_forgotten_as_if_it_never_began(layout: dict[str,
     lrn.close()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("layout", [PPO, PQN], ids=["ppo", "pqn"])
 def test_an_update_cut_short_keeps_the_rollout_and_the_minibatches_taken(
-    layout: dict[str, Any],
+    layout: dict[str, Any], mode: dict[str, str]
 ) -> None:
-    cfg = config(**layout)
+    cfg = config(**layout, **mode)
     lrn = learner(cfg)
     lrn.interrupt = after_asks(cfg.n_steps + 2)  # the whole rollout, then three minibatches
     lrn.iterate()
@@ -80,8 +90,11 @@ def test_an_update_cut_short_keeps_the_rollout_and_the_minibatches_taken(
     lrn.close()
 
 
-def test_dqn_cut_between_gradient_steps_catches_up_after_the_next_env_step() -> None:
-    cfg = config(**DQN)
+@pytest.mark.parametrize("mode", MODES[:2], ids=MODE_IDS[:2])
+def test_dqn_cut_between_gradient_steps_catches_up_after_the_next_env_step(
+    mode: dict[str, str],
+) -> None:
+    cfg = config(**DQN, **mode)
     lrn = learner(cfg)
     lrn.interrupt = after_asks(100)
     lrn.iterate()
