@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.training.workerutil import small_learner
+from tests.training.workerutil import (
+    committed_steps,
+    heartbeat,
+    kill,
+    run,
+    small_learner,
+    start,
+    wait_for,
+)
 from training.args import ConfigError, WorkerConfig, validate
 from training.overlap import HalvedEnvs
 
@@ -97,3 +105,30 @@ def test_halves_and_the_graphed_path_together_roll_out_the_same(algo: str) -> No
     finally:
         sync.close()
         both.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("algo", ["ppo", "pqn"])
+def test_a_real_worker_in_halves_and_graphed_resumes_after_a_sigkill(
+    tmp_path: Any, algo: str
+) -> None:
+    """The worker process with both flags: it says what --cuda-graphs does here, checkpoints,
+    is SIGKILLed, and resumes from its newest checkpoint to the end."""
+    run_dir = tmp_path / "run"
+    args = (
+        "--game", "CartPole-v1", "--algo", algo, "--num-envs", "4", "--n-steps", "64",
+        "--batch-size", "64", "--threads", "1", "--eval-episodes", "0",
+        "--cuda-graphs", "on", "--env-overlap", "on",
+        "--total-steps", "12000", "--checkpoint-every-steps", "2000",
+    )  # fmt: skip
+    proc = start(run_dir, *args)
+    wait_for(lambda: len(committed_steps(run_dir)) >= 2, 120, "two checkpoints")
+    log = kill(proc)
+    assert "cuda_graphs" in log and "uncaptured" in log, log[-2000:]
+    before = committed_steps(run_dir)
+    again = run(run_dir, *args)
+    assert again.returncode == 0, again.stdout[-2000:]
+    hb = heartbeat(run_dir)
+    assert hb is not None and hb["resumed_from_step"] == max(before)
+    assert hb["global_step"] >= 12000
