@@ -16,9 +16,10 @@ hits both alike), back to back on this machine's CPU with `--threads` each:
   `envpool.make(env_type="gym")` back the gym 0.23 API those scripts expect. Their TensorBoard
   files go to a temporary directory; wandb and video capture stay off; OMP_NUM_THREADS and
   MKL_NUM_THREADS = `--threads` (their envpool keeps its own default thread count, as the
-  scripts make it: with `--threads` below the core count the peer's env stepping has more);
+  scripts make it);
 - rlsup: `python -m training.worker` with the same settings (`--eval-episodes 0`, checkpoints
-  every 600 s, TensorBoard on as the peers have it, the default `--precision auto`).
+  every 600 s, TensorBoard on as the peers have it, the default `--precision auto`), its envs on
+  envpool's default threads as the peers' are (`--env-threads 0`, where the worker has it).
 
 Settings (CPU, `--seed`, Breakout):
 - ppo: CleanRL's defaults: Breakout-v5, 8 envs x 128 steps, 4 minibatches (256), 4 epochs,
@@ -653,6 +654,9 @@ def main() -> None:
     }
     rows = [builders[a]() for a in algos]
     earlier = read_earlier(args.peer_from) if args.peer_from else None
+    # The peers' envpool steps on its own default threads (one per env, up to the cores);
+    # rlsup's envs get the same where its worker has --env-threads (its --threads stays torch's).
+    env_threads = ["--env-threads", "0"] if worker.has("--env-threads") else []
     if args.peer_from:
         print(f"peers: runs reused from {args.peer_from} where it has them")
     for row in rows:
@@ -674,7 +678,7 @@ def main() -> None:
                     elif row.rlsup_argv is not None:
                         run[side] = run_rlsup(
                             row, seed, worker.tree, args.threads, args.timeout_s, args.device,
-                            shlex.split(args.rlsup_args),
+                            [*env_threads, *shlex.split(args.rlsup_args)],
                         )  # fmt: skip
                     else:
                         continue
@@ -724,6 +728,7 @@ def main() -> None:
                 "threads": args.threads,
                 "device": args.device,
                 "rlsup_args": args.rlsup_args,
+                "rlsup_env_threads": " ".join(env_threads) or None,
                 "peer_from": str(args.peer_from) if args.peer_from else None,
                 "seeds": seeds,
                 "repeats": max(1, args.repeats),

@@ -107,6 +107,12 @@ class WorkerConfig:
     )
     device: str = _f("auto", "auto | cpu | cuda", choices=DEVICES)
     threads: int | None = _f(None, "torch intra-op and envpool threads (default: all cores)")
+    env_threads: int | None = _f(
+        None,
+        "envpool's threads, where they should differ from --threads (default: --threads; 0: "
+        "envpool's own choice, one per env up to the cores). On a GPU, where torch's CPU threads "
+        "sit idle, the envs may use more",
+    )
     precision: str = _f(
         "auto",
         "auto | fp32 | bf16: network arithmetic (auto: bf16 autocast on CUDA and on CPUs with "
@@ -275,6 +281,10 @@ class WorkerConfig:
         if unknown:
             raise ConfigError(f"unknown worker setting(s): {', '.join(unknown)}")
         return validate(cls(**data))
+
+    def envpool_threads(self) -> int | None:
+        """The threads the training envs step on (`env_threads`, else `threads`)."""
+        return self.threads if self.env_threads is None else self.env_threads
 
     def to_argv(self) -> list[str]:
         argv: list[str] = []
@@ -497,6 +507,12 @@ def validate(cfg: WorkerConfig) -> WorkerConfig:
         raise ConfigError(f"--learning-starts {cfg.learning_starts}: must be >= 0")
     if cfg.eval_episodes < 0:
         raise ConfigError(f"--eval-episodes {cfg.eval_episodes}: must be >= 0")
+    if cfg.env_threads is not None and (
+        not isinstance(cfg.env_threads, int)
+        or isinstance(cfg.env_threads, bool)
+        or cfg.env_threads < 0
+    ):
+        raise ConfigError(f"--env-threads {cfg.env_threads!r}: must be an integer >= 0")
     if cfg.checkpoint_every_s <= 0:
         raise ConfigError(f"--checkpoint-every-s {cfg.checkpoint_every_s}: must be > 0")
     for name in ("checkpoint_every_steps", "eval_every_steps", "threads"):

@@ -81,7 +81,7 @@ class DQNLearner:
         self.cfg = cfg
         self.device = device
         self.env_seed = env_seed
-        self.envs = make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+        self.envs = make_env(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
         self.obs_shape: tuple[int, ...] = tuple(self.envs.observation_space.shape)
         self.obs_dtype = torch.uint8 if cfg.is_atari else torch.float32
         self.n_actions = int(self.envs.action_space.n)
@@ -155,7 +155,9 @@ class DQNLearner:
         if env_seed is not None:
             self.envs.close()
             self.env_seed = env_seed
-            self.envs = make_env(self.cfg.game, self.cfg.num_envs, env_seed, self.cfg.threads)
+            self.envs = make_env(
+                self.cfg.game, self.cfg.num_envs, env_seed, self.cfg.envpool_threads()
+            )
         self._obs = None
 
     def _reset_envs(self) -> np.ndarray:

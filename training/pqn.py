@@ -175,8 +175,8 @@ class PQNLearner(RolloutCut):
     def _make_envs(self, env_seed: int) -> Any:
         cfg = self.cfg
         if self.overlap:
-            return HalvedEnvs(cfg.game, cfg.num_envs, env_seed, cfg.threads)
-        return make_env(cfg.game, cfg.num_envs, env_seed, cfg.threads)
+            return HalvedEnvs(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
+        return make_env(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
 
     def _reset_envs(self) -> torch.Tensor:
         obs, _ = self.envs.reset()

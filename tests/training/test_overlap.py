@@ -132,3 +132,22 @@ def test_a_real_worker_in_halves_and_graphed_resumes_after_a_sigkill(
     hb = heartbeat(run_dir)
     assert hb is not None and hb["resumed_from_step"] == max(before)
     assert hb["global_step"] >= 12000
+
+
+def test_the_envs_step_on_env_threads_where_given_else_on_threads() -> None:
+    """`--env-threads` (0: envpool's own choice, one per env up to the cores) apart from
+    torch's `--threads`; the halves share it."""
+    cases = [({}, 1), ({"env_threads": 0}, 0), ({"env_threads": 3}, 3)]
+    for more, expected in cases:
+        learner = small_learner("ppo", **more)  # threads=1
+        try:
+            assert learner.envs.config["num_threads"] == expected, more
+        finally:
+            learner.close()
+    halves = small_learner("ppo", env_overlap="on", env_threads=3)
+    try:
+        assert [pool.config["num_threads"] for pool in halves.envs.pools] == [2, 2]
+    finally:
+        halves.close()
+    with pytest.raises(ConfigError, match="--env-threads -1: must be an integer >= 0"):
+        validate(WorkerConfig(game="CartPole-v1", env_threads=-1))
