@@ -54,11 +54,31 @@ fi
 } > "$RES/gpu-host-$STAMP.txt" 2>&1
 cat "$RES/gpu-host-$STAMP.txt"
 
-# The variant stages (graphs, overlap, compile, precision) reuse the peers stage's CleanRL runs
-# where it ran first in this session (peers.py --peer-from): each costs its own side only.
-peer_from() {
-  local earlier="$RES/peers-cuda-$STAMP.json"
-  [ -s "$earlier" ] && echo "--peer-from $earlier"
+# The peers table's own settings, the same in every stage that runs it: the PQN peer's
+# checkout (without it that row is skipped) and PEER_STEPS.
+peer_dir=()
+[ -d .gpu/pqnpeer ] && peer_dir=(--peer-dir "$PWD/.gpu/pqnpeer")
+steps=()
+[ -n "${PEER_STEPS:-}" ] && steps=(--steps "$PEER_STEPS")
+
+# peers NAME [peers.py flags...]: the peers table into $RES/peers-cuda[-NAME]-DATE.{log,json};
+# its exit status.
+peers() {
+  local out="$RES/peers-cuda${1:+-$1}-$STAMP"
+  shift
+  python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
+    "${peer_dir[@]}" "${steps[@]}" "$@" 2>&1 | tee "$out.log"
+  local rc=${PIPESTATUS[0]}
+  tail -n 1 "$out.log" > "$out.json"
+  return "$rc"
+}
+
+# variant NAME ALGOS RLSUP_FLAGS: rlsup's side again with RLSUP_FLAGS, reusing the peers
+# stage's CleanRL runs where it ran first in this session (peers.py --peer-from).
+variant() {
+  local earlier="$RES/peers-cuda-$STAMP.json" from=()
+  [ -s "$earlier" ] && from=(--peer-from "$earlier")
+  peers "$1" "${from[@]}" --algos "$2" --rlsup-args "$3"
 }
 
 for stage in "${stages[@]}"; do
@@ -69,30 +89,18 @@ for stage in "${stages[@]}"; do
       rc=${PIPESTATUS[0]}
       ;;
     peers)
-      peer_dir=()
-      [ -d .gpu/pqnpeer ] && peer_dir=(--peer-dir "$PWD/.gpu/pqnpeer")
-      steps=()
-      [ -n "${PEER_STEPS:-}" ] && steps=(--steps "$PEER_STEPS")
-      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        "${peer_dir[@]}" "${steps[@]}" 2>&1 | tee "$RES/peers-cuda-$STAMP.log"
-      rc=${PIPESTATUS[0]}
-      tail -n 1 "$RES/peers-cuda-$STAMP.log" > "$RES/peers-cuda-$STAMP.json"
+      peers ""
+      rc=$?
       ;;
     graphs)
       # rlsup's side again with its steps replayed as CUDA graphs: keep what wins.
-      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        $(peer_from) --algos "${GRAPH_ALGOS:-ppo,pqn,dqn}" --rlsup-args "--cuda-graphs on ${GRAPH_ARGS:-}" \
-        2>&1 | tee "$RES/peers-cuda-graphs-$STAMP.log"
-      rc=${PIPESTATUS[0]}
-      tail -n 1 "$RES/peers-cuda-graphs-$STAMP.log" > "$RES/peers-cuda-graphs-$STAMP.json"
+      variant graphs "${GRAPH_ALGOS:-ppo,pqn,dqn}" "--cuda-graphs on ${GRAPH_ARGS:-}"
+      rc=$?
       ;;
     overlap)
       # The envs in two halves, one stepping while the other's actions are computed.
-      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        $(peer_from) --algos "${OVERLAP_ALGOS:-ppo,pqn}" --rlsup-args "--env-overlap on ${OVERLAP_ARGS:-}" \
-        2>&1 | tee "$RES/peers-cuda-overlap-$STAMP.log"
-      rc=${PIPESTATUS[0]}
-      tail -n 1 "$RES/peers-cuda-overlap-$STAMP.log" > "$RES/peers-cuda-overlap-$STAMP.json"
+      variant overlap "${OVERLAP_ALGOS:-ppo,pqn}" "--env-overlap on ${OVERLAP_ARGS:-}"
+      rc=$?
       ;;
     restart)
       python3 benchmarks/gpu_restart.py --device cuda --algo "${RESTART_ALGO:-ppo}" \
@@ -102,21 +110,17 @@ for stage in "${stages[@]}"; do
       ;;
     compile)
       # rlsup's side again with its networks compiled (CUDA graphs included): keep what wins.
+      rc=0
       for mode in ${COMPILE_MODES:-reduce-overhead default}; do
-        python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-          $(peer_from) --algos "${COMPILE_ALGOS:-ppo,pqn}" --rlsup-args "--compile $mode" \
-          2>&1 | tee "$RES/peers-cuda-compile-$mode-$STAMP.log"
-        rc=${PIPESTATUS[0]}
-        tail -n 1 "$RES/peers-cuda-compile-$mode-$STAMP.log" > "$RES/peers-cuda-compile-$mode-$STAMP.json"
+        variant "compile-$mode" "${COMPILE_ALGOS:-ppo,pqn}" "--compile $mode"
+        mode_rc=$?
+        [ "$rc" -eq 0 ] && rc=$mode_rc
       done
       ;;
     precision)
       # fp32 with TF32 against the default (bf16 autocast) at these batch sizes: keep the faster.
-      python3 benchmarks/peers.py --device cuda --peer-python "$PWD/.gpu/peerpy" --threads 4 \
-        $(peer_from) --algos "${PRECISION_ALGOS:-ppo,dqn,pqn}" --rlsup-args "--precision fp32" \
-        2>&1 | tee "$RES/peers-cuda-fp32-$STAMP.log"
-      rc=${PIPESTATUS[0]}
-      tail -n 1 "$RES/peers-cuda-fp32-$STAMP.log" > "$RES/peers-cuda-fp32-$STAMP.json"
+      variant fp32 "${PRECISION_ALGOS:-ppo,dqn,pqn}" "--precision fp32"
+      rc=$?
       ;;
     learn)
       python3 benchmarks/learning.py --device cuda --algos "${LEARN_ALGOS:-ppo,pqn}" \

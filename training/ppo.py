@@ -22,9 +22,8 @@ import torch
 from torch.distributions import Categorical
 
 from training.args import WorkerConfig
-from training.envs import EpisodeTracker, make_env
+from training.envs import EpisodeTracker
 from training.graphs import StepGraph, capturable_optimizer, graphs_usable
-from training.learner import RolloutCut
 from training.masking import masked_mean
 from training.metrics import Means, explained_variance
 from training.networks import ActorCritic, compile_networks, rollout_frames
@@ -40,8 +39,9 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.overlap import HalvedEnvs, rollout_in_halves
-from training.transfer import ActionReadback, Uploader, device_generator, permutation
+from training.overlap import rollout_in_halves
+from training.rollout import RolloutLearner
+from training.transfer import ActionReadback, Uploader, device_generator
 
 # ---- the maths -------------------------------------------------------------------------------
 
@@ -124,7 +124,7 @@ def ppo_loss(
 # ---- the learner -----------------------------------------------------------------------------
 
 
-class PPOLearner(RolloutCut):
+class PPOLearner(RolloutLearner):
     def __init__(self, cfg: WorkerConfig, device: torch.device, env_seed: int) -> None:
         self.cfg = cfg
         self.device = device
@@ -200,48 +200,7 @@ class PPOLearner(RolloutCut):
         self.b_values = torch.zeros(shape, device=device)
 
     # ---- envs ------------------------------------------------------------------------------
-    def restart_envs(self, env_seed: int | None = None) -> None:
-        """Reset every env before the next step; with a seed, recreate them with it."""
-        if env_seed is not None:
-            self.envs.close()
-            self.env_seed = env_seed
-            self.envs = self._make_envs(env_seed)
-        self._next_obs = None
-
-    def _make_envs(self, env_seed: int) -> Any:
-        cfg = self.cfg
-        if self.overlap:
-            return HalvedEnvs(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
-        return make_env(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
-
-    def _reset_envs(self) -> torch.Tensor:
-        obs, _ = self.envs.reset()
-        self.tracker.reset_envs()
-        self._next_done.zero_()
-        return self._to_tensor(obs)
-
-    def _to_tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return self._upload.put("obs", obs)
-
     # ---- training --------------------------------------------------------------------------
-    def iterate(self) -> None:
-        self.interrupted = None
-        next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
-        next_done = self._next_done
-        # Where an abandoned rollout goes back to (training/learner.py: cut short).
-        start_step, tracker_state = self.global_step, self.tracker.state_dict()
-        if self.overlap:
-            rolled = self._rollout_in_halves(next_obs, next_done, start_step, tracker_state)
-            if rolled is None:
-                return
-            next_obs, next_done = rolled
-        else:
-            next_obs, next_done = self._rollout(next_obs, next_done, start_step, tracker_state)
-            if self.interrupted:
-                return
-        self._next_obs, self._next_done = next_obs, next_done
-        self._update(next_obs, next_done)
-
     def _rollout(
         self,
         next_obs: torch.Tensor,
@@ -407,36 +366,9 @@ class PPOLearner(RolloutCut):
         assert loss.clipfrac is not None
         return (loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clipfrac, grad_norm)
 
-    def _captured_step(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The step a CUDA graph captures (training/graphs.py): static inputs, one output."""
-        metrics = self._gradient_step(static, static["mb"], cache=False)
-        return torch.stack([m.detach().float() for m in metrics])
-
     def _optimize(self, advantages: torch.Tensor, returns: torch.Tensor) -> None:
-        cfg = self.cfg
         r = self._rollout_batch(advantages, returns)
-        graph = self._update_graph
-        if graph is not None:
-            graph.feed(**r)
-        size = cfg.rollout_size()
-        taken = 0
-        for _ in range(cfg.epochs):
-            if self.interrupted:
-                break
-            order = permutation(size, self.device, self.rng, self._perm_gen)
-            for start in range(0, size, self.minibatch):
-                if taken and self.interrupt():
-                    self.interrupted = "update"  # after at least one: the steps count
-                    break
-                taken += 1
-                mb = order[start : start + self.minibatch]
-                if graph is not None:
-                    graph.feed(mb=mb)
-                    self._losses.add_vector(graph())
-                else:
-                    self._losses.add(*self._gradient_step(r, mb))
-                self.updates += 1
-                self.schedule.after_update()
+        self._minibatch_epochs(r)
         # How much of the returns' variance the rollout's value estimates explained.
         self._explained.add(explained_variance(r["values"], r["ret"], r["valid"]))
 

@@ -31,10 +31,9 @@ import numpy as np
 import torch
 
 from training.args import WorkerConfig
-from training.envs import EpisodeTracker, make_env
+from training.envs import EpisodeTracker
 from training.exploration import EVAL_EPSILON, epsilon_greedy, linear_epsilon
 from training.graphs import StepGraph, capturable_optimizer, graphs_usable
-from training.learner import RolloutCut
 from training.masking import masked_mean
 from training.metrics import Means
 from training.networks import PQNetwork, compile_networks, rollout_frames
@@ -49,8 +48,9 @@ from training.optim import (
     rng_state,
     warmup_adam,
 )
-from training.overlap import HalvedEnvs, rollout_in_halves
-from training.transfer import ActionReadback, Uploader, device_generator, permutation
+from training.overlap import rollout_in_halves
+from training.rollout import RolloutLearner
+from training.transfer import ActionReadback, Uploader, device_generator
 
 # ---- the maths -------------------------------------------------------------------------------
 
@@ -90,7 +90,7 @@ def q_loss(q_taken: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> 
 # ---- the learner -----------------------------------------------------------------------------
 
 
-class PQNLearner(RolloutCut):
+class PQNLearner(RolloutLearner):
     def __init__(self, cfg: WorkerConfig, device: torch.device, env_seed: int) -> None:
         self.cfg = cfg
         self.device = device
@@ -164,52 +164,10 @@ class PQNLearner(RolloutCut):
         self.b_max_q = torch.zeros(shape, device=device)
 
     # ---- envs ------------------------------------------------------------------------------
-    def restart_envs(self, env_seed: int | None = None) -> None:
-        """Reset every env before the next step; with a seed, recreate them with it."""
-        if env_seed is not None:
-            self.envs.close()
-            self.env_seed = env_seed
-            self.envs = self._make_envs(env_seed)
-        self._next_obs = None
-
-    def _make_envs(self, env_seed: int) -> Any:
-        cfg = self.cfg
-        if self.overlap:
-            return HalvedEnvs(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
-        return make_env(cfg.game, cfg.num_envs, env_seed, cfg.envpool_threads())
-
-    def _reset_envs(self) -> torch.Tensor:
-        obs, _ = self.envs.reset()
-        self.tracker.reset_envs()
-        self._next_done.zero_()
-        return self._to_tensor(obs)
-
-    def _to_tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return self._upload.put("obs", obs)
-
     # ---- training --------------------------------------------------------------------------
     def epsilon(self) -> float:
         duration = self.exploration_fraction * self.cfg.total_steps
         return linear_epsilon(self.cfg.start_e, self.end_e, duration, self.global_step)
-
-    def iterate(self) -> None:
-        self.interrupted = None
-        next_obs = self._reset_envs() if self._next_obs is None else self._next_obs
-        next_done = self._next_done
-        # Where an abandoned rollout goes back to (training/learner.py: cut short).
-        start_step, tracker_state = self.global_step, self.tracker.state_dict()
-
-        if self.overlap:
-            rolled = self._rollout_in_halves(next_obs, next_done, start_step, tracker_state)
-            if rolled is None:
-                return
-            next_obs, next_done = rolled
-        else:
-            next_obs, next_done = self._rollout(next_obs, next_done, start_step, tracker_state)
-            if self.interrupted:
-                return
-        self._next_obs, self._next_done = next_obs, next_done
-        self._update(next_obs, next_done)
 
     def _rollout(
         self,
@@ -352,36 +310,8 @@ class PQNLearner(RolloutCut):
         grad_norm = self.precision.step(loss, self.optimizer, self._params, self.max_grad_norm)
         return loss, masked_mean(q_taken.detach(), valid), grad_norm
 
-    def _captured_step(self, static: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The step a CUDA graph captures (training/graphs.py): static inputs, one output."""
-        metrics = self._gradient_step(static, static["mb"], cache=False)
-        return torch.stack([m.detach().float() for m in metrics])
-
     def _optimize(self, returns: torch.Tensor) -> None:
-        cfg = self.cfg
-        r = self._rollout_batch(returns)
-        graph = self._update_graph
-        if graph is not None:
-            graph.feed(**r)
-        size = cfg.rollout_size()
-        taken = 0
-        for _ in range(cfg.epochs):
-            if self.interrupted:
-                break
-            order = permutation(size, self.device, self.rng, self._perm_gen)
-            for start in range(0, size, self.minibatch):
-                if taken and self.interrupt():
-                    self.interrupted = "update"  # after at least one: the steps count
-                    break
-                taken += 1
-                mb = order[start : start + self.minibatch]
-                if graph is not None:
-                    graph.feed(mb=mb)
-                    self._losses.add_vector(graph())
-                else:
-                    self._losses.add(*self._gradient_step(r, mb))
-                self.updates += 1
-                self.schedule.after_update()
+        self._minibatch_epochs(self._rollout_batch(returns))
 
     def take_metrics(self) -> dict[str, float]:
         """Means of the diagnostics since the last call (one device sync; the loss entries are
